@@ -1,0 +1,19 @@
+"""mjolnir_numerics: the numerics spec for low-precision KV caches in decode attention (pure PyTorch).
+
+Formats and quantizers that agree bit for bit with the hardware, sub-byte packing, NVFP4, scales,
+and (built on them) the paged KV cache, the split-KV plan and the decode emulator.
+"""
+
+from .formats import E2M1, E2M3, E3M2, E4M3, FORMATS, NVFP4, BlockScaledFormat, Format, get_format
+from .nvfp4 import NVFP4Tensor, nvfp4_quantize
+from .packing import pack, packed_size, unpack
+from .quantize import dequantize, quantize, round_to_format
+from .scales import GRANULARITIES, compute_descale, pack_q, quantize_q, unpack_o
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORMATS", "Format", "BlockScaledFormat", "get_format", "E4M3", "E3M2", "E2M3", "E2M1", "NVFP4",
+    "quantize", "dequantize", "round_to_format", "pack", "unpack", "packed_size",
+    "NVFP4Tensor", "nvfp4_quantize", "GRANULARITIES", "compute_descale", "quantize_q", "pack_q", "unpack_o",
+]

@@ -1,0 +1,105 @@
+"""Sub-byte packing of element codes along the last dimension, in the layout the kernel's loads read.
+
+* 8 bits: one byte per element (a copy as uint8).
+* 4 bits: element ``2i`` in the low nibble of byte ``i``, element ``2i + 1`` in the high nibble
+  (``torch.float4_e2m1fn_x2``, PTX ``cvt ... e2m1x2``, torchao, ModelOpt and TRT-LLM agree).
+* 6 bits: a little-endian bitstream, element ``i`` at bits ``[6i, 6i + 6)``: four codes fill three
+  bytes. (The TMA ``16U6`` type reads 16 codes from 12 bytes; NVIDIA does not state its bit order,
+  so this convention is unverified on silicon.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["pack", "unpack", "packed_size", "SUPPORTED_BITS"]
+
+SUPPORTED_BITS = (8, 6, 4)
+
+# codes per group and bytes per group for each width
+_GROUP = {8: (1, 1), 6: (4, 3), 4: (2, 1)}
+
+
+def _check_bits(bits: int) -> None:
+    if bits not in _GROUP:
+        raise ValueError(f"bits: {bits!r} is not supported; allowed {SUPPORTED_BITS}")
+
+
+def packed_size(d: int, bits: int) -> int:
+    """Bytes holding ``d`` codes of ``bits`` bits (``d * bits / 8``).
+
+    Raises:
+        ValueError: ``d`` codes do not fill whole bytes (fp6 needs d % 4 == 0, fp4 d % 2 == 0).
+    """
+    _check_bits(bits)
+    per, nbytes = _GROUP[bits]
+    if d % per:
+        raise ValueError(f"codes: last dim {d} does not fill whole bytes at {bits} bits; it must be a multiple of {per}")
+    return d // per * nbytes
+
+
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack codes ``(..., d)`` into bytes ``(..., d * bits / 8)``.
+
+    Args:
+        codes: integer tensor (uint8 usually), each value in ``0 .. 2**bits - 1``.
+        bits: 8, 6 or 4.
+
+    Returns:
+        uint8 tensor ``(..., d * bits // 8)`` on the same device.
+
+    Raises:
+        ValueError: unsupported ``bits``, a non-integer ``codes``, a code >= 2**bits, or a last
+            dim that does not fill whole bytes.
+    """
+    _check_bits(bits)
+    if not isinstance(codes, torch.Tensor) or codes.is_floating_point() or codes.dtype == torch.bool:
+        raise ValueError(f"codes: expected an integer tensor, got {getattr(codes, 'dtype', type(codes))}")
+    if codes.dim() == 0:
+        raise ValueError("codes: expected at least one dimension to pack along")
+    d = codes.shape[-1]
+    nbytes = packed_size(d, bits)
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1 << bits):
+        raise ValueError(
+            f"codes: values must be in 0..{(1 << bits) - 1} for {bits}-bit packing, "
+            f"got range [{int(codes.min())}, {int(codes.max())}]"
+        )
+    lead = codes.shape[:-1]
+    if bits == 8:
+        return codes.to(torch.uint8).clone()
+    c = codes.to(torch.int32)
+    if bits == 4:
+        c = c.reshape(*lead, d // 2, 2)
+        return (c[..., 0] | (c[..., 1] << 4)).to(torch.uint8)
+    c = c.reshape(*lead, d // 4, 4)
+    word = c[..., 0] | (c[..., 1] << 6) | (c[..., 2] << 12) | (c[..., 3] << 18)  # 24-bit little-endian word
+    out = torch.stack([word & 0xFF, (word >> 8) & 0xFF, word >> 16], dim=-1)
+    return out.reshape(*lead, nbytes).to(torch.uint8)
+
+
+def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of :func:`pack`: bytes ``(..., n)`` to codes ``(..., n * 8 / bits)`` (uint8).
+
+    Raises:
+        ValueError: unsupported ``bits``, a ``packed`` that is not uint8, or (fp6) a last dim that is
+            not a whole number of 3-byte groups.
+    """
+    _check_bits(bits)
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
+        raise ValueError(f"packed: expected a uint8 tensor of bytes, got {getattr(packed, 'dtype', type(packed))}")
+    if packed.dim() == 0:
+        raise ValueError("packed: expected at least one dimension to unpack along")
+    n = packed.shape[-1]
+    lead = packed.shape[:-1]
+    if bits == 8:
+        return packed.clone()
+    if bits == 4:
+        low = packed & 0x0F
+        high = packed >> 4
+        return torch.stack([low, high], dim=-1).reshape(*lead, n * 2)
+    if n % 3:
+        raise ValueError(f"packed: last dim {n} is not a whole number of 3-byte groups (6-bit packing)")
+    b = packed.to(torch.int32).reshape(*lead, n // 3, 3)
+    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
+    out = torch.stack([(word >> s) & 0x3F for s in (0, 6, 12, 18)], dim=-1)
+    return out.reshape(*lead, n // 3 * 4).to(torch.uint8)
