@@ -1,0 +1,503 @@
+"""A paged KV cache for one attention layer, stored exactly as the decode kernel reads it.
+
+Storage (what the kernel's TMA loads see):
+
+* ``e4m3``: ``torch.float8_e4m3fn`` pools, one byte per element;
+* ``e3m2`` / ``e2m3`` (6 bits), ``e2m1`` / ``nvfp4`` (4 bits): uint8 byte views whose last dim is
+  ``d * bits / 8`` (see :mod:`mjolnir_numerics.packing`), plus, for NVFP4, e4m3 block-scale pools
+  ``(num_pages, PS, h_k, d / 16)``.
+
+Physical layouts (all exposed as logical ``(num_pages, PS, h_k, row)`` views with the row contiguous):
+
+==============  ====================================  =====================================
+layout          physical buffer                        used by
+==============  ====================================  =====================================
+``nhd``         two ``(pages, PS, h_k, row)`` pools    vLLM (separate K and V caches)
+``hnd``         ``(pages, 2, h_k, PS, row)``           head-major pages
+``interleaved`` ``(pages, h_k, PS, 2 * row)``, K | V   vLLM main FlashAttention backend
+``flashinfer``  ``(pages, 2, PS, h_k, row)``           FlashInfer NHD
+==============  ====================================  =====================================
+
+Descales map stored values to real units: ``real = value * descale`` with one value, one per kv head,
+or one per (sequence, kv head). For NVFP4 the cache keeps the descale the *kernel* takes, ``8 * g``
+(the convert stage computes ``e4m3(code * scale / 8)``, :mod:`mjolnir_numerics.nvfp4`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .formats import E4M3, AnyFormat, BlockScaledFormat, Format, get_format
+from .nvfp4 import KERNEL_SHIFT, nvfp4_quantize
+from .packing import pack, packed_size, unpack
+from .quantize import dequantize, quantize
+from .scales import GRANULARITIES, compute_descale
+
+__all__ = ["LAYOUTS", "PAGE_SIZES", "PagedKVCache", "check_descale", "descale_table"]
+
+LAYOUTS = ("nhd", "hnd", "interleaved", "flashinfer")
+PAGE_SIZES = (16, 32, 64, 128)
+
+# Poison for pages no sequence references, so that a stray read shows in the output:
+# e4m3 NaN for 8-bit pools; the all-ones byte (every code the largest, -max) for sub-byte pools;
+# the largest e4m3 scale (448) for NVFP4 scale pools.
+POISON_BYTE = {8: E4M3.nan_code, 6: 0xFF, 4: 0xFF}
+POISON_SCALE = E4M3.max_code
+
+KV = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+
+def _row_bytes(fmt: AnyFormat, d: int) -> int:
+    return packed_size(d, fmt.bits)
+
+
+def _allocate(layout: str, num_pages: int, page_size: int, heads_k: int, row: int, device) -> tuple:
+    """Physical buffer(s) and the logical (pages, PS, h_k, row) uint8 K and V views over them."""
+    if layout == "nhd":
+        k = torch.zeros(num_pages, page_size, heads_k, row, dtype=torch.uint8, device=device)
+        v = torch.zeros_like(k)
+        return (k, v), k, v
+    if layout == "hnd":
+        buf = torch.zeros(num_pages, 2, heads_k, page_size, row, dtype=torch.uint8, device=device)
+        return (buf,), buf[:, 0].transpose(1, 2), buf[:, 1].transpose(1, 2)
+    if layout == "interleaved":
+        buf = torch.zeros(num_pages, heads_k, page_size, 2 * row, dtype=torch.uint8, device=device)
+        kv = buf.transpose(1, 2)
+        return (buf,), kv[..., :row], kv[..., row:]
+    if layout == "flashinfer":
+        buf = torch.zeros(num_pages, 2, page_size, heads_k, row, dtype=torch.uint8, device=device)
+        return (buf,), buf[:, 0], buf[:, 1]
+    raise ValueError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
+
+
+def check_descale(descale: torch.Tensor, num_seqs: int, heads_k: int, argument: str) -> torch.Tensor:
+    """Validate a descale: float, shape ``()``/``(1,)``, ``(h_k,)`` or ``(num_seqs, h_k)``, positive and finite.
+
+    Returns it as float32. Raises ValueError naming ``argument`` otherwise.
+    """
+    if not isinstance(descale, torch.Tensor) or not descale.is_floating_point():
+        raise ValueError(f"{argument}: expected a float tensor, got {getattr(descale, 'dtype', type(descale))}")
+    shape = tuple(descale.shape)
+    if shape not in ((), (1,), (heads_k,), (num_seqs, heads_k)):
+        raise ValueError(
+            f"{argument}: shape {shape} fits no granularity; allowed () or (1,) per tensor, "
+            f"({heads_k},) per kv head, ({num_seqs}, {heads_k}) per (sequence, kv head)"
+        )
+    d = descale.float()
+    if not (torch.isfinite(d).all() and (d > 0).all()):
+        raise ValueError(f"{argument}: descales must be positive and finite, got {d.flatten()[:8].tolist()}")
+    return d
+
+
+def descale_table(descale: torch.Tensor, num_seqs: int, heads_k: int) -> torch.Tensor:
+    """Expand a descale of any granularity to ``(num_seqs, h_k)`` float32."""
+    d = descale.float()
+    if d.dim() == 0 or d.shape == (1,):
+        return d.reshape(1, 1).expand(num_seqs, heads_k)
+    if d.dim() == 1:
+        return d.reshape(1, heads_k).expand(num_seqs, heads_k)
+    return d
+
+
+def _as_seq_list(x: KV, argument: str, allow_nonfinite: bool) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 4:
+            raise ValueError(f"{argument}: expected (num_seqs, L, h_k, d) or a list of (L, h_k, d), got {tuple(x.shape)}")
+        seqs = list(x.unbind(0))
+    else:
+        seqs = list(x)
+    if not seqs:
+        raise ValueError(f"{argument}: expected at least one sequence")
+    first = None
+    for i, s in enumerate(seqs):
+        if not isinstance(s, torch.Tensor) or s.dim() != 3 or not s.is_floating_point():
+            raise ValueError(f"{argument}[{i}]: expected a float tensor (L, h_k, d), got {getattr(s, 'shape', type(s))}")
+        if first is None:
+            first = s.shape[1:]
+        elif s.shape[1:] != first:
+            raise ValueError(f"{argument}[{i}]: (h_k, d) = {tuple(s.shape[1:])} differs from the first sequence's {tuple(first)}")
+        if not allow_nonfinite and not torch.isfinite(s).all():
+            raise ValueError(f"{argument}[{i}]: holds inf or NaN (pass allow_nonfinite=True to store them saturated)")
+    return seqs
+
+
+@dataclass(frozen=True, eq=False)
+class PagedKVCache:
+    """One layer's paged KV cache, stored as the kernel reads it.
+
+    Attributes:
+        fmt: the storage format (an element format or NVFP4).
+        page_size: tokens per page (PS).
+        layout: physical layout, one of :data:`LAYOUTS`.
+        head_dim: d.
+        k_pool, v_pool: logical ``(num_pages, PS, h_k, row)`` views; ``float8_e4m3fn`` with
+            ``row = d`` for e4m3, else uint8 with ``row = d * bits / 8``.
+        k_scales, v_scales: NVFP4 block scales ``(num_pages, PS, h_k, d / 16)`` float8_e4m3fn, else None.
+        block_table: int32 ``(num_seqs, max_blocks)``; entry ``j`` of row ``s`` is the page holding
+            tokens ``[j * PS, (j + 1) * PS)`` of sequence ``s``.
+        seq_lens: int32 ``(num_seqs,)``, tokens in each sequence (new tokens included).
+        k_descale, v_descale: float32 ``()``, ``(h_k,)`` or ``(num_seqs, h_k)``: the descales the kernel
+            takes (NVFP4: ``8 * g``).
+        storage: the physical buffers behind the pools (kept alive; for writers and byte counts).
+    """
+
+    fmt: AnyFormat
+    page_size: int
+    layout: str
+    head_dim: int
+    k_pool: torch.Tensor
+    v_pool: torch.Tensor
+    k_scales: Optional[torch.Tensor]
+    v_scales: Optional[torch.Tensor]
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    k_descale: torch.Tensor
+    v_descale: torch.Tensor
+    storage: tuple = ()
+
+    def __post_init__(self):
+        self.validate()
+
+    # -- shape properties ---------------------------------------------------------------------
+    @property
+    def num_pages(self) -> int:
+        return self.k_pool.shape[0]
+
+    @property
+    def heads_k(self) -> int:
+        return self.k_pool.shape[2]
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_pool.device
+
+    @property
+    def is_block_scaled(self) -> bool:
+        return isinstance(self.fmt, BlockScaledFormat)
+
+    @property
+    def element_format(self) -> Format:
+        return self.fmt.element if isinstance(self.fmt, BlockScaledFormat) else self.fmt
+
+    def kv_bytes(self) -> int:
+        """Bytes the kernel reads for all tokens of all sequences (K and V, block scales included)."""
+        return int(int(self.seq_lens.sum()) * self.heads_k * 2 * self.fmt.bits_per_value * self.head_dim) // 8
+
+    # -- validation ---------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Check every invariant the kernel relies on; raises ValueError naming the field."""
+        fmt = get_format(self.fmt)
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout: {self.layout!r} is not one of {', '.join(LAYOUTS)}")
+        if self.page_size not in PAGE_SIZES:
+            raise ValueError(f"page_size: {self.page_size} is not one of {PAGE_SIZES}")
+        row = _row_bytes(fmt, self.head_dim)
+        want_dtype = torch.float8_e4m3fn if fmt.bits == 8 else torch.uint8
+        for name, pool in (("k_pool", self.k_pool), ("v_pool", self.v_pool)):
+            if pool.dtype != want_dtype:
+                raise ValueError(f"{name}: {fmt.name} pools are {want_dtype}, got {pool.dtype}")
+            if pool.dim() != 4 or pool.shape[1] != self.page_size or pool.shape[3] != row:
+                raise ValueError(f"{name}: expected (num_pages, {self.page_size}, h_k, {row}), got {tuple(pool.shape)}")
+            if pool.stride(3) != 1:
+                raise ValueError(f"{name}: the row (last dim) must be contiguous, strides {pool.stride()}")
+        if self.v_pool.shape != self.k_pool.shape:
+            raise ValueError(f"v_pool: shape {tuple(self.v_pool.shape)} differs from k_pool {tuple(self.k_pool.shape)}")
+        if isinstance(fmt, BlockScaledFormat):
+            want = (self.num_pages, self.page_size, self.heads_k, self.head_dim // fmt.group)
+            for name, sc in (("k_scales", self.k_scales), ("v_scales", self.v_scales)):
+                if sc is None or tuple(sc.shape) != want or sc.dtype != torch.float8_e4m3fn:
+                    raise ValueError(f"{name}: {fmt.name} needs float8_e4m3fn scales of shape {want}, got "
+                                     f"{None if sc is None else (tuple(sc.shape), sc.dtype)}")
+        elif self.k_scales is not None or self.v_scales is not None:
+            raise ValueError(f"k_scales: only block-scaled formats carry scale pools, not {fmt.name}")
+        bt, sl = self.block_table, self.seq_lens
+        if bt.dtype != torch.int32 or bt.dim() != 2:
+            raise ValueError(f"block_table: expected int32 (num_seqs, max_blocks), got {bt.dtype} {tuple(bt.shape)}")
+        if sl.dtype != torch.int32 or sl.dim() != 1 or sl.shape[0] != bt.shape[0]:
+            raise ValueError(f"seq_lens: expected int32 ({bt.shape[0]},) to match block_table, got {sl.dtype} {tuple(sl.shape)}")
+        if sl.numel() and int(sl.min()) < 0:
+            raise ValueError(f"seq_lens: must be >= 0, got min {int(sl.min())}")
+        need = (sl.long() + self.page_size - 1) // self.page_size  # pages each sequence references
+        if need.numel() and int(need.max()) > bt.shape[1]:
+            s = int(need.argmax())
+            raise ValueError(
+                f"seq_lens: sequence {s} has {int(sl[s])} tokens = {int(need[s])} pages of {self.page_size}, "
+                f"but its block_table row holds {bt.shape[1]}"
+            )
+        used = torch.arange(bt.shape[1], device=bt.device)[None, :] < need[:, None].to(bt.device)
+        refs = bt[used]
+        if refs.numel() and (int(refs.min()) < 0 or int(refs.max()) >= self.num_pages):
+            raise ValueError(
+                f"block_table: referenced page indices must be in 0..{self.num_pages - 1}, "
+                f"got range [{int(refs.min())}, {int(refs.max())}]"
+            )
+        check_descale(self.k_descale, self.num_seqs, self.heads_k, "k_descale")
+        check_descale(self.v_descale, self.num_seqs, self.heads_k, "v_descale")
+
+    # -- reading ------------------------------------------------------------------------------
+    def _pool(self, which: str):
+        if which == "k":
+            return self.k_pool, self.k_scales
+        if which == "v":
+            return self.v_pool, self.v_scales
+        raise ValueError(f"which: expected 'k' or 'v', got {which!r}")
+
+    def page_values(self, which: str, pages: torch.Tensor) -> torch.Tensor:
+        """The values the kernel's MMA reads for the given pages (no descale applied).
+
+        e4m3: the e4m3 values; fp6/fp4: the code values; NVFP4: ``e4m3(code * scale * 2^-3)``.
+
+        Args:
+            which: ``"k"`` or ``"v"``.
+            pages: integer tensor of page indices, any shape.
+
+        Returns:
+            float32 ``(*pages.shape, PS, h_k, d)``.
+        """
+        pool, scales = self._pool(which)
+        idx = pages.long().to(pool.device)
+        raw = pool[idx]
+        if self.fmt.bits == 8:
+            return dequantize(raw.view(torch.uint8), E4M3)
+        codes = unpack(raw, self.fmt.bits)
+        vals = dequantize(codes, self.element_format)
+        if scales is None:
+            return vals
+        g = self.fmt.group
+        sc = dequantize(scales[idx].view(torch.uint8), E4M3)
+        shifted = vals.reshape(*vals.shape[:-1], -1, g) * sc.unsqueeze(-1) * KERNEL_SHIFT
+        return dequantize(quantize(shifted, E4M3), E4M3).reshape(vals.shape)
+
+    def descale_table(self, which: str) -> torch.Tensor:
+        """The kernel's descale for K or V expanded to ``(num_seqs, h_k)`` float32."""
+        d = self.k_descale if which == "k" else self.v_descale if which == "v" else None
+        if d is None:
+            raise ValueError(f"which: expected 'k' or 'v', got {which!r}")
+        return descale_table(d, self.num_seqs, self.heads_k)
+
+    def gather(self, seq: int, kernel_view: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's K and V in real units, ``(L, h_k, d)`` float32 each.
+
+        Args:
+            seq: sequence index.
+            kernel_view: True (default) returns what the kernel computes with (MMA values times the
+                kernel's descale); False returns the format's own dequantization, which differs only
+                for NVFP4 (``code * scale * g`` without the convert stage's e4m3 rounding).
+        """
+        if not 0 <= seq < self.num_seqs:
+            raise ValueError(f"seq: {seq} is out of range 0..{self.num_seqs - 1}")
+        L = int(self.seq_lens[seq])
+        n = (L + self.page_size - 1) // self.page_size
+        pages = self.block_table[seq, :n]
+        out = []
+        for which in ("k", "v"):
+            d = self.descale_table(which)[seq].to(self.device)
+            if kernel_view or not self.is_block_scaled:
+                vals = self.page_values(which, pages)
+            else:
+                pool, scales = self._pool(which)
+                idx = pages.long().to(self.device)
+                codes = dequantize(unpack(pool[idx], 4), self.element_format)
+                sc = dequantize(scales[idx].view(torch.uint8), E4M3)
+                g = self.fmt.group
+                vals = (codes.reshape(*codes.shape[:-1], -1, g) * sc.unsqueeze(-1)).reshape(codes.shape) * KERNEL_SHIFT
+            vals = vals.reshape(n * self.page_size, self.heads_k, self.head_dim)[:L]
+            out.append(vals * d[None, :, None])
+        return out[0], out[1]
+
+    # -- writing ------------------------------------------------------------------------------
+    def _encode_rows(self, x: torch.Tensor, descale: torch.Tensor):
+        """Quantize rows ``x (n, h_k, d)`` (real units) with per-row descales ``(n, h_k)``: bytes and scales."""
+        if self.is_block_scaled:
+            g = descale * KERNEL_SHIFT  # the NVFP4 global scale behind the kernel descale 8 * g
+            t = nvfp4_quantize(x, self.fmt.group, global_value=g.unsqueeze(-1))
+            return t.packed_codes(), t.scales.view(torch.float8_e4m3fn)
+        codes = quantize(x.float() / descale.unsqueeze(-1), self.fmt)
+        if self.fmt.bits == 8:
+            return codes.view(torch.float8_e4m3fn), None
+        return pack(codes, self.fmt.bits), None
+
+    def write(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        seq_ids: Optional[torch.Tensor] = None,
+        allow_nonfinite: bool = False,
+    ) -> None:
+        """Store new tokens at the given slots, as vLLM's ``reshape_and_cache`` does (in place).
+
+        Tokens are quantized with the cache's existing descales. Sequence lengths and the block table
+        are the caller's to update (as in vLLM).
+
+        Args:
+            k, v: float ``(n_tokens, h_k, d)`` in real units, finite.
+            slot_mapping: integer ``(n_tokens,)``, slot ``page * PS + offset`` of each token.
+            seq_ids: integer ``(n_tokens,)``, the sequence of each token; needed only for
+                per-(sequence, kv head) descales.
+            allow_nonfinite: store inf/NaN (saturating / NaN codes, as the hardware converts them)
+                instead of raising; element formats only.
+        """
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 3 or tuple(t.shape[1:]) != (self.heads_k, self.head_dim):
+                raise ValueError(f"{name}: expected float (n_tokens, {self.heads_k}, {self.head_dim}), got {getattr(t, 'shape', type(t))}")
+            if not allow_nonfinite and not torch.isfinite(t).all():
+                raise ValueError(f"{name}: holds inf or NaN (pass allow_nonfinite=True to store them)")
+        n = k.shape[0]
+        if v.shape[0] != n or slot_mapping.shape != (n,):
+            raise ValueError(f"slot_mapping: expected ({n},) to match k and v, got {tuple(slot_mapping.shape)} and v {tuple(v.shape)}")
+        slots = slot_mapping.long().to(self.device)
+        if n and (int(slots.min()) < 0 or int(slots.max()) >= self.num_pages * self.page_size):
+            raise ValueError(f"slot_mapping: slots must be in 0..{self.num_pages * self.page_size - 1}")
+        per_seq = self.k_descale.dim() == 2 or self.v_descale.dim() == 2
+        if per_seq:
+            if seq_ids is None or seq_ids.shape != (n,):
+                raise ValueError("seq_ids: per-(sequence, kv head) descales need the sequence of every token, shape (n_tokens,)")
+            rows = seq_ids.long().to(self.device)
+            if n and (int(rows.min()) < 0 or int(rows.max()) >= self.num_seqs):
+                raise ValueError(f"seq_ids: must be in 0..{self.num_seqs - 1}")
+        else:
+            rows = torch.zeros(n, dtype=torch.long, device=self.device)
+        page, off = slots // self.page_size, slots % self.page_size
+        for which, x in (("k", k), ("v", v)):
+            pool, scales = self._pool(which)
+            d = self.descale_table(which).to(self.device)[rows]
+            data, sc = self._encode_rows(x.to(self.device), d)
+            pool.view(torch.uint8)[page, off] = data.view(torch.uint8)
+            if scales is not None:
+                scales.view(torch.uint8)[page, off] = sc.view(torch.uint8)
+
+    # -- building -----------------------------------------------------------------------------
+    @classmethod
+    def from_float(
+        cls,
+        k: KV,
+        v: KV,
+        fmt: Union[str, AnyFormat] = "e4m3",
+        *,
+        page_size: int = 16,
+        layout: str = "nhd",
+        granularity: str = "per_tensor",
+        k_descale: Optional[torch.Tensor] = None,
+        v_descale: Optional[torch.Tensor] = None,
+        shuffle: bool = True,
+        poison: bool = True,
+        spare_pages: Optional[int] = None,
+        seed: int = 0,
+        allow_nonfinite: bool = False,
+        device: Union[str, torch.device, None] = None,
+    ) -> "PagedKVCache":
+        """Build a cache from float K/V per sequence (real units), quantizing them into ``fmt``.
+
+        Args:
+            k, v: ``(num_seqs, L, h_k, d)`` or lists of ``(L_i, h_k, d)`` float tensors (varlen).
+            fmt: storage format name or object.
+            page_size: tokens per page, one of :data:`PAGE_SIZES`.
+            layout: physical layout, one of :data:`LAYOUTS`.
+            granularity: descale granularity when descales are not given: ``"per_tensor"``,
+                ``"per_head"`` or ``"per_seq_head"`` (amax / max, :func:`compute_descale`).
+            k_descale, v_descale: explicit descales in real units per stored unit (for NVFP4 the
+                global scale ``g``; the cache keeps ``8 * g``); override ``granularity``.
+            shuffle: assign pages in a seeded random order (True) or contiguously.
+            poison: fill pages no sequence references with poison (e4m3 NaN, the largest code,
+                the largest scale), so that a stray read shows.
+            spare_pages: unreferenced pages to allocate beyond those needed (default max(2, n/4)).
+            seed: seed of the page shuffle.
+            allow_nonfinite: store inf/NaN inputs (saturated / NaN codes) instead of raising.
+            device: where the pools live (default: the device of the first K sequence).
+        """
+        f = get_format(fmt)
+        ks = _as_seq_list(k, "k", allow_nonfinite)
+        vs = _as_seq_list(v, "v", allow_nonfinite)
+        if len(ks) != len(vs):
+            raise ValueError(f"v: has {len(vs)} sequences, k has {len(ks)}")
+        for i, (a, b) in enumerate(zip(ks, vs)):
+            if a.shape != b.shape:
+                raise ValueError(f"v[{i}]: shape {tuple(b.shape)} differs from k[{i}] {tuple(a.shape)}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
+        if page_size not in PAGE_SIZES:
+            raise ValueError(f"page_size: {page_size!r} is not one of {PAGE_SIZES}")
+        if granularity not in GRANULARITIES:
+            raise ValueError(f"granularity: {granularity!r} is not one of {', '.join(GRANULARITIES)}")
+        heads_k, d = ks[0].shape[1:]
+        if isinstance(f, BlockScaledFormat) and d % f.group:
+            raise ValueError(f"k: head dim {d} is not a multiple of the {f.name} block of {f.group}")
+        row = _row_bytes(f, d)
+        device = torch.device(device) if device is not None else ks[0].device
+        num_seqs = len(ks)
+        lens = [s.shape[0] for s in ks]
+
+        descales = []
+        for name, seqs, given in (("k_descale", ks, k_descale), ("v_descale", vs, v_descale)):
+            if given is None:
+                finite = [torch.nan_to_num(s, nan=0.0, posinf=0.0, neginf=0.0) for s in seqs] if allow_nonfinite else seqs
+                dsc = compute_descale(finite, f, granularity)
+            else:
+                dsc = check_descale(given, num_seqs, heads_k, name)
+            descales.append(dsc.to(device))
+        if isinstance(f, BlockScaledFormat):
+            descales = [dsc / KERNEL_SHIFT for dsc in descales]
+
+        blocks = [math.ceil(L / page_size) for L in lens]
+        used = sum(blocks)
+        spare = max(2, used // 4) if spare_pages is None else spare_pages
+        if spare < 0:
+            raise ValueError(f"spare_pages: must be >= 0, got {spare}")
+        num_pages = used + spare
+        gen = torch.Generator().manual_seed(seed)
+        order = torch.randperm(num_pages, generator=gen) if shuffle else torch.arange(num_pages)
+        block_table = torch.zeros(num_seqs, max(1, max(blocks)), dtype=torch.int32)
+        cursor = 0
+        for s, n in enumerate(blocks):
+            block_table[s, :n] = order[cursor : cursor + n].to(torch.int32)
+            cursor += n
+        unused = order[cursor:]
+        if unused.numel():  # rows' unused entries point at an unreferenced page: a stray read shows
+            filler = block_table.new_full(block_table.shape, int(unused[0]))
+            mask = torch.arange(block_table.shape[1])[None, :] >= torch.tensor(blocks)[:, None]
+            block_table = torch.where(mask, filler, block_table)
+
+        storage, k_raw, v_raw = _allocate(layout, num_pages, page_size, heads_k, row, device)
+        k_sc = v_sc = None
+        if isinstance(f, BlockScaledFormat):
+            k_sc = torch.zeros(num_pages, page_size, heads_k, d // f.group, dtype=torch.uint8, device=device)
+            v_sc = torch.zeros_like(k_sc)
+        if poison and unused.numel():
+            idx = unused.to(device)
+            for raw in (k_raw, v_raw):
+                raw[idx] = POISON_BYTE[f.bits]
+            for sc in (k_sc, v_sc):
+                if sc is not None:
+                    sc[idx] = POISON_SCALE
+        as_pool = (lambda t: t.view(torch.float8_e4m3fn)) if f.bits == 8 else (lambda t: t)
+        cache = cls(
+            fmt=f,
+            page_size=page_size,
+            layout=layout,
+            head_dim=d,
+            k_pool=as_pool(k_raw),
+            v_pool=as_pool(v_raw),
+            k_scales=None if k_sc is None else k_sc.view(torch.float8_e4m3fn),
+            v_scales=None if v_sc is None else v_sc.view(torch.float8_e4m3fn),
+            block_table=block_table.to(device),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+            k_descale=descales[0],
+            v_descale=descales[1],
+            storage=storage + tuple(t for t in (k_sc, v_sc) if t is not None),
+        )
+        for s, L in enumerate(lens):
+            if L == 0:
+                continue
+            pos = torch.arange(L, device=device)
+            slots = block_table[s].to(device).long()[pos // page_size] * page_size + pos % page_size
+            cache.write(ks[s].to(device), vs[s].to(device), slots, torch.full((L,), s, device=device), allow_nonfinite)
+        return cache
