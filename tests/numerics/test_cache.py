@@ -1,0 +1,211 @@
+"""The paged KV cache: storage as the kernel reads it, layouts, poisoning, writer, reader, validation."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from mjolnir_numerics import E4M3, FORMATS, nvfp4_quantize, round_to_format
+from mjolnir_numerics.cache import LAYOUTS, PAGE_SIZES, POISON_BYTE, PagedKVCache
+
+ELEMENT_FORMATS = ("e4m3", "e3m2", "e2m3", "e2m1")
+LENS = (37, 0, 100)
+
+
+def _kv(lens=LENS, heads_k=2, d=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    k = [torch.randn(L, heads_k, d, generator=g) * 3 for L in lens]
+    v = [torch.randn(L, heads_k, d, generator=g) for L in lens]
+    return k, v
+
+
+@pytest.mark.parametrize("fmt", ELEMENT_FORMATS)
+@pytest.mark.parametrize("granularity", ["per_tensor", "per_head", "per_seq_head"])
+def test_gather_equals_direct_rounding(fmt, granularity):
+    k, v = _kv()
+    cache = PagedKVCache.from_float(k, v, fmt, page_size=16, granularity=granularity)
+    for s, (ks, vs) in enumerate(zip(k, v)):
+        kk, vv = cache.gather(s)
+        for name, x, got in (("k", ks, kk), ("v", vs, vv)):
+            d = cache.descale_table(name)[s][None, :, None]
+            assert torch.equal(got, round_to_format(x / d, fmt) * d), (fmt, granularity, s, name)
+
+
+def test_nvfp4_gather_matches_nvfp4_quantize():
+    k, v = _kv()
+    cache = PagedKVCache.from_float(k, v, "nvfp4", page_size=32, granularity="per_head")
+    g = cache.descale_table("k")[0] / 8  # the cache keeps the kernel descale 8 * g
+    kk, _ = cache.gather(2, kernel_view=False)
+    ref = nvfp4_quantize(k[2], global_value=g.reshape(-1, 1))
+    assert torch.equal(kk, ref.values)
+    kern, _ = cache.gather(2, kernel_view=True)
+    assert torch.equal(kern, ref.kernel_values * ref.kernel_descale)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_layouts_hold_identical_logical_bytes(fmt):
+    k, v = _kv()
+    caches = {lay: PagedKVCache.from_float(k, v, fmt, page_size=16, layout=lay) for lay in LAYOUTS}
+    ref = caches["nhd"]
+    for lay, c in caches.items():
+        assert torch.equal(c.block_table, ref.block_table)
+        for a, b in ((c.k_pool, ref.k_pool), (c.v_pool, ref.v_pool)):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), lay
+            assert a.stride(-1) == 1
+
+
+def test_physical_layout_shapes():
+    k, v = _kv()
+    row = 128
+    hnd = PagedKVCache.from_float(k, v, "e4m3", page_size=16, layout="hnd")
+    (buf,) = hnd.storage
+    assert buf.shape == (hnd.num_pages, 2, 2, 16, row)
+    assert hnd.k_pool.data_ptr() == buf.data_ptr() and hnd.v_pool.data_ptr() == buf[:, 1].data_ptr()
+    inter = PagedKVCache.from_float(k, v, "e2m3", page_size=16, layout="interleaved")
+    (buf,) = inter.storage
+    assert buf.shape == (inter.num_pages, 2, 16, 2 * 96)
+    assert inter.v_pool.data_ptr() - inter.k_pool.data_ptr() == 96  # V right after K in each row
+    fi = PagedKVCache.from_float(k, v, "e2m1", page_size=16, layout="flashinfer")
+    (buf,) = fi.storage
+    assert buf.shape == (fi.num_pages, 2, 16, 2, 64)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_unreferenced_pages_are_poisoned(fmt):
+    k, v = _kv()
+    cache = PagedKVCache.from_float(k, v, fmt, page_size=16)
+    need = [math.ceil(L / 16) for L in LENS]
+    referenced = set()
+    for s, n in enumerate(need):
+        referenced |= set(cache.block_table[s, :n].tolist())
+    unreferenced = [p for p in range(cache.num_pages) if p not in referenced]
+    assert unreferenced, "the builder must leave spare pages to poison"
+    poison = POISON_BYTE[FORMATS[fmt].bits]
+    for pool in (cache.k_pool, cache.v_pool):
+        assert bool((pool.view(torch.uint8)[unreferenced] == poison).all())
+    if fmt == "e4m3":
+        assert torch.isnan(cache.page_values("k", torch.tensor(unreferenced))).all()
+    if cache.k_scales is not None:
+        assert bool((cache.k_scales.view(torch.uint8)[unreferenced] == E4M3.max_code).all())
+    # unused block-table entries point at a poisoned page, so a stray read shows
+    assert int(cache.block_table[1, 0]) in unreferenced
+
+
+def test_shuffled_and_contiguous_pages_hold_the_same_sequences():
+    k, v = _kv()
+    a = PagedKVCache.from_float(k, v, "e3m2", page_size=16, shuffle=True, seed=3)
+    b = PagedKVCache.from_float(k, v, "e3m2", page_size=16, shuffle=False)
+    assert not torch.equal(a.block_table, b.block_table)
+    for s in range(len(LENS)):
+        for x, y in zip(a.gather(s), b.gather(s)):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_writer_appending_tokens_equals_building_at_once(fmt):
+    k, v = _kv(lens=(50,))
+    full = PagedKVCache.from_float(k, v, fmt, page_size=16, granularity="per_seq_head", shuffle=False)
+    # same descales, the first 20 tokens built, the next 30 appended with the writer
+    part = PagedKVCache.from_float([k[0][:20]], [v[0][:20]], fmt, page_size=16, shuffle=False,
+                                   k_descale=full.k_descale / (8 if fmt == "nvfp4" else 1),
+                                   v_descale=full.v_descale / (8 if fmt == "nvfp4" else 1), spare_pages=4)
+    pos = torch.arange(20, 50)
+    bt = torch.cat([part.block_table[0, :2], torch.tensor([2, 3], dtype=torch.int32)])  # contiguous pages
+    part.write(k[0][20:], v[0][20:], bt.long()[pos // 16] * 16 + pos % 16, seq_ids=torch.zeros(30, dtype=torch.long))
+    grown = dataclasses.replace(part, block_table=bt[None], seq_lens=torch.tensor([50], dtype=torch.int32))
+    for x, y in zip(grown.gather(0), full.gather(0)):
+        assert torch.equal(x, y)
+
+
+def test_kv_bytes_counts_block_scales():
+    k, v = _kv()
+    n = sum(LENS) * 2 * 128 * 2  # tokens * heads * d * (K and V)
+    assert PagedKVCache.from_float(k, v, "e4m3").kv_bytes() == n
+    assert PagedKVCache.from_float(k, v, "e3m2").kv_bytes() == n * 6 // 8
+    assert PagedKVCache.from_float(k, v, "nvfp4").kv_bytes() == n * 4.5 / 8
+
+
+def test_page_sizes_and_layout_lists():
+    assert PAGE_SIZES == (16, 32, 64, 128)
+    assert LAYOUTS == ("nhd", "hnd", "interleaved", "flashinfer")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(page_size=8), "page_size"),
+        (dict(layout="nchw"), "layout"),
+        (dict(granularity="per_token"), "granularity"),
+        (dict(fmt="fp5"), "fmt"),
+        (dict(k_descale=torch.tensor(0.0)), "k_descale"),
+        (dict(v_descale=torch.tensor(-1.0)), "v_descale"),
+        (dict(k_descale=torch.tensor(float("nan"))), "k_descale"),
+        (dict(k_descale=torch.ones(5)), "k_descale"),
+        (dict(spare_pages=-1), "spare_pages"),
+    ],
+)
+def test_builder_rejects_bad_arguments(kwargs, match):
+    k, v = _kv()
+    with pytest.raises(ValueError, match=match):
+        PagedKVCache.from_float(k, v, **kwargs)
+
+
+def test_builder_rejects_nonfinite_unless_allowed():
+    k, v = _kv(lens=(20,))
+    k[0][3, 0, 5] = float("inf")
+    with pytest.raises(ValueError, match=r"k\[0\].*inf or NaN"):
+        PagedKVCache.from_float(k, v, "e4m3")
+    cache = PagedKVCache.from_float(k, v, "e4m3", allow_nonfinite=True)
+    kk, _ = cache.gather(0)
+    assert kk[3, 0, 5] == 448 * cache.descale_table("k")[0, 0]  # saturated, as cvt.rn.satfinite does
+
+
+def test_builder_rejects_mismatched_k_and_v():
+    k, v = _kv()
+    with pytest.raises(ValueError, match="v"):
+        PagedKVCache.from_float(k, v[:2])
+    with pytest.raises(ValueError, match="k"):
+        PagedKVCache.from_float(k, [torch.randn(37, 3, 128)] + v[1:])
+    with pytest.raises(ValueError, match="head dim"):
+        PagedKVCache.from_float([torch.randn(5, 2, 40)], [torch.randn(5, 2, 40)], "nvfp4")
+
+
+def test_validation_catches_inconsistent_fields():
+    k, v = _kv()
+    c = PagedKVCache.from_float(k, v, "e4m3", page_size=16)
+    with pytest.raises(ValueError, match="seq_lens"):
+        dataclasses.replace(c, seq_lens=torch.tensor([37, 0, 10_000], dtype=torch.int32))
+    bad = c.block_table.clone()
+    bad[0, 0] = c.num_pages
+    with pytest.raises(ValueError, match="block_table"):
+        dataclasses.replace(c, block_table=bad)
+    with pytest.raises(ValueError, match="block_table"):
+        dataclasses.replace(c, block_table=c.block_table.long())
+    with pytest.raises(ValueError, match="k_pool"):
+        dataclasses.replace(c, k_pool=c.k_pool.view(torch.uint8))
+    with pytest.raises(ValueError, match="v_descale"):
+        dataclasses.replace(c, v_descale=torch.ones(2, 2))
+
+
+def test_writer_rejects_bad_slots_and_missing_seq_ids():
+    k, v = _kv()
+    c = PagedKVCache.from_float(k, v, "e4m3", page_size=16, granularity="per_seq_head")
+    x = torch.randn(2, 2, 128)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        c.write(x, x, torch.tensor([0, c.num_pages * 16]), seq_ids=torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="seq_ids"):
+        c.write(x, x, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="k"):
+        c.write(torch.randn(2, 3, 128), x, torch.tensor([0, 1]), seq_ids=torch.tensor([0, 0]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_cuda_cache_matches_cpu(fmt):
+    k, v = _kv()
+    cpu = PagedKVCache.from_float(k, v, fmt, page_size=16)
+    gpu = PagedKVCache.from_float(k, v, fmt, page_size=16, device="cuda")
+    assert torch.equal(cpu.k_pool.view(torch.uint8), gpu.k_pool.view(torch.uint8).cpu())
+    for x, y in zip(cpu.gather(2), gpu.gather(2)):
+        assert torch.equal(x, y.cpu())
