@@ -68,7 +68,8 @@ class NVFP4Tensor:
 
 
 def _block_scale_codes(block_amax: torch.Tensor, divisor: float, g: torch.Tensor, floor: Optional[float]) -> torch.Tensor:
-    scaled = (block_amax / divisor) / g
+    # divide by a tensor: CUDA divides by a Python scalar as a multiply by its rounded reciprocal
+    scaled = (block_amax / torch.tensor(divisor, dtype=torch.float32, device=block_amax.device)) / g
     if floor is not None:
         scaled = torch.clamp(scaled, min=floor)
     return quantize(scaled, E4M3)
@@ -137,7 +138,7 @@ def nvfp4_quantize(
     lead, d = x.shape[:-1], x.shape[-1]
     if global_value is None:
         amax = x.abs().amax() if x.numel() else torch.zeros((), device=x.device)
-        g = amax / GLOBAL_SCALE_CONVENTIONS[global_scale]
+        g = amax / torch.tensor(GLOBAL_SCALE_CONVENTIONS[global_scale], dtype=torch.float32, device=x.device)
         g = torch.where(g > 0, g, torch.ones_like(g))  # an all-zero tensor: any g encodes it exactly
     else:
         g = torch.as_tensor(global_value, dtype=torch.float32, device=x.device)

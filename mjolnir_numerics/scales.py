@@ -30,6 +30,8 @@ def _per_seq_amax(x: Union[torch.Tensor, Sequence[torch.Tensor]]) -> torch.Tenso
     if isinstance(x, torch.Tensor):
         if x.dim() != 4:
             raise ValueError(f"x: expected (num_seqs, L, h_k, d) or a list of (L, h_k, d), got shape {tuple(x.shape)}")
+        if x.shape[0] == 0:  # an empty batch: no amax, so every (absent) group gets amax 0
+            return torch.zeros(0, x.shape[2], dtype=torch.float32, device=x.device)
         seqs = list(x.unbind(0))
     else:
         seqs = list(x)
@@ -68,7 +70,8 @@ def compute_descale(
 
     Returns:
         float32 descale of shape ``()``, ``(h_k,)`` or ``(num_seqs, h_k)``; 1.0 for a group whose values
-        are all zero (any positive descale encodes zeros exactly).
+        are all zero or absent (any positive descale encodes zeros exactly); an empty batch
+        ``(0, L, h_k, d)`` gives ``(0, h_k)`` per (sequence, head).
 
     Raises:
         ValueError: unknown ``fmt`` or ``granularity``; ``x`` of the wrong shape or holding inf/NaN.
@@ -78,10 +81,11 @@ def compute_descale(
         raise ValueError(f"granularity: {granularity!r} is not one of {', '.join(GRANULARITIES)}")
     amax = _per_seq_amax(x)  # (num_seqs, h_k)
     if granularity == "per_tensor":
-        amax = amax.amax()
+        amax = amax.amax() if amax.numel() else amax.new_zeros(())
     elif granularity == "per_head":
-        amax = amax.amax(dim=0)
-    descale = amax / f.max_normal
+        amax = amax.amax(dim=0) if amax.shape[0] else amax.new_zeros(amax.shape[1])
+    # divide by a tensor: CUDA divides by a Python scalar as a multiply by its rounded reciprocal
+    descale = amax / torch.tensor(f.max_normal, dtype=torch.float32, device=amax.device)
     return torch.where(descale > 0, descale, torch.ones_like(descale)).float()
 
 
@@ -154,7 +158,7 @@ def quantize_q(q: torch.Tensor, num_seqs: int, q_len: int, heads_k: int) -> tupl
     if not torch.isfinite(qf).all():
         raise ValueError("q: holds inf or NaN")
     amax = qf.abs().amax(dim=(1, 3, 4)) if qf.numel() else torch.zeros(num_seqs, heads_k, device=q.device)
-    descale = amax / E4M3.max_normal
+    descale = amax / torch.tensor(E4M3.max_normal, dtype=torch.float32, device=amax.device)  # IEEE division on CUDA too
     descale = torch.where(descale > 0, descale, torch.ones_like(descale))
     codes = quantize(qf / descale[:, None, :, None, None], E4M3)
     return codes.view(torch.float8_e4m3fn).reshape(num_seqs * q_len, h_q, d), descale
