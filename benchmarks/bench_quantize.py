@@ -44,21 +44,24 @@ MIN_TOTAL_S = 1.0
 MAX_RUNS = 100
 
 
-def best_time(fn, repeat: int, device: torch.device) -> float:
-    """Best wall time in seconds of at least ``repeat`` calls (after one warm-up call)."""
-    fn()
-    best = math.inf
-    start = time.perf_counter()
-    runs = 0
-    while runs < repeat or (time.perf_counter() - start < MIN_TOTAL_S and runs < MAX_RUNS):
-        runs += 1
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+def best_times(fns, repeat: int, device: torch.device) -> list[float]:
+    """Best wall time in seconds of each function, timed round-robin (so both sides of a ratio see the
+    same load on a shared machine), at least ``repeat`` rounds after one warm-up call each."""
+    for fn in fns:
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
+    best = [math.inf] * len(fns)
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < repeat or (time.perf_counter() - start < MIN_TOTAL_S and rounds < MAX_RUNS):
+        rounds += 1
+        for i, fn in enumerate(fns):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best[i] = min(best[i], time.perf_counter() - t0)
     return best
 
 
@@ -85,8 +88,8 @@ def main(argv=None) -> int:
     print("-" * len(header))
     failed = []
     for name in ("e3m2", "e2m3", "e2m1"):
-        ours = best_time(lambda name=name: quantize(x, name), args.repeat, device)
-        base = best_time(lambda name=name: seed_quantize(x, name), args.repeat, device)
+        ours, base = best_times([lambda name=name: quantize(x, name), lambda name=name: seed_quantize(x, name)],
+                                args.repeat, device)
         speedup = base / ours
         ok = speedup >= MIN_SPEEDUP_VS_SEED
         failed += [] if ok else [name]
@@ -94,8 +97,7 @@ def main(argv=None) -> int:
             f"{name:<7} {ours * 1e3:>10.3f} {'seed minifloat_quantize':<23} {base * 1e3:>10.3f} {speedup:>7.1f}x  "
             f">= {MIN_SPEEDUP_VS_SEED:g}x faster {'ok' if ok else 'MISSED'}"
         )
-    ours = best_time(lambda: quantize(x, "e4m3"), args.repeat, device)
-    base = best_time(lambda: x.to(torch.float8_e4m3fn), args.repeat, device)
+    ours, base = best_times([lambda: quantize(x, "e4m3"), lambda: x.to(torch.float8_e4m3fn)], args.repeat, device)
     slowdown = ours / base
     ok = slowdown <= MAX_SLOWDOWN_VS_TORCH_CAST
     failed += [] if ok else ["e4m3"]

@@ -1,0 +1,565 @@
+"""The decode spec: a bit-faithful emulator of the Thor paged decode kernel (NUMERICS.md section 5).
+
+:func:`emulate_decode` takes what the kernel takes, in vLLM shapes, and walks the same plan, the same
+128-key tiles and the same rounding points; the stages live in :mod:`mjolnir_numerics.emulator_stages`
+(one function per kernel stage, and the single statement of what is modelled and what is bounded).
+
+Vectorization: all work items (chunks of the split plan) of all sequences and all kv heads advance
+together, one chunk-local tile index at a time (the fp32 recurrences are sequential in the tile
+index); chunks that have run out of tiles sit the remaining steps out. Only the pages a tile needs
+are decoded, so memory stays at a few tiles of float64 K/V for the whole batch.
+
+Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp level on the results;
+``tests/numerics/test_emulator.py::test_agrees_with_the_seed_emulator`` bounds them):
+
+* inputs and outputs are the kernel's: vLLM-shaped Q (bf16, or e4m3 plus its descale), the paged
+  cache's stored bytes, bf16 O ``(num_seqs * q_len, h_q, d)``; the seed takes packed float values and
+  float pools and returns fp32 O before the store (here ``return_details=True`` gives it as ``o_fp32``);
+* S and V.P are exact sums rounded once (the seed: torch fp32 einsum, summation order of the BLAS);
+* the row sum is the kernel's per-key-row ``fma(corr, l, p)`` reduced by the warp butterfly and the
+  4-warp sum (the seed: ``l * corr + p.sum(-1)``);
+* O is rescaled only when a column max moved (bit-identical; the seed always rescales);
+* unsplit sequences take the kernel's epilogue ``O * (out_scale / (l + 1e-30))`` with
+  ``out_scale = scale_o * v_descale * fp32(1 / p_scale)``; the seed sends every sequence through its
+  merge (``scale_o * (o * vd / p_scale) / l``, weight exp(0) = 1);
+* the reduction is the kernel's (``ex2(log2e * (m_j - m_max))``, 0 for -inf, split-order sums,
+  ``scale_o * o * (1 / l)``, 0 where l = 0); the seed uses ``torch.exp`` and a division;
+* ex2 is correctly rounded with flush-to-zero, log correctly rounded (the seed: torch's libm);
+* constants are fp32 (``fp32(fp32(scale) * fp32(log2 e))``; the seed multiplies two doubles first);
+* an empty sequence gives O = 0 and LSE = -inf (the seed fails on it);
+* rows past the sequence end inside its last page are read, as the kernel reads them (K masked, V
+  times p = 0); the seed never gathers them. Identical unless those rows hold NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import torch
+
+from .cache import PAGE_SIZES, check_descale, descale_table
+from .emulator_stages import (
+    LOG2E_F32,
+    accumulate_o,
+    pv_tile,
+    correct_row_sum,
+    epilogue,
+    log2_f32,
+    log_f32,
+    mask_tile,
+    reduce_row_sum,
+    reduction,
+    rescale_o,
+    round_p,
+    score_tile,
+    split_bands,
+    softmax_tile,
+    update_column_max,
+)
+from .formats import Format, get_format
+from .plan import TILE_KEYS, SplitPlan, chunked_plan, plan_split_kv
+from .scales import pack_q, unpack_o
+
+__all__ = ["EmulatorKnobs", "DecodeResult", "emulate_decode", "kernel_plan", "P_FORMATS", "KERNEL_P_SCALE"]
+
+KERNEL_P_SCALE = 448.0
+"""The fp8-Q path stores P as e4m3(p * 448): p in [0, 1] spans e4m3's whole range (FlashAttention: 256)."""
+
+P_FORMATS = ("e4m3", "e5m2", "bf16", "fp32")
+ROW_SUM_FROM = ("unrounded", "rounded")
+V_DESCALE_AT = ("epilogue", "output")
+LSE_BASES = ("e", "2")
+HEAD_DIM_MULTIPLE = 128  # the kernel's MMA K / d tiling
+GROUPED_HEAD_TILE = 32  # packed query rows per CTA (the seed's default grouped_head_tile)
+_Q_SIG_BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
+_P_SIG_BITS = {"e4m3": None, "e5m2": 3, "bf16": 8, "fp32": 24}
+
+
+@dataclass(frozen=True)
+class EmulatorKnobs:
+    """Research knobs; every default is the Thor kernel.
+
+    Attributes:
+        p_scale: P is rounded as ``fmt(p * p_scale)`` and ``1 / p_scale`` folds into the output scale.
+            None: the kernel's (448 on the fp8-Q path, 1 on the bf16-Q path); FlashAttention uses 256.
+        p_format: ``"e4m3"``, ``"e5m2"``, ``"bf16"``, ``"fp32"``; None: the kernel's (e4m3 for fp8 Q,
+            bf16 for bf16 Q).
+        row_sum: ``"unrounded"`` (kernel: fma over the fp32 p) or ``"rounded"`` (over
+            ``fmt(p * p_scale) / p_scale``, as FlashAttention 3 does).
+        v_descale_at: ``"epilogue"`` (kernel: folded into the fp32 output scale) or ``"output"``
+            (FlashInfer: ``bf16(bf16(o) * v_descale)`` after the output is rounded).
+        lse_base: ``"e"`` (kernel: natural log) or ``"2"`` (FlashInfer).
+    """
+
+    p_scale: Optional[float] = None
+    p_format: Optional[str] = None
+    row_sum: str = "unrounded"
+    v_descale_at: str = "epilogue"
+    lse_base: str = "e"
+
+    def __post_init__(self):
+        if self.p_format is not None and self.p_format not in P_FORMATS:
+            raise ValueError(f"p_format: {self.p_format!r} is not one of {', '.join(P_FORMATS)}")
+        if self.p_scale is not None and not (math.isfinite(self.p_scale) and self.p_scale > 0):
+            raise ValueError(f"p_scale: expected a positive finite float, got {self.p_scale!r}")
+        for name, val, allowed in (
+            ("row_sum", self.row_sum, ROW_SUM_FROM),
+            ("v_descale_at", self.v_descale_at, V_DESCALE_AT),
+            ("lse_base", self.lse_base, LSE_BASES),
+        ):
+            if val not in allowed:
+                raise ValueError(f"{name}: {val!r} is not one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """Outputs of :func:`emulate_decode` with ``return_details=True``.
+
+    Attributes:
+        o: bf16 ``(num_seqs * q_len, h_q, d)``.
+        lse: float32 ``(num_seqs, h_k, q_len * h_r)`` (natural log unless ``lse_base="2"``).
+        o_fp32: float32 ``(num_seqs, h_k, q_len * h_r, d)``: the packed output just before the bf16
+            store (for ``v_descale_at="output"``, before the first bf16 rounding).
+        plan: the plan that was walked.
+    """
+
+    o: torch.Tensor
+    lse: torch.Tensor
+    o_fp32: torch.Tensor
+    plan: SplitPlan
+    extras: dict = field(default_factory=dict)
+
+
+def kernel_plan(seq_lens, heads_k: int, rows_per_kv_head: int, **kwargs) -> SplitPlan:
+    """The plan the kernel's host code makes by default (Thor: 20 SMs, 2 CTAs per SM)."""
+    n_q_tiles = max(1, math.ceil(rows_per_kv_head / GROUPED_HEAD_TILE))
+    return plan_split_kv(seq_lens, heads_k, n_q_tiles=n_q_tiles, **kwargs)
+
+
+def _f32(x: float) -> float:
+    """A Python float rounded to fp32 (a constant at device precision)."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _check_positive_float(name: str, value) -> float:
+    if isinstance(value, torch.Tensor):
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: expected a positive finite float, got {value!r}")
+    return float(value)
+
+
+def _check_cache(cache) -> tuple[torch.Tensor, torch.Tensor]:
+    """Re-validate what the kernel relies on (tensors may have been edited in place)."""
+    sl = cache.seq_lens
+    bt = cache.block_table
+    if not isinstance(sl, torch.Tensor) or sl.dim() != 1 or sl.is_floating_point():
+        raise ValueError(f"seq_lens: expected an integer (num_seqs,) tensor, got {getattr(sl, 'shape', type(sl))}")
+    if not isinstance(bt, torch.Tensor) or bt.dim() != 2 or bt.shape[0] != sl.shape[0] or bt.is_floating_point():
+        raise ValueError(
+            f"block_table: expected an integer (num_seqs={sl.shape[0]}, max_blocks) tensor, "
+            f"got {getattr(bt, 'shape', type(bt))}"
+        )
+    sl_cpu = sl.long().cpu()
+    if sl_cpu.numel() and int(sl_cpu.min()) < 0:
+        raise ValueError(f"seq_lens: must be >= 0, got {sl_cpu.tolist()[:8]}")
+    ps = cache.page_size
+    need = (sl_cpu + ps - 1) // ps
+    if need.numel() and int(need.max()) > bt.shape[1]:
+        s = int(need.argmax())
+        raise ValueError(
+            f"seq_lens: sequence {s} has {int(sl_cpu[s])} keys = {int(need[s])} pages of {ps}, but its "
+            f"block_table row holds {bt.shape[1]} pages"
+        )
+    bt_cpu = bt.long().cpu()
+    used = torch.arange(bt.shape[1])[None, :] < need[:, None]
+    refs = bt_cpu[used]
+    if refs.numel() and (int(refs.min()) < 0 or int(refs.max()) >= cache.num_pages):
+        raise ValueError(
+            f"block_table: referenced page indices must be in 0..{cache.num_pages - 1}, got range "
+            f"[{int(refs.min())}, {int(refs.max())}]"
+        )
+    n, hk = sl.shape[0], cache.heads_k
+    check_descale(cache.k_descale, n, hk, "k_descale")
+    check_descale(cache.v_descale, n, hk, "v_descale")
+    return sl_cpu, bt_cpu
+
+
+_E4M3_TABLES: dict = {}
+
+
+def _e4m3_table(device) -> torch.Tensor:
+    """float64 value of every e4m3 code (NaN for 0x7F / 0xFF), cached per device."""
+    key = str(device)
+    if key not in _E4M3_TABLES:
+        from .formats import E4M3
+
+        _E4M3_TABLES[key] = E4M3.values(device).double()
+    return _E4M3_TABLES[key]
+
+
+class _TileSource:
+    """One KV tile of every active chunk, gathered but not yet decoded (decoding happens per block of
+    chunks, so the float64 values stay in cache between the decode and the tile's GEMM).
+
+    ``data`` is ``(A, T, G, D)``: e4m3 codes (uint8) for e4m3 pools, else the float32 MMA values from
+    ``cache.page_values``. Keys on pages at or past the sequence end are 0 (code 0): the kernel passes
+    an out-of-range page index there and TMA zero-fills the box, whatever the block table holds.
+    """
+
+    def __init__(self, cache, which: str, seqs: torch.Tensor, tiles: torch.Tensor, seq_lens, bt):
+        ps = cache.page_size
+        dev = seqs.device
+        if ps <= TILE_KEYS:
+            npp = TILE_KEYS // ps
+            blk = tiles[:, None] * npp + torch.arange(npp, device=dev)[None, :]
+            offset = None
+        else:
+            blk = (tiles * TILE_KEYS // ps)[:, None]
+            offset = (tiles * TILE_KEYS) % ps
+        valid = blk * ps < seq_lens[seqs][:, None]
+        blk_c = blk.clamp(max=bt.shape[1] - 1)
+        pages = torch.where(valid, bt[seqs[:, None], blk_c], torch.zeros_like(blk_c))
+        pool = cache.k_pool if which == "k" else cache.v_pool
+        self.codes = isinstance(cache.fmt, Format) and cache.fmt.bits == 8 and pool.dtype == torch.float8_e4m3fn
+        if self.codes:  # gathered as float8 (torch's uint8 gather path is ~40x slower on CPU), kept as codes
+            raw = pool[pages.to(pool.device)].view(torch.uint8)  # (A, npp, PS, G, D)
+        else:
+            raw = cache.page_values(which, pages.to(pool.device))
+        raw = raw.to(dev)
+        a, n_p, p_s, g, d = raw.shape
+        raw = raw.reshape(a, n_p * p_s, g, d)
+        if offset is not None:
+            rows = offset[:, None] + torch.arange(TILE_KEYS, device=dev)[None, :]
+            raw = raw[torch.arange(a, device=dev)[:, None], rows]
+        if not bool(valid.all()):
+            key_valid = (
+                valid.repeat_interleave(ps, dim=1)[:, :TILE_KEYS] if offset is None else valid.expand(a, TILE_KEYS)
+            )
+            raw = torch.where(key_valid[:, :, None, None], raw, torch.zeros((), dtype=raw.dtype, device=dev))
+        self.data = raw
+        self.device = dev
+
+    def values(self, a0: int, a1: int, workspace: dict) -> torch.Tensor:
+        """float64 ``(a1 - a0, G, T, D)`` values of chunks ``a0 .. a1 - 1``, written into a reused
+        workspace buffer (fresh multi-MiB CPU allocations cost more than the decode itself)."""
+        blk = self.data[a0:a1].transpose(1, 2)
+        out = _buffer(workspace, "values", blk.shape, torch.float64, self.device)
+        if self.codes:  # a 256-entry float64 table: the cheapest exact decode on CPU (fp8 casts are slow)
+            idx = _buffer(workspace, "codes", blk.shape, torch.int32, self.device)
+            idx.copy_(blk)
+            torch.index_select(_e4m3_table(self.device), 0, idx.view(-1), out=out.view(-1))
+        else:
+            out.copy_(blk)
+        return out
+
+
+def _buffer(workspace: dict, name: str, shape, dtype, device) -> torch.Tensor:
+    """A reused scratch tensor of ``shape`` (contents undefined)."""
+    n = math.prod(shape)
+    buf = workspace.get(name)
+    if buf is None or buf.numel() < n or buf.dtype != dtype:
+        buf = torch.empty(max(n, 1), dtype=dtype, device=device)
+        workspace[name] = buf
+    return buf[:n].view(shape)
+
+
+# Tuning: (chunk, kv head) tiles decoded per block: 16 float64 tiles of 128 x 256 are 4 MiB, which
+# stay in cache until their GEMM reads them (measured ~4x faster than decoding a whole step first).
+_TILES_PER_BLOCK = 16
+
+
+def _blocks(num_chunks: int, heads_k: int, device) -> list[tuple[int, int]]:
+    if torch.device(device).type != "cpu":
+        return [(0, num_chunks)]
+    step = max(1, _TILES_PER_BLOCK // heads_k)
+    return [(a0, min(num_chunks, a0 + step)) for a0 in range(0, num_chunks, step)]
+
+
+def emulate_decode(
+    q: torch.Tensor,
+    cache,
+    *,
+    q_descale: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    scale_o: float = 1.0,
+    q_len: int = 1,
+    causal: bool = True,
+    plan: Optional[SplitPlan] = None,
+    chunk_tiles: Optional[int] = None,
+    knobs: Optional[EmulatorKnobs] = None,
+    allow_unsupported: bool = False,
+    return_details: bool = False,
+    cpu_threads: Optional[int] = 1,
+) -> Union[tuple[torch.Tensor, torch.Tensor], DecodeResult]:
+    """Emulate the Thor paged decode kernel, bit for bit under the models of
+    :mod:`mjolnir_numerics.emulator_stages`.
+
+    Args:
+        q: ``(num_seqs * q_len, h_q, d)``: bf16 (the bf16-Q path) or ``torch.float8_e4m3fn`` (the fp8-Q
+            path); with ``allow_unsupported`` also float16 / float32.
+        cache: a :class:`~mjolnir_numerics.cache.PagedKVCache` (pools, layout, block table, seq_lens and
+            the kernel's K/V descales), or an object with the same attributes and ``page_values`` /
+            ``descale_table`` methods.
+        q_descale: float32 ``()``, ``(h_k,)`` or ``(num_seqs, h_k)``; required for e4m3 Q (from
+            :func:`~mjolnir_numerics.scales.quantize_q`), 1 by default for bf16 Q.
+        softmax_scale: scale of ``q . k`` (default ``1 / sqrt(d)``), used at fp32.
+        scale_o: output multiplier, used at fp32.
+        q_len: query tokens per sequence (speculative decode / chunked prefill tail).
+        causal: with ``q_len > 1``, query ``qi`` sees keys ``0 .. seq_len - q_len + qi``; else all keys.
+        plan: the split plan to walk (default: :func:`kernel_plan`); or ``chunk_tiles``: cut every
+            sequence into chunks of that many tiles (0: no split), like the seed's emulator.
+        knobs: research knobs (:class:`EmulatorKnobs`); the default is the kernel.
+        allow_unsupported: emulate beyond the kernel's capability rules (any KV format with bf16 Q,
+            float16 / float32 Q, d not a multiple of 128); page sizes must still be powers of two.
+        return_details: return a :class:`DecodeResult` instead of ``(o, lse)``.
+        cpu_threads: torch intra-op threads during the call on CPU (restored after; None: leave
+            torch's setting). The default 1: the work is thousands of tile-sized ops, for which OpenMP
+            synchronisation costs more than a second core gives (up to 20x slower on a shared
+            machine). Results do not depend on it.
+
+    Returns:
+        ``(o, lse)``: bf16 ``(num_seqs * q_len, h_q, d)`` and float32 ``(num_seqs, h_k, q_len * h_r)``
+        (natural log; -inf for an empty sequence, whose O is 0).
+
+    Raises:
+        ValueError: naming the argument, for h_q not a multiple of h_k, a d mismatch, a q dtype / KV
+            format pair the kernel cannot run, bad descales (shape, zero, negative, NaN), a seq_len
+            beyond its block-table row, a referenced page out of range, ``0 < seq_len < q_len``, an
+            invalid plan, or a knob out of range.
+    """
+    if cpu_threads is not None and (
+        isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1
+    ):
+        raise ValueError(f"cpu_threads: expected an int >= 1 or None, got {cpu_threads!r}")
+    change = cpu_threads is not None and q.device.type == "cpu" if isinstance(q, torch.Tensor) else False
+    saved = torch.get_num_threads()
+    if change:
+        torch.set_num_threads(cpu_threads)
+    try:
+        return _emulate(
+            q,
+            cache,
+            q_descale,
+            softmax_scale,
+            scale_o,
+            q_len,
+            causal,
+            plan,
+            chunk_tiles,
+            knobs,
+            allow_unsupported,
+            return_details,
+        )
+    finally:
+        if change:
+            torch.set_num_threads(saved)
+
+
+def _emulate(
+    q,
+    cache,
+    q_descale,
+    softmax_scale,
+    scale_o,
+    q_len,
+    causal,
+    plan,
+    chunk_tiles,
+    knobs,
+    allow_unsupported,
+    return_details,
+):
+    knobs = knobs if knobs is not None else EmulatorKnobs()
+    if not isinstance(knobs, EmulatorKnobs):
+        raise ValueError(f"knobs: expected EmulatorKnobs, got {type(knobs).__name__}")
+    fmt = get_format(cache.fmt)
+    heads_k, d_cache, ps = int(cache.heads_k), int(cache.head_dim), int(cache.page_size)
+    if isinstance(q_len, bool) or not isinstance(q_len, int) or q_len < 1:
+        raise ValueError(f"q_len: expected an int >= 1, got {q_len!r}")
+
+    # -- q, dtype and capability rules ----------------------------------------------------------
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q: expected a tensor (num_seqs * q_len, h_q, d), got shape {tuple(getattr(q, 'shape', ()))}")
+    seq_lens, bt = _check_cache(cache)
+    num_seqs = int(seq_lens.shape[0])
+    rows, h_q, d = q.shape
+    if rows != num_seqs * q_len:
+        raise ValueError(f"q: has {rows} rows, expected num_seqs * q_len = {num_seqs} * {q_len}")
+    if h_q % heads_k:
+        raise ValueError(f"q: h_q={h_q} is not a multiple of the cache's h_k={heads_k}")
+    if d != d_cache:
+        raise ValueError(f"q: head dim {d} differs from the cache's head dim {d_cache}")
+    fp8_q = q.dtype == torch.float8_e4m3fn
+    supported_q = (torch.bfloat16, torch.float8_e4m3fn)
+    if q.dtype not in supported_q and not (allow_unsupported and q.dtype in _Q_SIG_BITS):
+        raise ValueError(
+            f"q: dtype {q.dtype} is not one the kernel takes (bfloat16 or float8_e4m3fn"
+            f"{'' if allow_unsupported else '; float16/float32 need allow_unsupported=True'})"
+        )
+    if not allow_unsupported:
+        if not fp8_q and fmt.name != "e4m3":
+            raise ValueError(
+                f"q: the kernel runs {fmt.name} KV only on the fp8-Q path (q float8_e4m3fn), got q {q.dtype}; "
+                f"pass allow_unsupported=True to emulate it anyway"
+            )
+        if d % HEAD_DIM_MULTIPLE:
+            raise ValueError(
+                f"q: head dim {d} is not a multiple of {HEAD_DIM_MULTIPLE} (allow_unsupported=True to emulate)"
+            )
+        if ps not in PAGE_SIZES:
+            raise ValueError(f"cache: page_size {ps} is not one of {PAGE_SIZES}")
+    if ps < 1 or ps & (ps - 1):
+        raise ValueError(f"cache: page_size {ps} is not a power of two")
+    short = (seq_lens > 0) & (seq_lens < q_len)
+    if bool(short.any()):
+        s = int(short.nonzero()[0])
+        raise ValueError(f"q_len: {q_len} exceeds seq_len {int(seq_lens[s])} of sequence {s}")
+    if q_descale is None:
+        if fp8_q:
+            raise ValueError("q_descale: e4m3 Q needs its per-(sequence, kv head) descale (see quantize_q)")
+        q_descale = torch.ones((), dtype=torch.float32)
+    qd = descale_table(check_descale(q_descale, num_seqs, heads_k, "q_descale"), num_seqs, heads_k)
+    scale_qs = _f32(
+        _check_positive_float("softmax_scale", softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d))
+    )
+    if isinstance(scale_o, torch.Tensor):
+        scale_o = float(scale_o)
+    if isinstance(scale_o, bool) or not isinstance(scale_o, (int, float)) or not math.isfinite(scale_o):
+        raise ValueError(f"scale_o: expected a finite float, got {scale_o!r}")
+    scale_o = _f32(scale_o)
+
+    # -- plan -------------------------------------------------------------------------------------
+    h_r = h_q // heads_k
+    n_rows = q_len * h_r
+    if plan is not None and chunk_tiles is not None:
+        raise ValueError("plan: pass either plan or chunk_tiles, not both")
+    if plan is None:
+        plan = (
+            chunked_plan(seq_lens, chunk_tiles) if chunk_tiles is not None else kernel_plan(seq_lens, heads_k, n_rows)
+        )
+    if not isinstance(plan, SplitPlan):
+        raise ValueError(f"plan: expected a SplitPlan, got {type(plan).__name__}")
+    plan.check(seq_lens.tolist())
+
+    # -- per-path constants -------------------------------------------------------------------------
+    p_format = knobs.p_format or ("e4m3" if fp8_q else "bf16")
+    p_scale = _f32(knobs.p_scale if knobs.p_scale is not None else (KERNEL_P_SCALE if fp8_q else 1.0))
+    inv_p_scale = _f32(1.0 / p_scale)
+    q_sig_bits = None if fp8_q else _Q_SIG_BITS[q.dtype]
+    p_sig_bits = _P_SIG_BITS[p_format]
+
+    dev = q.device
+    kd = cache.descale_table("k").float().to(dev)
+    vd = cache.descale_table("v").float().to(dev)
+    qd = qd.to(dev)
+    q_vals = pack_q(q, num_seqs, q_len, heads_k).float()  # (B, G, N, D), exact widening
+    qk = qd * kd  # fp32
+    cta_c = torch.tensor(_f32(scale_qs * LOG2E_F32), device=dev) * qk  # scale_qs_log2_e * qk_descale
+    cta_scale = torch.tensor(scale_qs, device=dev) * qk
+    so = torch.tensor(scale_o, device=dev)
+    if knobs.v_descale_at == "epilogue":
+        out_scale = (so * vd) * inv_p_scale
+        part_scale = vd * inv_p_scale
+    else:
+        out_scale = (so * torch.ones_like(vd)) * inv_p_scale
+        part_scale = torch.full_like(vd, inv_p_scale)
+    lse_log = log_f32 if knobs.lse_base == "e" else log2_f32
+
+    # -- chunks of all sequences advance together ----------------------------------------------------
+    chunks = plan.chunks()
+    cseq = torch.tensor([w[0] for w in chunks], dtype=torch.long, device=dev)
+    ct0 = torch.tensor([w[1] for w in chunks], dtype=torch.long, device=dev)
+    clen = torch.tensor([w[2] - w[1] for w in chunks], dtype=torch.long, device=dev)
+    cslot = [w[3] for w in chunks]
+    C, G, N, D, T = len(chunks), heads_k, n_rows, d, TILE_KEYS
+    sl_dev = seq_lens.to(dev)
+    bt_dev = bt.to(dev)
+    qi = torch.arange(N, device=dev) // h_r
+    tail = (q_len - 1 - qi) if causal else torch.zeros_like(qi)
+    last_key = sl_dev[cseq][:, None] - 1 - tail[None, :]  # (C, N)
+    q_c = q_vals[cseq]
+    if q_sig_bits is not None:  # bf16 Q: split into exponent bands once, reused by every tile
+        q_c = split_bands(q_c, q_sig_bits, D)
+    c_c, cta_scale_c = cta_c[cseq], cta_scale[cseq]
+
+    m = torch.full((C, G, N), -math.inf, device=dev)
+    l = torch.zeros((C, G, N, T), device=dev)
+    o = torch.zeros((C, G, N, D), device=dev)
+    key_ids = torch.arange(T, device=dev)
+    n_steps = int(clen.max()) if C else 0
+    ws: dict = {}  # scratch buffers reused across tiles
+    for s in range(n_steps):
+        act = (clen > s).nonzero(as_tuple=True)[0]
+        full = act.numel() == C
+        sel = slice(None) if full else act
+        seqs = cseq[sel]
+        tiles = ct0[sel] + s
+        keys = tiles[:, None] * T + key_ids[None, :]
+        c_a = c_c[sel]
+        blocks = _blocks(seqs.shape[0], G, dev)
+        k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev)
+        q_a = q_c[sel]
+        s_t = torch.cat([score_tile(q_a[a0:a1], k_src.values(a0, a1, ws), q_sig_bits) for a0, a1 in blocks])
+        del k_src
+        s_t = mask_tile(s_t, keys, last_key[sel])
+        m_prev = m[sel]
+        m_new, m_use = update_column_max(m_prev, s_t)
+        p = softmax_tile(s_t, m_use, c_a)
+        p_q = round_p(p, p_scale, p_format)
+        p_sum = p if knobs.row_sum == "unrounded" else p_q / p_scale
+        corr, l_new = correct_row_sum(m_prev, m_use, c_a, l[sel], p_sum)
+        o_a = o[sel]
+        if s > 0:
+            o_a = rescale_o(o_a, corr, m_new, m_prev)
+        v_src = _TileSource(cache, "v", seqs, tiles, sl_dev, bt_dev)
+        vp = _buffer(ws, "vp", o_a.shape, torch.float64, dev)
+        for a0, a1 in blocks:
+            vp_blk = pv_tile(p_q[a0:a1], v_src.values(a0, a1, ws), p_sig_bits, p_scale, out=vp[a0:a1])
+            if vp_blk.data_ptr() != vp[a0:a1].data_ptr():
+                vp[a0:a1] = vp_blk
+        o_a = accumulate_o(o_a, vp)
+        del v_src
+        if full:
+            m, l, o = m_new, l_new, o_a
+        else:
+            m[act], l[act], o[act] = m_new, l_new, o_a
+
+    # -- epilogue --------------------------------------------------------------------------------------
+    l_sum = reduce_row_sum(l)
+    n_splits = torch.tensor(plan.n_splits, dtype=torch.long, device=dev)
+    split = n_splits[cseq] > 1
+    lse_scale = None if knobs.lse_base == "e" else c_c
+    ep = epilogue(o, m, l_sum, cta_scale_c, out_scale[cseq], part_scale[cseq], split, lse_scale, lse_log)
+    o_out = torch.zeros((num_seqs, G, N, D), device=dev)
+    lse_out = torch.zeros((num_seqs, G, N), device=dev)
+    unsplit = (~split).nonzero(as_tuple=True)[0]
+    o_out[cseq[unsplit]] = ep["o_final"][unsplit]
+    lse_out[cseq[unsplit]] = ep["lse"][unsplit]
+    split_seqs = sorted({chunks[i][0] for i in split.nonzero(as_tuple=True)[0].tolist()})
+    if split_seqs:
+        J = max(plan.n_splits[b] for b in split_seqs)
+        row_of = {b: r for r, b in enumerate(split_seqs)}
+        o_p = torch.zeros((len(split_seqs), J, G, N, D), device=dev)
+        m_p = torch.full((len(split_seqs), J, G, N), -math.inf, device=dev)
+        l_p = torch.zeros((len(split_seqs), J, G, N), device=dev)
+        idx = split.nonzero(as_tuple=True)[0]
+        r_idx = torch.tensor([row_of[chunks[i][0]] for i in idx.tolist()], dtype=torch.long, device=dev)
+        j_idx = torch.tensor([cslot[i] for i in idx.tolist()], dtype=torch.long, device=dev)
+        o_p[r_idx, j_idx] = ep["o_part"][idx]
+        m_p[r_idx, j_idx] = ep["m_part"][idx]
+        l_p[r_idx, j_idx] = ep["l_part"][idx]
+        o_red, lse_red = reduction(o_p, m_p, l_p, scale_o, LOG2E_F32 if knobs.lse_base == "e" else 1.0, lse_log)
+        seq_idx = torch.tensor(split_seqs, dtype=torch.long, device=dev)
+        o_out[seq_idx] = o_red
+        lse_out[seq_idx] = lse_red
+
+    o_bf16 = o_out.to(torch.bfloat16)
+    if knobs.v_descale_at == "output":
+        o_bf16 = (o_bf16.float() * vd[:, :, None, None]).to(torch.bfloat16)
+    o_final = unpack_o(o_bf16, num_seqs, q_len, heads_k)
+    if return_details:
+        return DecodeResult(o=o_final, lse=lse_out, o_fp32=o_out, plan=plan)
+    return o_final, lse_out

@@ -1,0 +1,528 @@
+"""The Thor decode kernel's arithmetic, one function per kernel stage (NUMERICS.md section 5).
+
+Every function works on whole batches at once: a leading "chunk" dimension (one per work item of the
+split plan, i.e. one CTA per kv head), then the kv head, then query rows / key rows. Shapes below use
+``C`` chunks, ``G`` kv heads, ``N = q_len * h_r`` packed query rows, ``D`` head dim and ``T = 128``
+keys per tile (:data:`~mjolnir_numerics.plan.TILE_KEYS`).
+
+What is modelled and what is bounded
+====================================
+This is the ONE place that states how the emulator models arithmetic it cannot observe. Every model
+below is deterministic and built only from IEEE float32 / float64 basic operations on exactly
+representable data, so the emulator is bit-identical on CPU and CUDA.
+
+1. **Tensor-core dot products** (S = K.Q and V.P per tile, and the V.P sum added into the fp32
+   accumulator): modelled as the EXACT sum of the exact products, rounded once to fp32 (round to
+   nearest even). The exact sum comes from float64 matrix products that are provably exact
+   (:func:`exact_matmul`): e4m3 values are multiples of 2^-9 below 2^9, so an e4m3 x e4m3 (or fp6 /
+   fp4 / NVFP4-kernel-value) product is an integer below 2^36 on the 2^-18 grid and any sum of up to
+   2^17 of them is an integer below 2^53: exact in any order, on any device. Wide operands (bf16 Q,
+   bf16 / e5m2 / fp32 P) are split into exponent bands (:func:`band_width`, 20 binades for bf16 at
+   d = 256) that are each exact the same way; the band partial sums are added in float64, smallest
+   first, the largest with round-to-odd, so the fp32 result is correctly rounded for up to two bands
+   (Q in practice) and, beyond, unless the smaller bands' own sum needs more than 53 bits (tiny p
+   values far below the column max: off by at most one fp32 ulp, deterministically).
+   ``O_new = fp32(O + exact(V.P))``: the accumulator is one more addend of the exact sum; the final
+   fp32 rounding is correct (:func:`add_round_f32`: a float64 sum is re-done with
+   round-to-odd only where it lands exactly on an fp32 midpoint). *Bound against hardware*: the tensor
+   core adds in an unspecified order with its own intermediate precision; for an ``n``-term fp32
+   accumulation that differs from the model by at most ``n * 2^-24 * sum(|a_i b_i|)``
+   (:data:`TENSOR_CORE_REL_BOUND`, the classical recursive-summation bound), per tile (n = d for S,
+   n = 128 keys + the accumulator for O).
+2. **ex2.approx.ftz.f32** (p, the correction, the split weights): modelled as the correctly rounded
+   fp32 exp2 with subnormal results flushed to +0. Hardware differs by at most 2 ulp (NUMERICS.md
+   section 4; measured 0 e4m3(p * 448) code differences, 12 bf16 ones over 4M points).
+   Correct rounding is computed from float64 exp2 (error < 2 float64 ulps), and the rare results
+   within 2^7 float64 ulps (2^-22 fp32 ulp) of an fp32 rounding midpoint are redone in 60-digit decimal
+   arithmetic (:func:`exp2_f32`), so CPU and CUDA libm differences cannot show.
+3. **log (LSE, ``cute.math.log(fastmath=False)``)**: correctly rounded fp32 natural log (same
+   method); CUDA's ``logf`` is within 1 ulp of it.
+4. **fma** (the row sum ``l = fma(corr, l, p)``): exact product in float64, exact round-to-odd sum,
+   one rounding to fp32: exactly IEEE fma.
+5. **fp32 add / mul / div** (softmax, epilogue, reduction): IEEE round to nearest even, as the
+   hardware's ``add.rn``/``mul.rn``/``div.rn``. The reduction's ``l_acc += w * l`` and
+   ``o_acc += w * o`` are modelled as a multiply then an add (two roundings); if ptxas contracts them
+   into fma the hardware differs by at most 1 ulp of each product per term.
+6. **Conversions**: e4m3 / fp6 / fp4 by :func:`mjolnir_numerics.quantize.quantize` (bit-exact
+   ``cvt.rn.satfinite``); bf16 and e5m2 by torch's round-to-nearest-even casts (exact for the
+   in-range values they see here).
+7. **Subnormals**: fp32 add/mul keep subnormal results (the kernel's packed f32x2 ops do not set
+   ``.ftz``); only the ex2 results are flushed. ex2's flush of subnormal *inputs* is irrelevant
+   (2^x of a tiny x is 1 either way).
+8. **Loads**: pages at or past a sequence's end are not read (the kernel passes an out-of-range page
+   index and TMA zero-fills the box), so they are 0 whatever the block table holds; rows past the end
+   inside the last page ARE read (K masked by a select, V multiplied by p = 0: a NaN stored there
+   would propagate, as on the GPU). For NVFP4 a zero-filled page is codes 0 times page 0's scale:
+   0 here, and on the GPU too unless page 0's scale byte is the e4m3 NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal, localcontext
+from typing import Callable, Optional
+
+import torch
+
+from .formats import E4M3
+from .quantize import quantize
+
+__all__ = [
+    "TENSOR_CORE_REL_BOUND",
+    "LOG2E_F32",
+    "round_odd_add",
+    "add_round_f32",
+    "fma_f32",
+    "exp2_f32",
+    "log_f32",
+    "log2_f32",
+    "exact_matmul",
+    "Bands",
+    "split_bands",
+    "combine_bands",
+    "band_width",
+    "score_tile",
+    "mask_tile",
+    "update_column_max",
+    "softmax_tile",
+    "round_p",
+    "correct_row_sum",
+    "rescale_o",
+    "pv_tile",
+    "accumulate_o",
+    "reduce_row_sum",
+    "epilogue",
+    "reduction",
+]
+
+TENSOR_CORE_REL_BOUND = 2.0**-24
+"""Per-term relative bound of an unspecified-order fp32 summation (unit roundoff u = 2^-24):
+``|hw - model| <= n * u * sum(|a_i b_i|)`` for an ``n``-term tensor-core dot product."""
+
+LOG2E_F32 = float(torch.tensor(math.log2(math.e), dtype=torch.float32))
+"""log2(e) at device precision (the kernel's constant is a Python float turned into Float32)."""
+
+_F32_MIN_NORMAL = 2.0**-126
+_HARD_ULP64 = 1 << 7  # float64 ulps (= 2^-22 fp32 ulp) from an fp32 rounding midpoint that trigger the decimal redo
+_DECIMAL_DIGITS = 60
+
+
+# ----------------------------------------------------------------------------------------------
+# Arithmetic models (see the module docstring)
+# ----------------------------------------------------------------------------------------------
+def round_odd_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """float64 ``a + b`` rounded to odd (exact TwoSum error folded into the last bit).
+
+    Rounding the result to fp32 (round to nearest even) then gives the correctly rounded fp32 of the
+    exact sum, because float64 has at least 2 more bits than fp32 (Boldo & Melquiond 2005).
+    Non-finite sums are returned as float64 ``a + b``.
+    """
+    s = a + b
+    bp = s - a
+    ap = s - bp
+    err = (a - ap) + (b - bp)
+    even = (s.view(torch.int64) & 1) == 0
+    fix = (err != 0) & even & torch.isfinite(s)
+    if bool(fix.any()):
+        toward = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
+        s = torch.where(fix, torch.nextafter(s, toward), s)
+    return s
+
+
+_LOW29 = (1 << 29) - 1  # float64 fraction bits below fp32 precision (52 - 23)
+_HALF29 = 1 << 28
+
+
+def add_round_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp32 rounding of the exact sum of ``a`` and ``b`` (float32 or float64, at least one float64;
+    correct rounding, cheap path).
+
+    ``RN32(RN64(x)) == RN32(x)`` unless ``RN64(x)`` lands exactly on an fp32 rounding midpoint (or in
+    the fp32 subnormal range); only those elements take the exact round-to-odd path.
+    """
+    s = a + b  # float64: a float32 operand widens exactly inside the op
+    r = s.float()
+    risky = (s.view(torch.int64) & _LOW29) == _HALF29
+    risky |= (r.abs() < _F32_MIN_NORMAL) & (r != 0)
+    if bool(risky.any()):
+        idx = risky.nonzero(as_tuple=True)
+        r[idx] = round_odd_add(a.expand_as(s)[idx].double(), b.expand_as(s)[idx].double()).float()
+    return r
+
+
+def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """IEEE fp32 ``fma(a, b, c)`` (one rounding) of fp32 tensors, broadcasting; returns float32."""
+    prod = a.double() * b.double()  # exact: 24 + 24 bits fit float64's 53
+    return add_round_f32(prod, c)
+
+
+def _correct_round(y: torch.Tensor, x: torch.Tensor, exact: Callable[[Decimal], Decimal]) -> torch.Tensor:
+    """fp32 rounding of ``y`` (a float64 approximation of ``f(x)``, error << 2^-22 fp32 ulp) that is
+    correct: values near an fp32 rounding boundary are decided with ``exact`` in decimal."""
+    z = y.float()
+    # within _HARD_ULP64 float64 ulps of an fp32 rounding midpoint (bits below fp32 precision ~ 100..0)
+    hard = ((y.view(torch.int64) - (_HALF29 - _HARD_ULP64)) & _LOW29) < 2 * _HARD_ULP64
+    if not bool(hard.any()):
+        return z
+    hard &= torch.isfinite(y) & (y.abs() >= _F32_MIN_NORMAL)
+    if not bool(hard.any()):
+        return z
+    idx = hard.nonzero(as_tuple=True)
+    mant, expo = torch.frexp(y[idx].abs())
+    scaled = mant * 2.0**24  # in [2^23, 2^24): fp32 significand, the rounding bit as the fraction
+    xs = x[idx].double().cpu().tolist()
+    fl = torch.floor(scaled).cpu().tolist()
+    ex = expo.cpu().tolist()
+    sg = torch.sign(y[idx]).cpu().tolist()
+    fixed = []
+    with localcontext() as ctx:
+        ctx.prec = _DECIMAL_DIGITS
+        for xv, f, e, s in zip(xs, fl, ex, sg):
+            mid = Decimal(f + 0.5) * (Decimal(2) ** (int(e) - 24))
+            val = abs(exact(Decimal(xv)))
+            mag = (f + (1.0 if val > mid else 0.0)) * 2.0 ** (int(e) - 24)
+            fixed.append(s * mag)
+    out = z.clone()
+    out[idx] = torch.tensor(fixed, dtype=torch.float64).to(z.device).float()
+    return out
+
+
+def exp2_f32(x: torch.Tensor) -> torch.Tensor:
+    """``ex2.approx.ftz.f32`` model: correctly rounded fp32 ``2**x`` of fp32 ``x``, subnormal results
+    flushed to +0; ``-inf -> 0``, ``+inf -> inf``, NaN -> NaN. Returns float32 like ``x``."""
+    x64 = x.double()
+    z = _correct_round(torch.exp2(x64), x64, lambda d: (d * Decimal(2).ln()).exp())
+    return torch.where(z < _F32_MIN_NORMAL, torch.zeros_like(z), z)
+
+
+def log_f32(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded fp32 natural log of fp32 ``x`` (``log(0) = -inf``, negative -> NaN)."""
+    x64 = x.double()
+    return _correct_round(torch.log(x64), x64, lambda d: d.ln())
+
+
+def log2_f32(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded fp32 base-2 log of fp32 ``x`` (the LSE-base-2 research knob)."""
+    x64 = x.double()
+    return _correct_round(torch.log2(x64), x64, lambda d: d.ln() / Decimal(2).ln())
+
+
+# Bits of range (log2(max / grid)) of the narrow operand every exact product meets: e4m3's values are
+# multiples of 2^-9 below 2^9 (18 bits); fp6 / fp4 / NVFP4-kernel values need fewer.
+NARROW_RANGE_BITS = 18
+
+
+def band_width(sig_bits: int, n_terms: int, narrow_bits: int = NARROW_RANGE_BITS) -> int:
+    """Binades of a band whose products with a narrow operand sum exactly in float64.
+
+    A band of values with ulp exponents in ``[U - W + 1, U]`` and ``sig_bits`` significant bits are
+    integers below ``2^(W + sig_bits - 1)`` on the band's grid; times a narrow operand (integers below
+    ``2^narrow_bits``) and summed over ``n_terms``, they stay below 2^53 when
+    ``W <= 54 - sig_bits - narrow_bits - ceil(log2 n_terms)``.
+    """
+    return 54 - sig_bits - narrow_bits - max(0, math.ceil(math.log2(max(1, n_terms))))
+
+
+class Bands:
+    """A wide operand split into exponent bands, stacked along its row dimension (see
+    :func:`split_bands`). ``stacked`` is float64 ``(..., n_bands * M, K)``, smallest band first."""
+
+    def __init__(self, stacked: torch.Tensor, n_bands: int, rows: int):
+        self.stacked, self.n_bands, self.rows = stacked, n_bands, rows
+
+    def __getitem__(self, index) -> "Bands":
+        return Bands(self.stacked[index], self.n_bands, self.rows)
+
+
+def split_bands(a: torch.Tensor, sig_bits: int, n_terms: int, a_max: Optional[float] = None) -> Bands:
+    """Split ``a (..., M, K)`` (float values with ``sig_bits`` significant bits) into fixed exponent
+    bands of :func:`band_width` binades; every band's product with a narrow operand is exact.
+
+    Bands are fixed (not data dependent) so that any blocking of the batch gives the same result:
+    aligned to the top of ``a_max`` (a bound on ``|a|``, e.g. ``p_scale`` for P) when given, else to 0.
+    """
+    a64 = a.double()
+    width = band_width(sig_bits, n_terms)
+    _, expo = torch.frexp(a64)
+    ulp_exp = torch.clamp(expo - 1, min=-126) - (sig_bits - 1)
+    top = 0 if a_max is None else math.frexp(a_max)[1] - 1 - (sig_bits - 1)
+    band = torch.div(ulp_exp - top - 1, width, rounding_mode="floor")
+    band = torch.where(a64 == 0, band.amax(), band)  # zeros join any band
+    ids = torch.unique(band).tolist()
+    if len(ids) == 1:
+        return Bands(a64, 1, a.shape[-2])
+    zero = torch.zeros((), dtype=a64.dtype, device=a64.device)
+    stacked = torch.cat([torch.where(band == k, a64, zero) for k in ids], dim=-2)
+    return Bands(stacked, len(ids), a.shape[-2])
+
+
+def combine_bands(prod: torch.Tensor, bands: Bands) -> torch.Tensor:
+    """Sum the per-band products ``(..., n_bands * M, N)`` into ``(..., M, N)``: the smaller bands in
+    float64 (exact unless their partial sums span more than 53 bits), then the largest band with
+    round-to-odd, so the later fp32 rounding is correct for up to two bands."""
+    if bands.n_bands == 1:
+        return prod
+    parts = prod.split(bands.rows, dim=-2)
+    low = parts[0]
+    for part in parts[1:-1]:
+        low = low + part
+    return round_odd_add(low, parts[-1])
+
+
+def exact_matmul(a, b: torch.Tensor, a_sig_bits: Optional[int], a_max: Optional[float] = None) -> torch.Tensor:
+    """Exact ``a @ b`` in float64 (see the module docstring, model 1).
+
+    Args:
+        a: float tensor ``(..., M, K)``, values exactly representable in float32; or :class:`Bands`
+            made from it by :func:`split_bands` (reused across tiles).
+        b: float tensor ``(..., K, N)`` of narrow values (e4m3, fp6, fp4, or P in e4m3): multiples of
+            2^-9 with magnitude below 2^9.
+        a_sig_bits: significant bits of ``a``'s format when ``a`` may span a wide exponent range
+            (bf16: 8, e5m2: 3), split into exponent bands; None when ``a`` is narrow too (e4m3, the
+            fp8-Q path), a single float64 product.
+        a_max: a bound on ``|a|`` the bands are aligned to (see :func:`split_bands`).
+
+    Returns:
+        float64 ``(..., M, N)``: the exact products' sum (for three or more bands, see
+        :func:`combine_bands`).
+    """
+    b64 = b.double()
+    if isinstance(a, Bands):
+        return combine_bands(a.stacked @ b64, a)
+    if a_sig_bits is None:
+        return a.double() @ b64
+    bands = split_bands(a, a_sig_bits, a.shape[-1], a_max)
+    return combine_bands(bands.stacked @ b64, bands)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel stages (NUMERICS.md section 5, steps 3-11)
+# ----------------------------------------------------------------------------------------------
+def score_tile(q, k_tile: torch.Tensor, q_sig_bits: Optional[int]) -> torch.Tensor:
+    """Step 3, GEMM1: ``S = K . Q`` for one tile, exact sum rounded once to fp32.
+
+    Args:
+        q: ``(C, G, N, D)`` float32 values of the packed query rows (e4m3 or bf16 values), or their
+            :class:`Bands` (bf16 Q, split once per call).
+        k_tile: ``(C, G, T, D)`` float32 values the MMA reads for the tile's keys.
+        q_sig_bits: None on the fp8-Q path (narrow), 8 for bf16 Q.
+
+    Returns:
+        float32 ``(C, G, N, T)``: S in raw units (no scale, no descale).
+    """
+    return exact_matmul(q, k_tile.transpose(-1, -2), q_sig_bits).float()
+
+
+def mask_tile(s: torch.Tensor, keys: torch.Tensor, last_key: torch.Tensor) -> torch.Tensor:
+    """Step 4: keys past a column's last visible key are -inf (a select: NaN/garbage cannot leak).
+
+    Args:
+        s: ``(C, G, N, T)`` float32.
+        keys: ``(C, T)`` int64 absolute key indices of the tile.
+        last_key: ``(C, N)`` int64: the last key each query row sees (``seq_len - q_len + qi`` when
+            causal, ``seq_len - 1`` otherwise; ``-1`` for an empty sequence).
+    """
+    if bool((keys[:, -1] <= last_key.amin(dim=1)).all()):
+        return s  # every key of every tile is visible to every column
+    hidden = keys[:, None, None, :] > last_key[:, None, :, None]
+    return torch.where(hidden, torch.full_like(s, -math.inf), s)
+
+
+def update_column_max(m_prev: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 5: running column max in raw S units and the -inf guard.
+
+    Args:
+        m_prev: ``(C, G, N)`` float32, the max before this tile (-inf at the start of a chunk).
+        s: ``(C, G, N, T)`` masked scores.
+
+    Returns:
+        ``(m, m_use)``: the new max, and the exponent reference (0 where the max is still -inf).
+    """
+    m = torch.maximum(m_prev, s.amax(dim=-1))
+    m_use = torch.where(m == -math.inf, torch.zeros_like(m), m)
+    return m, m_use
+
+
+def softmax_tile(s: torch.Tensor, m_use: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Step 6: ``p = ex2((S - m_use) * c)``: one fp32 subtract, one fp32 multiply, then ex2.
+
+    Args:
+        s: ``(C, G, N, T)`` float32; m_use: ``(C, G, N)``; c: ``(C, G)`` float32, the folded scale
+            ``scale_qs_log2_e * (q_descale * k_descale)``.
+
+    Returns:
+        float32 ``(C, G, N, T)``, unrounded p in [0, 1].
+    """
+    x = (s - m_use[..., None]) * c[:, :, None, None]
+    return exp2_f32(x)
+
+
+def round_p(p: torch.Tensor, p_scale: float, p_format: str) -> torch.Tensor:
+    """Step 7: P as the second GEMM reads it, in units of ``p * p_scale``.
+
+    ``"e4m3"``: ``e4m3(fp32(p * p_scale))`` (the fp8-Q path, p_scale 448); ``"bf16"``: ``bf16(p *
+    p_scale)`` (the bf16-Q path, p_scale 1); ``"e5m2"``; ``"fp32"``: no rounding. Returns float32.
+    """
+    x = p * p_scale if p_scale != 1.0 else p
+    if p_format == "e4m3":
+        return E4M3.values(x.device)[quantize(x, E4M3).long()]
+    if p_format == "bf16":
+        return x.to(torch.bfloat16).float()
+    if p_format == "e5m2":
+        return x.to(torch.float8_e5m2).float()
+    if p_format == "fp32":
+        return x
+    raise ValueError(f"p_format: {p_format!r} is not one of e4m3, e5m2, bf16, fp32")
+
+
+def correct_row_sum(
+    m_prev: torch.Tensor, m_use: torch.Tensor, c: torch.Tensor, l: torch.Tensor, p_sum: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 8: ``corr = ex2((m_prev - m_use) * c)`` and, per key row (thread), ``l = fma(corr, l, p)``.
+
+    Args:
+        m_prev, m_use: ``(C, G, N)`` float32; c: ``(C, G)``.
+        l: ``(C, G, N, T)`` float32 per-thread row sums (key row i of the tile is thread i).
+        p_sum: ``(C, G, N, T)`` the p added to the row sum (the unrounded p in the kernel).
+
+    Returns:
+        ``(corr (C, G, N), l (C, G, N, T))`` float32.
+    """
+    corr = exp2_f32((m_prev - m_use) * c[:, :, None])
+    return corr, fma_f32(corr[..., None], l, p_sum)
+
+
+def rescale_o(o: torch.Tensor, corr: torch.Tensor, m: torch.Tensor, m_prev: torch.Tensor) -> torch.Tensor:
+    """Step 8 (O): ``O = fp32(O * corr)`` for the CTAs (chunk, kv head) where some column max moved;
+    the others skip the TMEM round trip (every corr is exactly 1 there, so skipping is bit-identical).
+
+    Args: o ``(C, G, N, D)``; corr, m, m_prev ``(C, G, N)``.
+    """
+    moved = (m != m_prev).any(dim=-1)  # (C, G), warpgroup-uniform in the kernel
+    if not bool(moved.any()):
+        return o
+    return torch.where(moved[..., None, None], o * corr[..., None], o)
+
+
+def pv_tile(
+    p_q: torch.Tensor,
+    v_tile: torch.Tensor,
+    p_sig_bits: Optional[int],
+    p_max: float = 1.0,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Step 9, GEMM2: the tile's exact ``V . P`` contraction (model 1), float64 ``(C, G, N, D)``.
+
+    Args:
+        p_q: ``(C, G, N, T)`` float32 rounded P; v_tile: ``(C, G, T, D)`` float values.
+        p_sig_bits: None for narrow P (e4m3), 8 for bf16, 3 for e5m2, 24 for fp32 (banded, still exact).
+        p_max: the largest P value (``p_scale``), the top of P's exponent bands.
+        out: optional float64 buffer for the result (narrow P only).
+    """
+    if p_sig_bits is None and out is not None:
+        return torch.matmul(p_q.double(), v_tile.double(), out=out)
+    return exact_matmul(p_q, v_tile, p_sig_bits, p_max)
+
+
+def accumulate_o(o: torch.Tensor, vp: torch.Tensor) -> torch.Tensor:
+    """Step 9, the accumulate into tensor memory: ``O = fp32(O + V.P)``, one rounding of the exact sum.
+
+    Args: o ``(C, G, N, D)`` float32; vp the same shape, float64 exact (:func:`pv_tile`).
+    """
+    return add_round_f32(o, vp)
+
+
+def reduce_row_sum(l: torch.Tensor, warp: int = 32) -> torch.Tensor:
+    """Step 10 (row sum): butterfly over the 32 lanes of each warp (xor 16, 8, 4, 2, 1, in fp32),
+    then ``w0 + w1 + w2 + w3`` left to right.
+
+    Args:
+        l: ``(..., T)`` float32 per-thread sums, T = 128 (thread i = key row i).
+
+    Returns:
+        float32 ``(...)``.
+    """
+    t = l.shape[-1]
+    v = l.reshape(*l.shape[:-1], t // warp, warp)
+    width = warp
+    while width > 1:  # lane i adds lane i ^ (width / 2): as a tree, the halves of each group
+        width //= 2
+        v = v[..., :width] + v[..., width : 2 * width]
+    w = v[..., 0]
+    total = w[..., 0]
+    for i in range(1, w.shape[-1]):
+        total = total + w[..., i]
+    return total
+
+
+def epilogue(
+    o: torch.Tensor,
+    m: torch.Tensor,
+    l_sum: torch.Tensor,
+    cta_scale: torch.Tensor,
+    out_scale: torch.Tensor,
+    part_scale: torch.Tensor,
+    split: torch.Tensor,
+    lse_scale: Optional[torch.Tensor] = None,
+    lse_log: Callable[[torch.Tensor], torch.Tensor] = log_f32,
+) -> dict:
+    """Step 10: the per-CTA epilogue.
+
+    Args:
+        o: ``(C, G, N, D)`` float32 accumulator; m: ``(C, G, N)`` raw column max; l_sum: ``(C, G, N)``
+            reduced row sum.
+        cta_scale: ``(C, G)`` ``scale_qs * q_descale * k_descale`` (LSE units per raw S unit).
+        out_scale: ``(C, G)`` ``scale_o * v_descale * (1 / p_scale)``; part_scale ``(C, G)``
+            ``v_descale * (1 / p_scale)``.
+        split: ``(C,)`` bool, True where the chunk's sequence has more than one chunk.
+        lse_log: the log of the LSE (natural by default).
+
+    Returns:
+        dict with ``o_final`` (float32 ``O * (out_scale / (l + 1e-30))``, before the bf16 store),
+        ``lse`` (``m_out + log(l)``), and the split partials ``o_part`` (``O * part_scale``), ``m_part``
+        (``m_out``), ``l_part`` (``l``); callers pick by ``split``.
+    """
+    m_out = m * (cta_scale if lse_scale is None else lse_scale)[..., None]
+    l_eps = l_sum + torch.tensor(1e-30, dtype=torch.float32, device=l_sum.device)
+    inv_l = out_scale[..., None] / l_eps
+    o_final = o * inv_l[..., None]
+    lse = m_out + lse_log(l_sum)
+    o_part = o * part_scale[..., None, None]
+    return {"o_final": o_final, "lse": lse, "o_part": o_part, "m_part": m_out, "l_part": l_sum}
+
+
+def reduction(
+    o_part: torch.Tensor,
+    m_part: torch.Tensor,
+    l_part: torch.Tensor,
+    scale_o: float,
+    weight_log2: float = LOG2E_F32,
+    lse_log: Callable[[torch.Tensor], torch.Tensor] = log_f32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 11: merge the split partials of the sequences with more than one chunk.
+
+    Args:
+        o_part: ``(B, J, G, N, D)`` float32 partials in split order (absent splits: 0);
+        m_part: ``(B, J, G, N)`` (absent: -inf); l_part: ``(B, J, G, N)`` (absent: 0).
+        scale_o: the output scale (fp32 value).
+        weight_log2: ``log2(e)`` as fp32 (1.0 for base-2 LSE).
+
+    Returns:
+        ``(o float32 (B, G, N, D) before the bf16 store, lse float32 (B, G, N))``:
+        ``m_max = max_j m_j``; ``w_j = ex2(log2e * (m_j - m_max))`` (0 where m_j = -inf);
+        ``l = sum_j w_j l_j`` and ``o = sum_j w_j o_j`` in split order (multiply, then add);
+        ``o = scale_o * o * (1 / l)`` (0 where l is 0); ``lse = m_max + log(l)``.
+    """
+    m_max = m_part.amax(dim=1)
+    w = exp2_f32(weight_log2 * (m_part - m_max[:, None]))
+    w = torch.where(m_part == -math.inf, torch.zeros_like(w), w)
+    l_acc = torch.zeros_like(l_part[:, 0])
+    o_acc = torch.zeros_like(o_part[:, 0])
+    for j in range(o_part.shape[1]):
+        l_acc = l_acc + w[:, j] * l_part[:, j]
+        o_acc = o_acc + w[:, j, ..., None] * o_part[:, j]
+    inv_l = torch.where(l_acc > 0, 1.0 / l_acc, torch.zeros_like(l_acc))
+    so = torch.tensor(scale_o, dtype=torch.float32, device=o_acc.device)
+    o = (so * o_acc) * inv_l[..., None]
+    lse = m_max + lse_log(l_acc)
+    return o, lse

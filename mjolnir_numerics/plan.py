@@ -1,0 +1,218 @@
+"""The occupancy-pinned split-KV plan, shared by the emulator and the kernels.
+
+The decode grid is ``(work items, query tiles, kv heads)``; one wave of CTA slots holds
+``slots = sm_count * ctas_per_sm // (heads_k * n_q_tiles)`` work items. Each sequence of ``L`` keys is
+``max(1, ceil(L / 128))`` tiles of :data:`TILE_KEYS` keys (an empty sequence still gets one tile, so its
+CTA writes O = 0 and LSE = -inf). The plan picks the SMALLEST chunk size (in tiles) such that all chunks
+of all sequences fit one wave, then cuts every sequence into contiguous chunks of that size (the last
+one may be short). Long sequences get more chunks than short ones, so varlen batches balance, and
+each CTA streams one contiguous KV range front to back (the FlashInfer / FlashDecoding scheme).
+
+* When the batch alone fills a wave (``num_seqs >= slots``) or ``max_splits == 1``, nothing is split.
+* A sequence never gets more than ``max_splits`` chunks (the reduction's compile-time bound).
+* ``force_splits > 0`` cuts the longest sequence into that many chunks instead (still capped).
+* Work items are ordered longest first (stable), so the waves after the first get the short ones.
+* ``pad_to > 0`` appends empty items ``(0, 0, 0, 0)`` up to a fixed count (a fixed grid for CUDA
+  graphs); they exit at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import torch
+
+__all__ = ["TILE_KEYS", "SplitPlan", "plan_split_kv", "chunked_plan"]
+
+TILE_KEYS = 128
+"""Keys per KV tile: the M of the S = K.Q GEMM (one key row per thread of the softmax warpgroup)."""
+
+
+def _tiles(seq_len: int) -> int:
+    return max(1, math.ceil(seq_len / TILE_KEYS))
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """A split-KV plan.
+
+    Attributes:
+        work: tuple of ``(seq, tile_begin, tile_end, split_slot)`` work items, one CTA each (per q tile and
+            kv head): tiles ``[tile_begin, tile_end)`` of sequence ``seq``; ``split_slot`` is the chunk's
+            index inside its sequence (where its partials go). Padding items are ``(0, 0, 0, 0)``.
+        n_splits: chunks per sequence (1: the sequence is not split and writes its final output in decode).
+        chunk_tiles: tiles per chunk (a sequence's last chunk may be shorter).
+        slots: work items that fit one wave.
+    """
+
+    work: tuple[tuple[int, int, int, int], ...]
+    n_splits: tuple[int, ...]
+    chunk_tiles: int
+    slots: int
+
+    @property
+    def num_work(self) -> int:
+        """Number of work items, padding included (the grid's first dimension)."""
+        return len(self.work)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.n_splits)
+
+    def chunks(self) -> tuple[tuple[int, int, int, int], ...]:
+        """The non-empty work items, sorted by (seq, split_slot)."""
+        return tuple(sorted((w for w in self.work if w[2] > w[1]), key=lambda w: (w[0], w[3])))
+
+    def work_tensor(self, device: Union[str, torch.device] = "cpu") -> torch.Tensor:
+        """The work list as an int32 ``(num_work, 4)`` tensor (one empty item when the list is empty)."""
+        rows = list(self.work) if self.work else [(0, 0, 0, 0)]
+        return torch.tensor(rows, dtype=torch.int32).reshape(-1, 4).to(device)
+
+    def n_splits_tensor(self, device: Union[str, torch.device] = "cpu") -> torch.Tensor:
+        """Chunks per sequence as an int32 ``(num_seqs,)`` tensor."""
+        return torch.tensor(self.n_splits, dtype=torch.int32).to(device)
+
+    def check(self, seq_lens: Sequence[int], argument: str = "plan") -> None:
+        """Raise ValueError unless the plan covers every tile of every sequence exactly once, in
+        contiguous chunks numbered ``0 .. n_splits - 1`` in key order."""
+        seq_lens = [int(x) for x in seq_lens]
+        if len(self.n_splits) != len(seq_lens):
+            raise ValueError(f"{argument}: plans {len(self.n_splits)} sequences, the batch has {len(seq_lens)}")
+        per_seq: dict[int, list[tuple[int, int, int]]] = {}
+        for w in self.work:
+            if len(w) != 4:
+                raise ValueError(f"{argument}: work item {w!r} is not (seq, tile_begin, tile_end, split_slot)")
+            b, t0, t1, j = (int(x) for x in w)
+            if t1 == t0:
+                continue  # padding
+            if not 0 <= b < len(seq_lens) or t1 < t0:
+                raise ValueError(f"{argument}: work item {w!r} is out of range for {len(seq_lens)} sequences")
+            per_seq.setdefault(b, []).append((j, t0, t1))
+        for b, L in enumerate(seq_lens):
+            items = sorted(per_seq.get(b, []))
+            want = _tiles(L)
+            if [j for j, _, _ in items] != list(range(len(items))) or len(items) != self.n_splits[b]:
+                raise ValueError(
+                    f"{argument}: sequence {b} has split slots {[j for j, _, _ in items]}, "
+                    f"expected 0..{self.n_splits[b] - 1}"
+                )
+            edge = 0
+            for _, t0, t1 in items:
+                if t0 != edge:
+                    raise ValueError(f"{argument}: sequence {b} chunks are not contiguous at tile {edge} (got {t0})")
+                edge = t1
+            if edge != want:
+                raise ValueError(f"{argument}: sequence {b} (seq_len {L}) has {want} tiles, the plan covers {edge}")
+
+    def __repr__(self) -> str:
+        real = sum(1 for w in self.work if w[2] > w[1])
+        pad = self.num_work - real
+        return (
+            f"SplitPlan(chunk_tiles={self.chunk_tiles}, work={real}{f'+{pad} pad' if pad else ''}, "
+            f"slots={self.slots}, max_chunks={max(self.n_splits, default=0)})"
+        )
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+    return value
+
+
+def plan_split_kv(
+    seq_lens: Union[Sequence[int], torch.Tensor],
+    heads_k: int,
+    n_q_tiles: int = 1,
+    sm_count: int = 20,
+    ctas_per_sm: int = 2,
+    max_splits: int = 16,
+    force_splits: int = 0,
+    min_chunk_tiles: int = 1,
+    pad_to: int = 0,
+) -> SplitPlan:
+    """Occupancy-pinned split-KV plan (see the module docstring).
+
+    Args:
+        seq_lens: keys per sequence, ints >= 0 (a list or an integer tensor).
+        heads_k: kv heads (CTAs per work item along the grid's z).
+        n_q_tiles: query-row tiles per kv head (grid y).
+        sm_count: SMs of the target (20 on Jetson AGX Thor).
+        ctas_per_sm: resident CTAs per SM.
+        max_splits: most chunks per sequence.
+        force_splits: > 0 cuts the longest sequence into this many chunks (others by the same chunk size).
+        min_chunk_tiles: smallest chunk size in tiles.
+        pad_to: > 0 pads the work list to this many items.
+
+    Returns:
+        SplitPlan.
+
+    Raises:
+        ValueError: an argument out of range, or ``pad_to`` below the number of work items.
+    """
+    if isinstance(seq_lens, torch.Tensor):
+        seq_lens = seq_lens.tolist()
+    seq_lens = list(seq_lens)
+    if not seq_lens:
+        raise ValueError("seq_lens: expected at least one sequence")
+    for i, L in enumerate(seq_lens):
+        if isinstance(L, bool) or not isinstance(L, int) or L < 0:
+            raise ValueError(f"seq_lens: entry {i} is {L!r}; expected an int >= 0")
+    for name, v, low in (
+        ("heads_k", heads_k, 1),
+        ("n_q_tiles", n_q_tiles, 1),
+        ("sm_count", sm_count, 1),
+        ("ctas_per_sm", ctas_per_sm, 1),
+        ("max_splits", max_splits, 1),
+        ("force_splits", force_splits, 0),
+        ("min_chunk_tiles", min_chunk_tiles, 1),
+        ("pad_to", pad_to, 0),
+    ):
+        _check_int(name, v, low)
+
+    tiles = [_tiles(L) for L in seq_lens]
+    longest = max(tiles)
+    slots = max(1, (sm_count * ctas_per_sm) // (heads_k * n_q_tiles))
+    lo = max(min_chunk_tiles, math.ceil(longest / max_splits))  # at most max_splits chunks per sequence
+    if force_splits > 0:
+        chunk = max(lo, math.ceil(longest / force_splits))
+    elif len(tiles) >= slots or max_splits == 1:
+        chunk = longest
+    else:
+        hi = max(lo, longest)
+        while lo < hi:  # bisect the smallest chunk whose chunk count fits one wave (monotone in chunk)
+            mid = (lo + hi) // 2
+            if sum(math.ceil(t / mid) for t in tiles) <= slots:
+                hi = mid
+            else:
+                lo = mid + 1
+        chunk = lo
+    work: list[tuple[int, int, int, int]] = []
+    n_splits: list[int] = []
+    for b, t in enumerate(tiles):
+        k = math.ceil(t / chunk)
+        n_splits.append(k)
+        work.extend((b, j * chunk, min((j + 1) * chunk, t), j) for j in range(k))
+    work.sort(key=lambda w: w[1] - w[2])  # longest first; sort is stable
+    if pad_to:
+        if pad_to < len(work):
+            raise ValueError(f"pad_to: {pad_to} is below the plan's {len(work)} work items")
+        work.extend([(0, 0, 0, 0)] * (pad_to - len(work)))
+    return SplitPlan(tuple(work), tuple(n_splits), chunk, slots)
+
+
+def chunked_plan(seq_lens: Union[Sequence[int], torch.Tensor], chunk_tiles: int = 0) -> SplitPlan:
+    """A plan cutting every sequence into chunks of ``chunk_tiles`` tiles (0: no split), the
+    seed emulator's ``chunk_tiles`` argument. ``slots`` is set to the number of work items."""
+    if isinstance(seq_lens, torch.Tensor):
+        seq_lens = seq_lens.tolist()
+    _check_int("chunk_tiles", chunk_tiles, 0)
+    tiles = [_tiles(int(L)) for L in seq_lens]
+    chunk = chunk_tiles or max(tiles)
+    work, n_splits = [], []
+    for b, t in enumerate(tiles):
+        k = math.ceil(t / chunk)
+        n_splits.append(k)
+        work.extend((b, j * chunk, min((j + 1) * chunk, t), j) for j in range(k))
+    return SplitPlan(tuple(work), tuple(n_splits), chunk, len(work))

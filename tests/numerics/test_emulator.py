@@ -1,0 +1,510 @@
+"""The decode emulator: invariants, hand-computed cases, agreement with the seed, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from decimal import Decimal
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.seed import SEED_PATH, load_seed
+from mjolnir_numerics.cache import PagedKVCache
+from mjolnir_numerics.cases import CASES, get_case
+from mjolnir_numerics.emulator import EmulatorKnobs, emulate_decode
+from mjolnir_numerics.emulator_stages import exp2_f32, fma_f32, log_f32, reduce_row_sum
+from mjolnir_numerics.formats import FORMATS
+from mjolnir_numerics.plan import plan_split_kv
+from mjolnir_numerics.reference import reference_decode
+from mjolnir_numerics.scales import pack_q
+
+FULL = os.environ.get("MJOLNIR_TEST_SIZE", "small") == "full"
+HAS_CUDA = torch.cuda.is_available()
+
+# Seed agreement: the seed sums S and V.P in fp32 in torch's order, adds l = l * corr + sum(p), merges
+# every sequence through exp/natural-log weights and divides at the end; we round each dot product
+# once and follow the kernel's fma / butterfly / epilogue order. Those are fp32 rounding differences
+# of a few ulps per step over at most a few dozen tiles: 2^-18 relative to max |O| (measured <= 1e-6).
+SEED_O_REL_TOL = 2.0**-18
+SEED_LSE_ABS_TOL = 2.0**-18 * 16  # LSE ~ 1..16 here: a few fp32 ulps
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-identical, NaN == NaN."""
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(
+            a.contiguous().view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a.float().nan_to_num(7.0),
+            b.contiguous().view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b.float().nan_to_num(7.0),
+        )
+    )
+
+
+def _run(inputs, **kw):
+    args = inputs.emulator_kwargs()
+    args.update(kw)
+    return emulate_decode(inputs.q, inputs.cache, **args)
+
+
+# ------------------------------------------------------------------------------------------------
+# Arithmetic models
+# ------------------------------------------------------------------------------------------------
+def test_exp2_is_correctly_rounded_and_flushes_subnormals():
+    x = torch.tensor([0.0, -1.0, 3.0, -126.0, -126.5, -150.0, -math.inf, math.inf, 0.5, -0.3], dtype=torch.float32)
+    y = exp2_f32(x)
+    assert y[:4].tolist() == [1.0, 0.5, 8.0, 2.0**-126]
+    assert y[4] == 0 and y[5] == 0 and y[6] == 0 and math.isinf(y[7])
+    # correct rounding against float64 (no hard cases among these)
+    assert y[8] == torch.tensor(2**0.5, dtype=torch.float32) and y[9] == torch.tensor(2**-0.3, dtype=torch.float32)
+
+
+def test_exp2_decides_hard_cases_in_decimal():
+    """A float64 approximation sitting exactly on an fp32 midpoint is decided by the exact value."""
+    from mjolnir_numerics.emulator_stages import _correct_round
+
+    x = torch.tensor([0.3, -5.7, 11.1], dtype=torch.float32)
+    correct = exp2_f32(x).double()  # no hard case among these: plain correct rounding
+    for c, xv in zip(correct.tolist(), x.tolist()):
+        c32 = np.float32(c)
+        for nb in (np.nextafter(c32, np.float32(-np.inf)), np.nextafter(c32, np.float32(np.inf))):
+            mid = (float(c32) + float(nb)) / 2  # exact in float64
+            got = _correct_round(
+                torch.tensor([mid], dtype=torch.float64),
+                torch.tensor([xv], dtype=torch.float64),
+                lambda d: (d * Decimal(2).ln()).exp(),
+            )
+            assert got.item() == float(c32), (xv, mid)
+    # and random inputs agree with float64 exp2 rounded once, except (rarely) near midpoints
+    gen = torch.Generator().manual_seed(0)
+    xr = (torch.rand(200_000 if FULL else 50_000, generator=gen) * -40).float()
+    ref = np.exp2(xr.double().numpy()).astype(np.float32)
+    assert (exp2_f32(xr).numpy() != ref).sum() <= 2
+
+
+def test_fma_rounds_once():
+    a = torch.tensor([1.0 + 2.0**-12], dtype=torch.float32)
+    c = torch.tensor([-(1.0 + 2.0**-11)], dtype=torch.float32)
+    # a*a = 1 + 2^-11 + 2^-24 exactly; fma leaves 2^-24, a mul-then-add leaves 0
+    assert fma_f32(a, a, c).item() == 2.0**-24
+    assert (a * a + c).item() == 0.0
+
+
+def _fp32_of_fraction(x) -> float:
+    """Correctly rounded fp32 of an exact rational (ties to even)."""
+    from fractions import Fraction
+
+    c = np.float32(float(x))
+    lo, hi = np.nextafter(c, np.float32(-np.inf)), np.nextafter(c, np.float32(np.inf))
+    best = min((abs(Fraction(float(v)) - x), int(np.float32(v).view(np.int32)) & 1, float(v)) for v in (lo, c, hi))
+    return best[2]
+
+
+def test_exact_matmul_is_exact_for_wide_bf16_operands():
+    from fractions import Fraction
+
+    from mjolnir_numerics.emulator_stages import exact_matmul
+
+    gen = torch.Generator().manual_seed(3)
+    d = 256
+    a = torch.randn(4, d, generator=gen) * torch.exp2(torch.randint(-60, 12, (4, d), generator=gen).float())
+    a = a.to(torch.bfloat16).float()
+    b = (torch.randn(d, 8, generator=gen) * 30).to(torch.float8_e4m3fn).float()
+    got = exact_matmul(a, b, 8).float()
+    for i in range(4):
+        for j in range(8):
+            exact = sum(Fraction(float(a[i, k])) * Fraction(float(b[k, j])) for k in range(d))
+            assert got[i, j].item() == _fp32_of_fraction(exact), (i, j)
+
+
+def test_log_is_correctly_rounded():
+    x = torch.tensor([1.0, 2.875, 33.125, 0.0], dtype=torch.float32)
+    y = log_f32(x)
+    assert y[0] == 0 and y[3] == -math.inf
+    assert y[1] == torch.tensor(math.log(2.875), dtype=torch.float32)
+
+
+def test_row_sum_butterfly_order():
+    """Inside a warp the butterfly pairs lane i with lane i ^ 16 first; across warps the sum is
+    ((w0 + w1) + w2) + w3. Both orders are visible with values 1 and 2^-24 (ties to even)."""
+    l = torch.zeros(128)
+    l[0], l[1], l[17] = 1.0, 2.0**-24, 2.0**-24
+    # tree: lanes 1 and 17 meet first (2^-23), then join 1 exactly; a sequential sum would lose both
+    assert reduce_row_sum(l).item() == 1.0 + 2.0**-23
+    l = torch.zeros(128)
+    l[0], l[32], l[64] = 1.0, 2.0**-24, 2.0**-24
+    # warps left to right: (1 + 2^-24) rounds to 1 twice; w0 + (w1 + w2) would give 1 + 2^-23
+    assert reduce_row_sum(l).item() == 1.0
+    l = torch.zeros(128)
+    l[96], l[32], l[64] = 1.0, 2.0**-24, 2.0**-24
+    assert reduce_row_sum(l).item() == 1.0 + 2.0**-23  # (0 + 2^-24) + 2^-24 first, then + 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Hand-computed tiny cases: softmax_scale = ln 2 makes c = fp32(fp32(ln 2) * fp32(log2 e)) = 1 exactly,
+# and integer scores make every p a power of two, so each step can be written down.
+# ------------------------------------------------------------------------------------------------
+LN2 = math.log(2)
+F32 = np.float32
+
+
+def _tiny(scores_per_seq, q_len=1, page_size=16):
+    """h_q = h_k = 1, d = 128; K row j = scores[j] * e_0, Q = e_0 (every query token), so S_j = scores[j];
+    V[j, i] = ((j + i) % 5) - 2. Descales 1. Returns (q e4m3, q_descale, cache, V lists)."""
+    d = 128
+    ks, vs = [], []
+    for scores in scores_per_seq:
+        L = len(scores)
+        k = torch.zeros(L, 1, d)
+        k[:, 0, 0] = torch.tensor(scores, dtype=torch.float32)
+        v = ((torch.arange(L)[:, None] + torch.arange(d)[None, :]) % 5 - 2).float()[:, None, :]
+        ks.append(k)
+        vs.append(v)
+    one = torch.tensor(1.0)
+    cache = PagedKVCache.from_float(ks, vs, "e4m3", page_size=page_size, k_descale=one, v_descale=one)
+    b = len(scores_per_seq)
+    q = torch.zeros(b * q_len, 1, d)
+    q[:, 0, 0] = 1.0
+    return q.to(torch.float8_e4m3fn), torch.ones(b, 1), cache, vs
+
+
+def _expected_unsplit(scores, v, visible):
+    """The kernel's steps for one unsplit sequence with c = 1 (every p a power of two, all sums exact)."""
+    s = np.array(scores, dtype=np.float64)[:visible]
+    m = s.max()
+    p = 2.0 ** (s - m)  # exact; p * 448 is an e4m3 value for the exponents used here
+    l = F32(p.sum())  # dyadic: exact in any order
+    O = (448.0 * p[:, None] * v[:visible, 0].numpy()).sum(0).astype(np.float32)  # exact
+    out_scale = F32(F32(1.0) * F32(1.0)) * F32(1 / 448)
+    inv_l = out_scale / (l + F32(1e-30))
+    o = torch.from_numpy((O * inv_l).astype(np.float32)).to(torch.bfloat16)
+    lse = F32(F32(m) * F32(LN2)) + F32(math.log(float(l)))
+    return o, lse
+
+
+def test_hand_one_tile():
+    scores = [0, 1, 3, 2, 3]
+    q, qd, cache, vs = _tiny([scores])
+    o, lse = emulate_decode(q, cache, q_descale=qd, softmax_scale=LN2, chunk_tiles=0)
+    eo, e_lse = _expected_unsplit(scores, vs[0], 5)
+    assert torch.equal(o[0, 0], eo)
+    assert lse[0, 0, 0].item() == e_lse
+
+
+def test_hand_two_tiles_max_moves():
+    # tile 0: 128 scores 0 (m = 0, l_i = 1); tile 1: scores 2 and -1 -> m = 2, corr = 1/4,
+    # l_0 = fma(1/4, 1, 1) = 1.25, l_1 = 1/4 + 1/8, l_i = 1/4 -> l = 33.125; O rescaled by 1/4.
+    scores = [0] * 128 + [2, -1]
+    q, qd, cache, vs = _tiny([scores])
+    o, lse = emulate_decode(q, cache, q_descale=qd, softmax_scale=LN2, chunk_tiles=0)
+    v = vs[0][:, 0].numpy()
+    O = (448.0 * v[:128].sum(0) * 0.25 + 448.0 * (v[128] + 0.125 * v[129])).astype(np.float32)
+    inv_l = (F32(1.0) * F32(1 / 448)) / (F32(33.125) + F32(1e-30))
+    assert torch.equal(o[0, 0], torch.from_numpy((O * inv_l).astype(np.float32)).to(torch.bfloat16))
+    assert lse[0, 0, 0].item() == F32(F32(2.0) * F32(LN2)) + F32(math.log(33.125))
+
+
+def test_hand_sink_token_loses_the_tail_in_p_rounding():
+    # key 0 scores 20, 199 keys score 0: their p = 2^-20 rounds to e4m3(448 * 2^-20) = 0 in P, but the
+    # row sum keeps it (unrounded p): o = V0 / (1 + 199 * 2^-20) exactly as the kernel does.
+    scores = [20] + [0] * 199
+    q, qd, cache, vs = _tiny([scores])
+    o, lse = emulate_decode(q, cache, q_descale=qd, softmax_scale=LN2, chunk_tiles=0)
+    l = F32(1.0)
+    # row sums per thread: tile 0 thread 0: 1 + ... each thread i accumulates p = 2^-20 (tile 0, i > 0)
+    # and tile 1 (keys 128..199 -> threads 0..71): exact dyadics, so the total is exact
+    l = F32(1.0 + 199 * 2.0**-20)
+    O = (448.0 * vs[0][0, 0].numpy()).astype(np.float32)
+    inv_l = (F32(1.0) * F32(1 / 448)) / (l + F32(1e-30))
+    assert torch.equal(o[0, 0], torch.from_numpy((O * inv_l).astype(np.float32)).to(torch.bfloat16))
+    # exact attention would give V0 * (1 - 199 * 2^-20) + 2^-20 * sum(V_j): the P-rounding bias
+    assert lse[0, 0, 0].item() == F32(F32(20.0) * F32(LN2)) + F32(math.log(float(l)))
+
+
+def test_hand_empty_sequence():
+    q, qd, cache, vs = _tiny([[], [1, 0, 2]])
+    for plan_kw in (dict(chunk_tiles=0), dict()):
+        o, lse = emulate_decode(q, cache, q_descale=qd, softmax_scale=LN2, **plan_kw)
+        assert torch.equal(o[0], torch.zeros_like(o[0]))
+        assert lse[0].item() == -math.inf
+        assert not torch.isnan(o.float()).any() and not torch.isnan(lse).any()
+        eo, e_lse = _expected_unsplit([1, 0, 2], vs[1], 3)
+        assert torch.equal(o[1, 0], eo) and lse[1, 0, 0].item() == e_lse
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_hand_q_len_4(causal):
+    scores = [0, 3, 1, 2, 4, -1]  # seq_len 6; causal query qi sees keys 0 .. 2 + qi
+    q, qd, cache, vs = _tiny([scores], q_len=4)
+    o, lse = emulate_decode(q, cache, q_descale=qd, softmax_scale=LN2, q_len=4, causal=causal, chunk_tiles=0)
+    for qi in range(4):
+        visible = 3 + qi if causal else 6
+        eo, e_lse = _expected_unsplit(scores, vs[0], visible)
+        assert torch.equal(o[qi, 0], eo), f"query {qi}"
+        assert lse[0, 0, qi].item() == e_lse, f"query {qi}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Invariants
+# ------------------------------------------------------------------------------------------------
+def test_batch_composition_does_not_change_a_sequence():
+    """With a fixed chunk size (the plan's chunking is per sequence), a sequence's O and LSE are
+    bit-identical alone or next to others."""
+    case = get_case("varlen")
+    x = case.build()
+    o_all, lse_all = _run(x, plan=None, chunk_tiles=2)
+    for s in (0, 3, 4):
+        one = dataclasses.replace(case, seq_lens=(case.seq_lens[s],))
+        # rebuild sequence s alone with the same values
+        cache = PagedKVCache.from_float(
+            [x.k_float[s]],
+            [x.v_float[s]],
+            case.fmt,
+            page_size=case.page_size,
+            k_descale=x.cache.k_descale,
+            v_descale=x.cache.v_descale,
+            seed=5,
+        )
+        o1, lse1 = emulate_decode(x.q[s : s + 1], cache, q_descale=x.q_descale[s : s + 1], chunk_tiles=2)
+        assert _equal(o1[0], o_all[s]) and _equal(lse1[0], lse_all[s]), f"sequence {s} ({one.seq_lens})"
+
+
+PAGING_LENS = (1, 17, 129, 300) if not FULL else (1, 17, 128, 129, 700)  # page and tile edges
+PAGING_FORMATS = ["e4m3", "nvfp4"] + (["e2m1", "e3m2"] if FULL else [])
+
+
+def _rebuilt(x, fmt, **kw):
+    """The case's K/V in a new cache with the same descales (``from_float`` takes g, not 8 g, for NVFP4)."""
+    shift = 8 if fmt == "nvfp4" else 1
+    return PagedKVCache.from_float(
+        x.k_float, x.v_float, fmt, k_descale=x.cache.k_descale / shift, v_descale=x.cache.v_descale / shift, **kw
+    )
+
+
+@pytest.mark.parametrize("fmt", PAGING_FORMATS)
+def test_page_assignment_does_not_matter(fmt):
+    """Shuffled (two seeds) vs contiguous pages, same page size: bit-identical."""
+    x = dataclasses.replace(get_case("varlen"), fmt=fmt, granularity="per_tensor", seq_lens=PAGING_LENS).build()
+    base = _run(x, chunk_tiles=2, plan=None)
+    for kw in (dict(shuffle=False), dict(seed=11, spare_pages=40)):
+        got = emulate_decode(x.q, _rebuilt(x, fmt, page_size=16, **kw), q_descale=x.q_descale, chunk_tiles=2)
+        assert _equal(got[0], base[0]) and _equal(got[1], base[1]), str(kw)
+
+
+@pytest.mark.parametrize("fmt", PAGING_FORMATS)
+def test_paged_equals_dense(fmt):
+    """One 128-key page per tile in order (a dense cache) vs every page size and layout: bit-identical."""
+    x = dataclasses.replace(get_case("varlen"), fmt=fmt, granularity="per_tensor", seq_lens=PAGING_LENS).build()
+    dense = emulate_decode(x.q, _rebuilt(x, fmt, page_size=128, shuffle=False), q_descale=x.q_descale, chunk_tiles=2)
+    variants = [dict(page_size=16), dict(page_size=64, layout="interleaved")]
+    if FULL:
+        variants += [dict(page_size=32, layout="flashinfer"), dict(page_size=16, layout="hnd")]
+    for kw in variants:
+        got = emulate_decode(x.q, _rebuilt(x, fmt, **kw), q_descale=x.q_descale, chunk_tiles=2)
+        assert _equal(got[0], dense[0]) and _equal(got[1], dense[1]), str(kw)
+
+
+def test_poisoned_pages_are_never_read():
+    x = get_case("poisoned_pages").build()
+    base = _run(x)
+    cache = x.cache
+    used = set()
+    for s in range(cache.num_seqs):
+        n = math.ceil(int(cache.seq_lens[s]) / cache.page_size)
+        used |= set(cache.block_table[s, :n].tolist())
+    unused = torch.tensor(sorted(set(range(cache.num_pages)) - used))
+    assert unused.numel() > 0
+    for pool in (cache.k_pool, cache.v_pool):
+        pool.view(torch.uint8)[unused] = 0x7F  # e4m3 NaN everywhere else
+    cache.block_table[1, 1:] = int(unused[0])  # sequence 1 (5 keys) uses one page: its padding entries
+    got = _run(x)
+    assert _equal(got[0], base[0]) and _equal(got[1], base[1])
+    assert not torch.isnan(got[0].float()).any()
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["varlen", "bf16_q", "forced_splits", "q_len4_causal", "nvfp4", "fp6_e3m2"])
+def test_cpu_and_cuda_are_bit_identical(name):
+    case = get_case(name)
+    cpu, gpu = case.build("cpu"), case.build("cuda")
+    o_c, l_c = _run(cpu)
+    o_g, l_g = _run(gpu)
+    assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu()), name
+
+
+def test_split_equals_unsplit_within_merge_rounding():
+    x = get_case("forced_splits").build()
+    o_s, l_s = _run(x)
+    o_u, l_u = _run(x, plan=None, chunk_tiles=0)
+    # merging reorders fp32 sums and rounds the partials: a few bf16 ulps at most
+    assert (o_s.float() - o_u.float()).abs().max() <= 4 * 2.0**-8 * o_u.float().abs().max()
+    assert (l_s - l_u).abs().max() <= 2.0**-16 * l_u.abs().max()
+
+
+# ------------------------------------------------------------------------------------------------
+# Against the exact reference and the seed
+# ------------------------------------------------------------------------------------------------
+def _unit_roundoff(fmt_name: str) -> float:
+    f = FORMATS[fmt_name]
+    element = f.element if hasattr(f, "element") else f
+    return 2.0 ** -(element.man_bits + 1)
+
+
+SMALL_CASES = ("sink_token", "varlen", "q_len4_causal", "bf16_q", "fp4_e2m1", "nvfp4", "empty_sequence")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if FULL or c.name in SMALL_CASES], ids=lambda c: c.name)
+def test_spec_vs_exact_reference(case):
+    """Relative L2 error of O within 2 u (u: the KV element format's unit roundoff): the K error moves
+    each logit by about u |q||k| scale (~u for unit-variance logits) and the V error adds about u."""
+    x = case.build()
+    o, lse = _run(x)
+    ro, rl = reference_decode(x.q_float, x.k_float, x.v_float, q_len=x.q_len, causal=x.causal)
+    bound = 2 * _unit_roundoff(case.fmt)
+    rel = float((o.double() - ro).norm() / ro.norm())
+    assert rel <= bound, f"{case.name}: rel L2 {rel:.4f} > {bound}"
+    fin = torch.isfinite(rl)
+    assert torch.equal(fin, torch.isfinite(lse)), f"{case.name}: -inf LSE exactly where the reference has one"
+    assert float((lse.double()[fin] - rl[fin]).abs().max()) <= 4 * bound
+
+
+def _seed_emulator():
+    if not SEED_PATH.exists():
+        pytest.skip(f"seed file {SEED_PATH} is absent")
+    return load_seed("emulate_decode", "FP8_P_SCALE", "log2_e", "tile_s_rows").emulate_decode
+
+
+SEED_CASES = ("two_tiles_moving_max", "varlen", "q_len4_noncausal", "split_causal_tail", "bf16_q", "nvfp4")
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if 0 not in c.seq_lens and (FULL or c.name in SEED_CASES)], ids=lambda c: c.name
+)
+def test_agrees_with_the_seed_emulator(case):
+    """Same inputs through the seed's emulate_decode (fp32 torch ops): equal within fp32 noise.
+    Deliberate differences (all fp32-ulp level): exact dot products, fma row sums and the butterfly
+    order, the O-rescale skip, the 1e-30 / exp2 / fp32-constant epilogue, and unsplit sequences
+    written directly (the seed merges them through exp(0) = 1)."""
+    seed_emulate = _seed_emulator()
+    x = case.build()
+    r = emulate_decode(x.q, x.cache, **x.emulator_kwargs(), return_details=True)
+    c = x.cache
+    pages = torch.arange(c.num_pages)
+    fp8 = x.q.dtype == torch.float8_e4m3fn
+    qd = x.q_descale if fp8 else torch.ones(c.num_seqs, c.heads_k)
+    so, sl, _ = seed_emulate(
+        pack_q(x.q.float(), c.num_seqs, x.q_len, c.heads_k),
+        c.page_values("k", pages),
+        c.page_values("v", pages),
+        c.block_table,
+        c.seq_lens,
+        qd,
+        c.descale_table("k"),
+        c.descale_table("v"),
+        1 / math.sqrt(c.head_dim),
+        1.0,
+        x.q_len,
+        r.plan.chunk_tiles,
+        fp8,
+        x.causal,
+    )
+    if r.plan.chunk_tiles and any(n > 1 for n in r.plan.n_splits):
+        assert len(set(n for n in r.plan.n_splits)) >= 1  # the seed chunks every sequence by chunk_tiles too
+    err = float((r.o_fp32 - so).abs().max() / so.abs().max())
+    assert err <= SEED_O_REL_TOL, f"{case.name}: max |O - O_seed| / max |O_seed| = {err:.2e}"
+    assert float((r.lse - sl).abs().max()) <= SEED_LSE_ABS_TOL
+
+
+# ------------------------------------------------------------------------------------------------
+# Knobs and capability rules
+# ------------------------------------------------------------------------------------------------
+def test_knobs_change_what_they_say():
+    x = get_case("varlen").build()
+    base_o, base_l = _run(x)
+    o256, l256 = _run(x, knobs=EmulatorKnobs(p_scale=256.0))
+    assert not _equal(o256, base_o) and _equal(l256, base_l)  # p_scale only moves P's rounding
+    o2, l2 = _run(x, knobs=EmulatorKnobs(lse_base="2"))
+    fin = torch.isfinite(base_l)
+    assert torch.allclose(l2[fin].double(), base_l[fin].double() / math.log(2), rtol=2.0**-20)
+    ofp32, _ = _run(x, knobs=EmulatorKnobs(p_format="fp32", p_scale=1.0))
+    orr, _ = _run(x, knobs=EmulatorKnobs(row_sum="rounded"))
+    ovo, _ = _run(x, knobs=EmulatorKnobs(v_descale_at="output"))
+    for name, o in (("fp32 P", ofp32), ("rounded row sum", orr), ("v descale at output", ovo)):
+        assert not _equal(o, base_o), name
+        assert (o.float() - base_o.float()).norm() <= 0.05 * base_o.float().norm(), name
+    for fmt in ("e5m2", "bf16"):
+        o, _ = _run(x, knobs=EmulatorKnobs(p_format=fmt))
+        assert torch.isfinite(o.float()).all()
+
+
+def test_research_switch_runs_beyond_the_capability_rules():
+    x = get_case("fp4_e2m1").build()
+    q_bf16 = x.q_float.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="q"):
+        emulate_decode(q_bf16, x.cache)
+    o, lse = emulate_decode(q_bf16, x.cache, allow_unsupported=True)
+    assert torch.isfinite(o.float()).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad input
+# ------------------------------------------------------------------------------------------------
+def _bad_inputs():
+    x = get_case("varlen").build()
+    return x
+
+
+def test_bad_h_q_and_d_and_dtype():
+    x = _bad_inputs()
+    with pytest.raises(ValueError, match="q: h_q=7"):
+        emulate_decode(x.q[:, :7], x.cache, q_descale=x.q_descale)
+    with pytest.raises(ValueError, match="q: head dim"):
+        emulate_decode(torch.cat([x.q, x.q], -1), x.cache, q_descale=x.q_descale)
+    with pytest.raises(ValueError, match="q: dtype"):
+        emulate_decode(x.q_float, x.cache)
+    with pytest.raises(ValueError, match="q_descale"):
+        emulate_decode(x.q, x.cache)
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(()), -torch.ones(()), torch.tensor(float("nan")), torch.ones(3, 3)])
+@pytest.mark.parametrize("which", ["q_descale", "k_descale", "v_descale"])
+def test_bad_descales(which, bad):
+    x = _bad_inputs()
+    if which == "q_descale":
+        with pytest.raises(ValueError, match="q_descale"):
+            emulate_decode(x.q, x.cache, q_descale=bad)
+        return
+    cache = dataclasses.replace(x.cache, **{which: torch.ones(())})  # a valid cache to edit in place
+    getattr(cache, which).resize_(bad.shape).copy_(bad) if bad.dim() else getattr(cache, which).copy_(bad)
+    with pytest.raises(ValueError, match=which):
+        emulate_decode(x.q, cache, q_descale=x.q_descale)
+
+
+def test_bad_block_table_and_seq_lens():
+    x = _bad_inputs()
+    c = x.cache
+    c.seq_lens[0] = c.block_table.shape[1] * c.page_size + 1
+    with pytest.raises(ValueError, match="seq_lens"):
+        emulate_decode(x.q, c, q_descale=x.q_descale)
+    x = _bad_inputs()
+    x.cache.block_table[4, 0] = x.cache.num_pages
+    with pytest.raises(ValueError, match="block_table"):
+        emulate_decode(x.q, x.cache, q_descale=x.q_descale)
+
+
+def test_q_len_beyond_seq_len():
+    x = get_case("varlen").build()  # seq_lens (1, 17, ...)
+    q4 = x.q.repeat_interleave(4, dim=0)
+    with pytest.raises(ValueError, match="q_len"):
+        emulate_decode(q4, x.cache, q_descale=x.q_descale, q_len=4)
+
+
+def test_bad_plan():
+    x = _bad_inputs()
+    wrong = plan_split_kv([5, 5], 2)
+    with pytest.raises(ValueError, match="plan"):
+        emulate_decode(x.q, x.cache, q_descale=x.q_descale, plan=wrong)
