@@ -1,0 +1,172 @@
+"""Command line: ``python -m mjolnir_kernel compile ...`` (the compile gate) and ``... bench ...``.
+
+compile: compiles the representative matrix (or ``--slice ci``) for ``--arch`` on any machine (no GPU
+needed), prints config, compile time, registers, stack frame and spills (ptxas), and exits non-zero
+on a compile error or when a config spills more than its entry in ``spill_baseline.json``.
+bench: checks the kernel against ``mjolnir_numerics.emulate_decode`` on the chosen problem, then
+times it (median us, GB/s). Needs a tcgen05 GPU; ``--compile-only`` works anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def _compile_cmd(args) -> int:
+    os.environ.setdefault("CUTE_DSL_ARCH", args.arch)
+    from .compile import (
+        SPILL_BASELINE_PATH,
+        baseline_entry,
+        ci_slice,
+        compile_decode,
+        cutlass_available,
+        cutlass_version,
+        load_spill_baseline,
+        representative_matrix,
+        spill_regressions,
+    )
+
+    reason = cutlass_available()
+    if reason:
+        print(f"compile: {reason}", file=sys.stderr)
+        return 2
+    configs = ci_slice() if args.slice == "ci" else representative_matrix()
+    if args.filter:
+        configs = [c for c in configs if all(f in c.short_name() for f in args.filter)]
+    if args.limit:
+        configs = configs[: args.limit]
+    baseline_path = args.baseline or SPILL_BASELINE_PATH
+    baseline = load_spill_baseline(baseline_path)
+    print(f"# {len(configs)} configs for {args.arch}, nvidia-cutlass-dsl {cutlass_version()}, baseline {baseline_path}")
+    header = (
+        f"{'config':<52} {'time s':>7} {'regs':>5} {'stack':>6} {'spill st/ld':>12} {'red regs':>8} {'red spill':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    failures, regressions, entries = [], [], {}
+    t_all = time.perf_counter()
+    for cfg in configs:
+        name = cfg.short_name()
+        try:
+            r = compile_decode(cfg, args.arch, smem_per_sm=args.smem_per_sm)
+        except Exception as e:  # a compile error of any kind fails the gate
+            msg = str(e).strip().splitlines()
+            failures.append((name, f"{type(e).__name__}: {msg[0] if msg else ''}"))
+            print(f"{name:<52} FAILED {type(e).__name__}: {msg[0] if msg else ''}", flush=True)
+            continue
+        dec = r.resources.get("decode")
+        red = r.resources.get("reduction")
+        if dec is None:
+            failures.append((name, "no ptxas report for the decode kernel"))
+        entries[name] = baseline_entry(r)
+        regressions += spill_regressions(r, baseline)
+        print(
+            f"{name:<52} {r.seconds:7.1f} {dec.registers if dec else '?':>5} {dec.stack_frame if dec else '?':>6} "
+            f"{(f'{dec.spill_stores}/{dec.spill_loads}' if dec else '?'):>12} "
+            f"{red.registers if red else '-':>8} {(f'{red.spill_stores}/{red.spill_loads}' if red else '-'):>9}",
+            flush=True,
+        )
+    print(f"# {len(configs) - len(failures)}/{len(configs)} compiled in {time.perf_counter() - t_all:.0f} s")
+    if args.update_baseline:
+        merged = load_spill_baseline(baseline_path)
+        merged.setdefault(args.arch, {}).update(entries)
+        merged[args.arch] = dict(sorted(merged[args.arch].items()))
+        with open(baseline_path, "w") as f:
+            json.dump(merged, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print(f"# baseline for {args.arch} updated with {len(entries)} configs: {baseline_path}")
+    for name, msg in failures:
+        print(f"COMPILE ERROR {name}: {msg}", file=sys.stderr)
+    if not args.update_baseline:
+        for msg in regressions:
+            print(f"SPILL REGRESSION {msg}", file=sys.stderr)
+    return 1 if failures or (regressions and not args.update_baseline) else 0
+
+
+def _bench_cmd(args) -> int:
+    from .arch import tcgen05_device_reason
+    from .bench import bench_config, run_bench
+
+    if args.compile_only:
+        os.environ.setdefault("CUTE_DSL_ARCH", args.arch)
+        from .compile import compile_decode, cutlass_available
+
+        reason = cutlass_available()
+        if reason:
+            print(f"bench: {reason}", file=sys.stderr)
+            return 2
+        cfg = bench_config(args)
+        r = compile_decode(cfg, args.arch, smem_per_sm=args.smem_per_sm)
+        for kind, res in sorted(r.resources.items()):
+            print(
+                f"{cfg.short_name()} [{kind}] {args.arch}: {r.seconds:.1f} s, {res.registers} registers, "
+                f"stack {res.stack_frame} B, spills {res.spill_stores}/{res.spill_loads} B"
+            )
+        return 0
+    reason = tcgen05_device_reason()
+    if reason is not None:
+        print(f"bench: needs a tcgen05 GPU (compute capability 10.x or 11.x): {reason}", file=sys.stderr)
+        return 2
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mjolnir_kernel", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("compile", help="compile the representative config matrix (no GPU needed)")
+    c.add_argument("--arch", default="sm_110a", help="target, e.g. sm_110a (Thor) or sm_100a (B200)")
+    c.add_argument("--slice", choices=("full", "ci"), default="full", help="full matrix or the CI slice")
+    c.add_argument("--filter", action="append", default=[], help="keep configs whose name contains this (repeatable)")
+    c.add_argument("--limit", type=int, default=0, help="compile at most this many configs")
+    c.add_argument("--smem-per-sm", type=int, default=None, help="shared memory per SM to assume (bytes)")
+    c.add_argument("--baseline", default=None, help="spill baseline JSON (default: the checked-in one)")
+    c.add_argument("--update-baseline", action="store_true", help="record these results in the baseline")
+
+    b = sub.add_parser("bench", help="check against the spec, then time the kernel")
+    b.add_argument("--batch", "--num-seqs", dest="batch", type=int, default=1)
+    b.add_argument("--seqlen", type=int, default=1024, help="(max) keys per sequence, new tokens included")
+    b.add_argument("--varlen", action="store_true", help="random lengths in [q_len, seqlen]")
+    b.add_argument("--q-len", type=int, default=1)
+    b.add_argument("--heads-q", type=int, default=24)
+    b.add_argument("--heads-k", type=int, default=4)
+    b.add_argument("--head-dim", type=int, default=256)
+    b.add_argument("--page-size", type=int, default=128)
+    b.add_argument("--ctas-per-sm", type=int, default=2, choices=(1, 2))
+    b.add_argument("--ring-depth", type=int, default=0, help="KV ring stages (0 = tuned default)")
+    b.add_argument("--splits", type=int, default=0, help="force N chunks per sequence (0 = occupancy plan)")
+    b.add_argument("--max-splits", type=int, default=16)
+    b.add_argument("--pad-work-to", type=int, default=0, help="pad the work list (fixed grid, CUDA graphs)")
+    b.add_argument("--layout", default="nhd", choices=("nhd", "hnd", "interleaved", "flashinfer"))
+    b.add_argument("--format", default="e4m3", choices=("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4"))
+    b.add_argument("--q-dtype", default=None, choices=("bf16", "e4m3"), help="default: bf16 for e4m3 KV, else e4m3")
+    b.add_argument("--descale", default="per_tensor", choices=("per_tensor", "per_head", "per_seq_head"))
+    b.add_argument("--pdl", action="store_true")
+    b.add_argument("--l2-prefetch", type=int, default=0)
+    b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1), help="-1: on for e4m3 Q")
+    b.add_argument("--non-causal", action="store_true")
+    b.add_argument("--strided-qo", action="store_true", help="Q/O rows inside wider rows (fused QKV)")
+    b.add_argument("--warmup", type=int, default=3)
+    b.add_argument("--iterations", type=int, default=20)
+    b.add_argument("--no-cold-l2", action="store_true", help="do not flush L2 between timed launches")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--skip-check", action="store_true", help="skip the check against emulate_decode")
+    b.add_argument("--compile-only", action="store_true", help="only compile this config (works anywhere)")
+    b.add_argument("--arch", default="sm_110a", help="--compile-only target")
+    b.add_argument("--smem-per-sm", type=int, default=None)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "compile":
+        return _compile_cmd(args)
+    return _bench_cmd(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Compiling the decode kernel: a cache keyed by (config, arch, cutlass version), offline shared-memory
+supply, ptxas resource reports (registers, stack, spills) and the representative compile matrix.
+
+Compiling needs ``nvidia-cutlass-dsl`` but no GPU: ``compile_decode(cfg, "sm_110a")`` works on a CPU
+machine. The DSL asks the driver for the shared memory per SM only when min_blocks_per_mp > 1; when
+the target arch is not the local device's, that value comes from ``SMEM_PER_SM_BY_ARCH`` (or the
+``smem_per_sm`` argument).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .arch import arch_of_capability, check_tcgen05_arch
+from .config import DecodeConfig, can_implement, query_tile_for
+
+SMEM_PER_SM_BY_ARCH = {"sm_100a": 233472, "sm_103a": 233472, "sm_110a": 233472}  # 228 KiB
+STRIDE_COUNT = 20  # host.STRIDE_FIELDS
+COMPILE_OPTIONS = "--opt-level 2"
+SPILL_BASELINE_PATH = Path(__file__).with_name("spill_baseline.json")
+_DUMMY_ADDRESS = 1 << 20  # compile-only pointers: any 16-B aligned address
+
+_lock = threading.Lock()
+_cache: dict = {}
+
+
+def cutlass_version() -> str:
+    import cutlass
+
+    return getattr(cutlass, "__version__", "unknown")
+
+
+def cutlass_available() -> str | None:
+    """None when the CuTe DSL imports, else the reason it does not."""
+    try:
+        import cutlass  # noqa: F401
+        import cutlass.cute  # noqa: F401
+        import cuda.bindings.driver  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install raising at import
+        return f"nvidia-cutlass-dsl / cuda-python not importable ({type(e).__name__}: {e})"
+    return None
+
+
+@dataclass
+class KernelResources:
+    """ptxas report of one entry function (bytes, registers per thread)."""
+
+    registers: int
+    stack_frame: int
+    spill_stores: int
+    spill_loads: int
+
+
+@dataclass
+class CompileResult:
+    config: DecodeConfig
+    arch: str
+    seconds: float
+    resources: dict = field(default_factory=dict)  # "decode" / "reduction" -> KernelResources
+    compiled: object = None  # the cute JIT executor (callable with the runtime arguments)
+    log: str = ""
+
+    @property
+    def spill_bytes(self) -> int:
+        """Spill stores over all entry functions (the number the baseline gates)."""
+        return sum(r.spill_stores for r in self.resources.values())
+
+
+_ENTRY_RE = re.compile(r"Compiling entry function\s+'([^']+)'")
+_STACK_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS_RE = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas_report(text: str) -> dict:
+    """ptxas info/remark text -> {"decode" | "reduction": KernelResources}."""
+    out = {}
+    chunks = _ENTRY_RE.split(text)
+    # split() gives [pre, name1, body1, name2, body2, ...]
+    for name, body in zip(chunks[1::2], chunks[2::2]):
+        stack = _STACK_RE.search(body)
+        regs = _REGS_RE.search(body)
+        if not regs:
+            continue
+        kind = "reduction" if "SplitReduction" in name else "decode"
+        st = tuple(int(x) for x in stack.groups()) if stack else (0, 0, 0)
+        out[kind] = KernelResources(int(regs.group(1)), st[0], st[1], st[2])
+    return out
+
+
+@contextlib.contextmanager
+def _shared_memory_supply(arch: str, smem_per_sm: int | None):
+    """Answer the DSL's shared-memory-per-SM query without a driver (or for a foreign arch)."""
+    import cutlass.base_dsl.runtime.cuda as cuda_helpers
+
+    attr = cuda_helpers.cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+    original = cuda_helpers.get_device_attribute
+    value = smem_per_sm
+    if value is None:
+        value = SMEM_PER_SM_BY_ARCH.get(arch)
+        try:
+            import torch
+
+            if torch.cuda.is_available() and arch_of_capability(*torch.cuda.get_device_capability()) == arch:
+                value = None  # compiling for the local device: ask its driver
+        except Exception:
+            pass
+
+    def supplied(attribute, device_id=0):
+        if attribute == attr and value is not None:
+            return int(value)
+        return original(attribute, device_id)
+
+    cuda_helpers.get_device_attribute = supplied
+    try:
+        yield
+    finally:
+        cuda_helpers.get_device_attribute = original
+
+
+@contextlib.contextmanager
+def _file_cache(enabled: bool):
+    """A compile that must report ptxas resources bypasses the DSL's on-disk cache."""
+    import cutlass.cutlass_dsl as cd
+
+    env = cd.CuTeDSL._get_dsl().envar
+    before = env.disable_file_caching
+    env.disable_file_caching = not enabled
+    try:
+        yield
+    finally:
+        env.disable_file_caching = before
+
+
+def compile_only_args(config: DecodeConfig, n_q: int | None = None):
+    """Placeholder runtime arguments with the exact types ``decode()`` passes (pointers, int32s,
+    floats, stream); values are irrelevant to the compiled code."""
+    import cutlass
+    import cutlass.cute as cute
+    import cuda.bindings.driver as cuda
+    from cutlass.cute.runtime import make_ptr
+
+    from .host import element_types
+
+    types = element_types(config)
+
+    def ptr(dtype):
+        return make_ptr(dtype, _DUMMY_ADDRESS, cute.AddressSpace.gmem, assumed_align=16)
+
+    n_q = n_q or config.q_tile
+    return (
+        (2, 4, n_q, config.head_dim),
+        8,
+        64,
+        40,
+        tuple([16] * STRIDE_COUNT),
+        ptr(types["q"]),
+        ptr(types["kv"]),
+        ptr(types["kv"]),
+        ptr(types["scales"]),
+        ptr(types["scales"]),
+        ptr(cutlass.Int32),
+        ptr(cutlass.Int32),
+        ptr(cutlass.Int32),
+        ptr(cutlass.Int32),
+        ptr(cutlass.Float32),
+        ptr(cutlass.Float32),
+        ptr(cutlass.Float32),
+        ptr(cutlass.BFloat16),
+        ptr(cutlass.Float32),
+        ptr(cutlass.Float32),
+        ptr(cutlass.Float32),
+        ptr(cutlass.Float32),
+        0.0625,
+        1.0,
+        cuda.CUstream(0),
+    )
+
+
+def compile_decode(
+    config: DecodeConfig,
+    arch: str,
+    *,
+    smem_per_sm: int | None = None,
+    report: bool = True,
+    use_cache: bool = True,
+) -> CompileResult:
+    """Compile (or fetch from the in-process cache) the decode kernel of ``config`` for ``arch``.
+
+    ``can_implement`` runs first and raises ``ConfigError`` before anything compiles. With
+    ``report=True`` ptxas resources are collected (the DSL's file cache is bypassed so ptxas runs).
+    Raises the DSL's compile error unchanged.
+    """
+    can_implement(config)
+    check_tcgen05_arch(arch)
+    key = (config.key(), arch, cutlass_version())
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None and use_cache and (hit.resources or not report):
+            return hit
+
+        import cutlass.cute as cute
+
+        from .thor.decode_kernel import ThorDecodeKernel
+
+        kernel = ThorDecodeKernel(config)
+        args = compile_only_args(config)
+        options = f"{COMPILE_OPTIONS} --gpu-arch {arch}" + (" remarks{ptx}" if report else "")
+        log = io.StringIO()
+        t0 = time.perf_counter()
+        with _shared_memory_supply(arch, smem_per_sm), _file_cache(not report), contextlib.redirect_stderr(log):
+            compiled = cute.compile(kernel, *args, options=options)
+        seconds = time.perf_counter() - t0
+        text = log.getvalue()
+        result = CompileResult(config, arch, seconds, parse_ptxas_report(text) if report else {}, compiled, text)
+        _cache[key] = result
+        return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The representative compile matrix (CI gate) and the spill baseline
+# ---------------------------------------------------------------------------------------------
+MATRIX_HEADS_RATIO = 6  # h_q / h_k of the matrix (the seed harness default, 24 / 4)
+
+
+def representative_matrix() -> list[DecodeConfig]:
+    """{bf16 Q, e4m3 Q} x every KV format that Q allows x page size {16, 128} x q_len {1, 4 causal,
+    4 non-causal} x {single chunk (max_splits 1), split (max_splits 16)} x head dim {128, 256};
+    q_tile from n_q = q_len * 6, 2 CTAs/SM, default ring, evict-first on the fp8 path (the defaults)."""
+    from .config import KV_FORMATS
+
+    configs = []
+    for q_dtype in ("bf16", "e4m3"):
+        formats = ("e4m3",) if q_dtype == "bf16" else KV_FORMATS
+        for fmt in formats:
+            for ps in (16, 128):
+                for q_len, causal in ((1, True), (4, True), (4, False)):
+                    for splits in (1, 16):
+                        for d in (128, 256):
+                            configs.append(
+                                DecodeConfig(
+                                    head_dim=d,
+                                    q_tile=query_tile_for(q_len * MATRIX_HEADS_RATIO, q_dtype),
+                                    page_size=ps,
+                                    q_len=q_len,
+                                    kv_format=fmt,
+                                    q_dtype=q_dtype,
+                                    max_splits=splits,
+                                    causal=causal,
+                                    evict_first=q_dtype == "e4m3",
+                                )
+                            )
+    return configs
+
+
+def ci_slice() -> list[DecodeConfig]:
+    """A handful of configs covering both Q paths, every code path of the loaders (whole-page,
+    page boxes, packed nvfp4), causal/non-causal tails, split and unsplit, both head dims."""
+    return [
+        DecodeConfig(head_dim=128, q_tile=8, page_size=128, q_len=1, kv_format="e4m3", q_dtype="bf16", max_splits=16),
+        DecodeConfig(
+            head_dim=256, q_tile=32, page_size=16, q_len=4, kv_format="e4m3", q_dtype="e4m3", max_splits=1,
+            evict_first=True,
+        ),
+        DecodeConfig(
+            head_dim=256, q_tile=16, page_size=16, q_len=1, kv_format="nvfp4", q_dtype="e4m3", max_splits=16,
+            evict_first=True,
+        ),
+        DecodeConfig(
+            head_dim=128, q_tile=32, page_size=128, q_len=4, causal=False, kv_format="e2m3", q_dtype="e4m3",
+            max_splits=16, evict_first=True,
+        ),
+    ]  # fmt: skip
+
+
+def load_spill_baseline(path: Path = SPILL_BASELINE_PATH) -> dict:
+    """{arch: {config short name: {"decode": {...}, "reduction": {...}}}} ({} when absent)."""
+    if not Path(path).exists():
+        return {}
+    return json.loads(Path(path).read_text())
+
+
+def baseline_entry(result: CompileResult) -> dict:
+    return {
+        kind: {
+            "registers": r.registers,
+            "stack_frame": r.stack_frame,
+            "spill_stores": r.spill_stores,
+            "spill_loads": r.spill_loads,
+        }
+        for kind, r in sorted(result.resources.items())
+    }
+
+
+def spill_regressions(result: CompileResult, baseline: dict) -> list[str]:
+    """Kernels of ``result`` that spill more (stores or loads) than the baseline allows; a config
+    absent from the baseline is allowed no spills."""
+    base = baseline.get(result.arch, {}).get(result.config.short_name(), {})
+    problems = []
+    for kind, r in result.resources.items():
+        allowed = base.get(kind, {"spill_stores": 0, "spill_loads": 0})
+        if r.spill_stores > allowed["spill_stores"] or r.spill_loads > allowed["spill_loads"]:
+            problems.append(
+                f"{result.config.short_name()} [{kind}] on {result.arch}: spills {r.spill_stores} B stored /"
+                f" {r.spill_loads} B loaded, baseline {allowed['spill_stores']} / {allowed['spill_loads']}"
+            )
+    return problems

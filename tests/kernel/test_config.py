@@ -1,0 +1,123 @@
+"""DecodeConfig, derived quantities and can_implement (pure Python: runs everywhere)."""
+
+import pytest
+
+from mjolnir_kernel.config import (
+    KV_FORMATS,
+    ConfigError,
+    DecodeConfig,
+    can_implement,
+    query_tile_for,
+)
+
+
+def test_default_config_is_implementable():
+    can_implement(DecodeConfig())
+
+
+@pytest.mark.parametrize(
+    "kwargs, names",
+    [
+        ({"head_dim": 192}, ["head_dim=192"]),
+        ({"page_size": 8}, ["page_size=8"]),
+        ({"q_tile": 12}, ["q_tile=12"]),
+        ({"q_len": 0}, ["q_len=0"]),
+        ({"kv_format": "fp8"}, ["kv_format='fp8'"]),
+        ({"q_dtype": "fp16"}, ["q_dtype='fp16'"]),
+        ({"ctas_per_sm": 3}, ["ctas_per_sm=3"]),
+        ({"max_splits": 0}, ["max_splits=0"]),
+        ({"l2_prefetch": 9}, ["l2_prefetch=9"]),
+        ({"head_dim": 64, "page_size": 7}, ["head_dim=64", "page_size=7"]),  # every offender is named
+    ],
+)
+def test_field_errors_name_the_field_and_value(kwargs, names):
+    with pytest.raises(ConfigError) as e:
+        can_implement(DecodeConfig(**kwargs))
+    for n in names:
+        assert n in str(e.value)
+    assert "allowed" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        ({"kv_format": "e2m3", "q_dtype": "bf16"}, "need q_dtype='e4m3'"),
+        ({"kv_format": "nvfp4", "q_dtype": "bf16"}, "need q_dtype='e4m3'"),
+        ({"q_dtype": "e4m3", "q_tile": 8}, "q_tile=8 with q_dtype='e4m3'"),
+        ({"q_dtype": "e4m3", "kv_format": "nvfp4", "l2_prefetch": 2}, "l2_prefetch=2 with kv_format='nvfp4'"),
+        ({"ring_depth": 40}, "ring_depth=40"),
+    ],
+)
+def test_combination_errors(kwargs, text):
+    with pytest.raises(ConfigError, match="cannot be implemented") as e:
+        can_implement(DecodeConfig(**kwargs))
+    assert text in str(e.value)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_frozen_and_hashable_compile_key():
+    a = DecodeConfig(head_dim=256, q_dtype="e4m3", q_tile=16, kv_format="e2m3")
+    b = DecodeConfig(head_dim=256, q_dtype="e4m3", q_tile=16, kv_format="e2m3")
+    assert a == b and hash(a) == hash(b) and a.key() == b.key()
+    from dataclasses import FrozenInstanceError
+
+    with pytest.raises(FrozenInstanceError):
+        a.head_dim = 128
+    assert a != DecodeConfig(head_dim=256, q_dtype="e4m3", q_tile=16, kv_format="e2m3", evict_first=True)
+
+
+@pytest.mark.parametrize(
+    "n_q, q_dtype, tile",
+    [
+        (1, "bf16", 8),
+        (6, "bf16", 8),
+        (9, "bf16", 16),
+        (24, "bf16", 32),
+        (6, "e4m3", 16),
+        (17, "e4m3", 32),
+        (64, "e4m3", 32),
+    ],
+)
+def test_query_tile(n_q, q_dtype, tile):
+    assert query_tile_for(n_q, q_dtype) == tile
+
+
+def test_derived_register_budget_fits_the_pool():
+    for ctas in (1, 2):
+        for q_dtype, fmt in (("bf16", "e4m3"), ("e4m3", "e4m3"), ("e4m3", "nvfp4")):
+            for tile in (16, 32):
+                for d in (128, 256):
+                    c = DecodeConfig(head_dim=d, q_tile=tile, q_dtype=q_dtype, kv_format=fmt, ctas_per_sm=ctas)
+                    can_implement(c)
+                    dv = c.derived
+                    assert dv.launch_regs * dv.threads * ctas <= 64 * 1024
+                    if dv.reg_reconfig:
+                        pool = dv.launch_regs * (dv.threads // 128)
+                        assert dv.mma_tma_regs + dv.convert_regs * dv.convert_warpgroups + dv.softmax_regs <= pool
+                        assert dv.mma_tma_regs <= dv.launch_regs <= dv.softmax_regs
+                        for r in (dv.mma_tma_regs, dv.convert_regs, dv.softmax_regs):
+                            assert 24 <= r <= 256 and r % 8 == 0
+                    assert dv.tmem_cols <= dv.tmem_capacity and dv.tmem_cols & (dv.tmem_cols - 1) == 0
+                    assert 1 <= dv.kv_stages <= dv.max_kv_stages_fit
+
+
+def test_default_ring_is_whole_tiles_except_fp6():
+    c = DecodeConfig(head_dim=256, q_dtype="e4m3", kv_format="e4m3")
+    assert c.derived.kv_stages == c.derived.stages_per_tile == 4
+    c1 = DecodeConfig(head_dim=256, q_dtype="e4m3", kv_format="e4m3", ctas_per_sm=1)
+    assert c1.derived.kv_stages == 8
+    fp6 = DecodeConfig(head_dim=256, q_dtype="e4m3", kv_format="e3m2")
+    assert fp6.derived.kv_stages == 2
+
+
+def test_short_names_are_unique_over_the_matrix():
+    from mjolnir_kernel.compile import representative_matrix
+
+    m = representative_matrix()
+    assert len(m) == 3 * 2 * 2 * 2 * (1 + len(KV_FORMATS)) == 144  # q_len x page x split x d x (Q, format)
+    assert len({c.short_name() for c in m}) == len(m)
+    for c in m:
+        can_implement(c)
