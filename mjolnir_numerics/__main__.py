@@ -24,8 +24,13 @@ def format_errors(x: torch.Tensor) -> list[dict]:
         err = y - x
         rel = float(err.norm() / x.norm())
         rows.append(
-            dict(format=name, bits=fmt.bits_per_value, rel_l2=rel, max_abs=float(err.abs().max()),
-                 sqnr_db=-20 * math.log10(rel) if rel > 0 else math.inf)
+            dict(
+                format=name,
+                bits=fmt.bits_per_value,
+                rel_l2=rel,
+                max_abs=float(err.abs().max()),
+                sqnr_db=-20 * math.log10(rel) if rel > 0 else math.inf,
+            )
         )
     return rows
 

@@ -106,7 +106,9 @@ def descale_table(descale: torch.Tensor, num_seqs: int, heads_k: int) -> torch.T
 def _as_seq_list(x: KV, argument: str, allow_nonfinite: bool) -> list[torch.Tensor]:
     if isinstance(x, torch.Tensor):
         if x.dim() != 4:
-            raise ValueError(f"{argument}: expected (num_seqs, L, h_k, d) or a list of (L, h_k, d), got {tuple(x.shape)}")
+            raise ValueError(
+                f"{argument}: expected (num_seqs, L, h_k, d) or a list of (L, h_k, d), got {tuple(x.shape)}"
+            )
         seqs = list(x.unbind(0))
     else:
         seqs = list(x)
@@ -115,14 +117,41 @@ def _as_seq_list(x: KV, argument: str, allow_nonfinite: bool) -> list[torch.Tens
     first = None
     for i, s in enumerate(seqs):
         if not isinstance(s, torch.Tensor) or s.dim() != 3 or not s.is_floating_point():
-            raise ValueError(f"{argument}[{i}]: expected a float tensor (L, h_k, d), got {getattr(s, 'shape', type(s))}")
+            raise ValueError(
+                f"{argument}[{i}]: expected a float tensor (L, h_k, d), got {getattr(s, 'shape', type(s))}"
+            )
         if first is None:
             first = s.shape[1:]
         elif s.shape[1:] != first:
-            raise ValueError(f"{argument}[{i}]: (h_k, d) = {tuple(s.shape[1:])} differs from the first sequence's {tuple(first)}")
+            raise ValueError(
+                f"{argument}[{i}]: (h_k, d) = {tuple(s.shape[1:])} differs from the first sequence's {tuple(first)}"
+            )
         if not allow_nonfinite and not torch.isfinite(s).all():
             raise ValueError(f"{argument}[{i}]: holds inf or NaN (pass allow_nonfinite=True to store them saturated)")
     return seqs
+
+
+def _gather_bytes(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``pool[idx]`` of a one-byte pool (any layout view) as uint8, gathered through a float8 view
+    of the same bytes: torch's CPU gather is ~40x slower for uint8 than for float8."""
+    return pool.view(torch.float8_e4m3fn)[idx].view(torch.uint8)
+
+
+def _decode(codes: torch.Tensor, fmt: Format, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float32 values of valid uint8 codes (what ``dequantize`` returns, without its range check:
+    callers pass whole bytes of an 8-bit format or unpacked codes): int32 indices into the table.
+    ``out``: a contiguous float32 tensor with ``codes.numel()`` elements to write into."""
+    idx = torch.empty(codes.shape, dtype=torch.int32, device=codes.device)
+    idx.copy_(codes)
+    if out is None:
+        out = torch.empty(codes.shape, dtype=torch.float32, device=codes.device)
+    torch.index_select(fmt.values(codes.device), 0, idx.reshape(-1), out=out.view(-1))
+    return out.view(codes.shape)
+
+
+# Tuning: page_values decodes this many elements per chunk (4 MiB of float32; the int32 index and
+# byte temporaries of a whole-pool decode cost more in page faults than the decode itself).
+_PAGE_VALUES_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, eq=False)
@@ -214,15 +243,19 @@ class PagedKVCache:
             want = (self.num_pages, self.page_size, self.heads_k, self.head_dim // fmt.group)
             for name, sc in (("k_scales", self.k_scales), ("v_scales", self.v_scales)):
                 if sc is None or tuple(sc.shape) != want or sc.dtype != torch.float8_e4m3fn:
-                    raise ValueError(f"{name}: {fmt.name} needs float8_e4m3fn scales of shape {want}, got "
-                                     f"{None if sc is None else (tuple(sc.shape), sc.dtype)}")
+                    raise ValueError(
+                        f"{name}: {fmt.name} needs float8_e4m3fn scales of shape {want}, got "
+                        f"{None if sc is None else (tuple(sc.shape), sc.dtype)}"
+                    )
         elif self.k_scales is not None or self.v_scales is not None:
             raise ValueError(f"k_scales: only block-scaled formats carry scale pools, not {fmt.name}")
         bt, sl = self.block_table, self.seq_lens
         if bt.dtype != torch.int32 or bt.dim() != 2:
             raise ValueError(f"block_table: expected int32 (num_seqs, max_blocks), got {bt.dtype} {tuple(bt.shape)}")
         if sl.dtype != torch.int32 or sl.dim() != 1 or sl.shape[0] != bt.shape[0]:
-            raise ValueError(f"seq_lens: expected int32 ({bt.shape[0]},) to match block_table, got {sl.dtype} {tuple(sl.shape)}")
+            raise ValueError(
+                f"seq_lens: expected int32 ({bt.shape[0]},) to match block_table, got {sl.dtype} {tuple(sl.shape)}"
+            )
         if sl.numel() and int(sl.min()) < 0:
             raise ValueError(f"seq_lens: must be >= 0, got min {int(sl.min())}")
         need = (sl.long() + self.page_size - 1) // self.page_size  # pages each sequence references
@@ -263,18 +296,28 @@ class PagedKVCache:
             float32 ``(*pages.shape, PS, h_k, d)``.
         """
         pool, scales = self._pool(which)
-        idx = pages.long().to(pool.device)
-        raw = pool[idx]
+        idx = pages.long().to(pool.device).reshape(-1)
+        out = torch.empty((idx.numel(), *pool.shape[1:-1], self.head_dim), dtype=torch.float32, device=pool.device)
+        step = max(1, _PAGE_VALUES_CHUNK // max(1, math.prod(out.shape[1:])))  # pages per chunk
+        for i in range(0, idx.numel(), step):  # chunked: the temporaries stay a few MiB
+            self._decode_pages(pool, scales, idx[i : i + step], out[i : i + step])
+        return out.view(*pages.shape, *out.shape[1:])
+
+    def _decode_pages(self, pool, scales, idx: torch.Tensor, out: torch.Tensor) -> None:
+        """``page_values`` of the pages ``idx (n,)`` written into ``out (n, PS, h_k, d)`` float32."""
+        raw = _gather_bytes(pool, idx)
         if self.fmt.bits == 8:
-            return dequantize(raw.view(torch.uint8), E4M3)
+            _decode(raw, E4M3, out)
+            return
         codes = unpack(raw, self.fmt.bits)
-        vals = dequantize(codes, self.element_format)
         if scales is None:
-            return vals
+            _decode(codes, self.element_format, out)
+            return
+        vals = _decode(codes, self.element_format)
         g = self.fmt.group
-        sc = dequantize(scales[idx].view(torch.uint8), E4M3)
+        sc = _decode(_gather_bytes(scales, idx), E4M3)
         shifted = vals.reshape(*vals.shape[:-1], -1, g) * sc.unsqueeze(-1) * KERNEL_SHIFT
-        return dequantize(quantize(shifted, E4M3), E4M3).reshape(vals.shape)
+        _decode(quantize(shifted, E4M3), E4M3, out)
 
     def descale_table(self, which: str) -> torch.Tensor:
         """The kernel's descale for K or V expanded to ``(num_seqs, h_k)`` float32."""
@@ -347,20 +390,33 @@ class PagedKVCache:
                 instead of raising; element formats only.
         """
         for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dim() != 3 or tuple(t.shape[1:]) != (self.heads_k, self.head_dim):
-                raise ValueError(f"{name}: expected float (n_tokens, {self.heads_k}, {self.head_dim}), got {getattr(t, 'shape', type(t))}")
+            if (
+                not isinstance(t, torch.Tensor)
+                or not t.is_floating_point()
+                or t.dim() != 3
+                or tuple(t.shape[1:]) != (self.heads_k, self.head_dim)
+            ):
+                raise ValueError(
+                    f"{name}: expected float (n_tokens, {self.heads_k}, {self.head_dim}), "
+                    f"got {getattr(t, 'shape', type(t))}"
+                )
             if not allow_nonfinite and not torch.isfinite(t).all():
                 raise ValueError(f"{name}: holds inf or NaN (pass allow_nonfinite=True to store them)")
         n = k.shape[0]
         if v.shape[0] != n or slot_mapping.shape != (n,):
-            raise ValueError(f"slot_mapping: expected ({n},) to match k and v, got {tuple(slot_mapping.shape)} and v {tuple(v.shape)}")
+            raise ValueError(
+                f"slot_mapping: expected ({n},) to match k and v, "
+                f"got {tuple(slot_mapping.shape)} and v {tuple(v.shape)}"
+            )
         slots = slot_mapping.long().to(self.device)
         if n and (int(slots.min()) < 0 or int(slots.max()) >= self.num_pages * self.page_size):
             raise ValueError(f"slot_mapping: slots must be in 0..{self.num_pages * self.page_size - 1}")
         per_seq = self.k_descale.dim() == 2 or self.v_descale.dim() == 2
         if per_seq:
             if seq_ids is None or seq_ids.shape != (n,):
-                raise ValueError("seq_ids: per-(sequence, kv head) descales need the sequence of every token, shape (n_tokens,)")
+                raise ValueError(
+                    "seq_ids: per-(sequence, kv head) descales need the sequence of every token, shape (n_tokens,)"
+                )
             rows = seq_ids.long().to(self.device)
             if n and (int(rows.min()) < 0 or int(rows.max()) >= self.num_seqs):
                 raise ValueError(f"seq_ids: must be in 0..{self.num_seqs - 1}")
@@ -439,7 +495,9 @@ class PagedKVCache:
         descales = []
         for name, seqs, given in (("k_descale", ks, k_descale), ("v_descale", vs, v_descale)):
             if given is None:
-                finite = [torch.nan_to_num(s, nan=0.0, posinf=0.0, neginf=0.0) for s in seqs] if allow_nonfinite else seqs
+                finite = (
+                    [torch.nan_to_num(s, nan=0.0, posinf=0.0, neginf=0.0) for s in seqs] if allow_nonfinite else seqs
+                )
                 dsc = compute_descale(finite, f, granularity)
             else:
                 dsc = check_descale(given, num_seqs, heads_k, name)

@@ -120,15 +120,18 @@ def round_odd_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     s = a + b
     bp = s - a
     ap = s - bp
-    err = (a - ap) + (b - bp)
-    even = (s.view(torch.int64) & 1) == 0
-    fix = (err != 0) & even & torch.isfinite(s)
-    if bool(fix.any()):
-        toward = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
-        s = torch.where(fix, torch.nextafter(s, toward), s)
-    return s
+    err = (a - ap) + (b - bp)  # NaN exactly where s is not finite
+    inexact = err.abs() > 0
+    if not bool(inexact.any()):
+        return s
+    # round to odd = truncate toward zero, then set the last bit if inexact: s was rounded away from
+    # zero where err has the other sign (one ulp down in magnitude: bits - 1); s != 0 when inexact
+    bits = s.view(torch.int64)
+    away = ((bits ^ err.view(torch.int64)) < 0) & inexact
+    return ((bits - away.to(torch.int64)) | inexact.to(torch.int64)).view(torch.float64)
 
 
+_F32_EXP_MASK = 0x7F800000
 _LOW29 = (1 << 29) - 1  # float64 fraction bits below fp32 precision (52 - 23)
 _HALF29 = 1 << 28
 
@@ -141,12 +144,17 @@ def add_round_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     the fp32 subnormal range); only those elements take the exact round-to-odd path.
     """
     s = a + b  # float64: a float32 operand widens exactly inside the op
-    r = s.float()
+    r = s.float().contiguous()
     risky = (s.view(torch.int64) & _LOW29) == _HALF29
-    risky |= (r.abs() < _F32_MIN_NORMAL) & (r != 0)
+    zero_or_sub = (r.view(torch.int32) & _F32_EXP_MASK) == 0  # fp32 exponent field 0
+    if bool(zero_or_sub.any()):
+        risky |= zero_or_sub & (r != 0)
     if bool(risky.any()):
-        idx = risky.nonzero(as_tuple=True)
-        r[idx] = round_odd_add(a.expand_as(s)[idx].double(), b.expand_as(s)[idx].double()).float()
+        # flat indices: a 1-D gather / scatter is far cheaper than indexing with one tensor per dim
+        idx = risky.reshape(-1).nonzero().squeeze(1)
+        a_r = a.expand_as(s).reshape(-1)[idx].double()
+        b_r = b.expand_as(s).reshape(-1)[idx].double()
+        r.view(-1)[idx] = round_odd_add(a_r, b_r).float()
     return r
 
 
@@ -248,12 +256,17 @@ def split_bands(a: torch.Tensor, sig_bits: int, n_terms: int, a_max: Optional[fl
     top = 0 if a_max is None else math.frexp(a_max)[1] - 1 - (sig_bits - 1)
     band = torch.div(ulp_exp - top - 1, width, rounding_mode="floor")
     band = torch.where(a64 == 0, band.amax(), band)  # zeros join any band
-    ids = torch.unique(band).tolist()
-    if len(ids) == 1:
+    lo, hi = (int(x) for x in band.aminmax())
+    if lo == hi:
         return Bands(a64, 1, a.shape[-2])
+    counts = torch.bincount((band - lo).flatten(), minlength=hi - lo + 1)  # cheaper than torch.unique
+    ids = (counts.nonzero().flatten() + lo).tolist()
+    m = a.shape[-2]
+    stacked = torch.empty((*a.shape[:-2], len(ids) * m, a.shape[-1]), dtype=a64.dtype, device=a64.device)
     zero = torch.zeros((), dtype=a64.dtype, device=a64.device)
-    stacked = torch.cat([torch.where(band == k, a64, zero) for k in ids], dim=-2)
-    return Bands(stacked, len(ids), a.shape[-2])
+    for i, k in enumerate(ids):
+        torch.where(band == k, a64, zero, out=stacked[..., i * m : (i + 1) * m, :])
+    return Bands(stacked, len(ids), m)
 
 
 def combine_bands(prod: torch.Tensor, bands: Bands) -> torch.Tensor:
@@ -298,7 +311,9 @@ def exact_matmul(a, b: torch.Tensor, a_sig_bits: Optional[int], a_max: Optional[
 # ----------------------------------------------------------------------------------------------
 # Kernel stages (NUMERICS.md section 5, steps 3-11)
 # ----------------------------------------------------------------------------------------------
-def score_tile(q, k_tile: torch.Tensor, q_sig_bits: Optional[int]) -> torch.Tensor:
+def score_tile(
+    q, k_tile: torch.Tensor, q_sig_bits: Optional[int], out: Optional[torch.Tensor] = None, combine: bool = True
+) -> torch.Tensor:
     """Step 3, GEMM1: ``S = K . Q`` for one tile, exact sum rounded once to fp32.
 
     Args:
@@ -306,10 +321,16 @@ def score_tile(q, k_tile: torch.Tensor, q_sig_bits: Optional[int]) -> torch.Tens
             :class:`Bands` (bf16 Q, split once per call).
         k_tile: ``(C, G, T, D)`` float32 values the MMA reads for the tile's keys.
         q_sig_bits: None on the fp8-Q path (narrow), 8 for bf16 Q.
+        out, combine: ``combine=False`` returns the exact float64 products, per band for :class:`Bands`
+            (``(C, G, n_bands * N, T)``, written into ``out`` when given), for one
+            ``combine_bands(...).float()`` over a batch multiplied block by block (bit-identical).
 
     Returns:
         float32 ``(C, G, N, T)``: S in raw units (no scale, no descale).
     """
+    if not combine:
+        rows = q.stacked if isinstance(q, Bands) else q.double()
+        return torch.matmul(rows, k_tile.double().transpose(-1, -2), out=out)
     return exact_matmul(q, k_tile.transpose(-1, -2), q_sig_bits).float()
 
 
@@ -410,17 +431,25 @@ def pv_tile(
     p_sig_bits: Optional[int],
     p_max: float = 1.0,
     out: Optional[torch.Tensor] = None,
+    combine: bool = True,
 ) -> torch.Tensor:
     """Step 9, GEMM2: the tile's exact ``V . P`` contraction (model 1), float64 ``(C, G, N, D)``.
 
     Args:
-        p_q: ``(C, G, N, T)`` float32 rounded P; v_tile: ``(C, G, T, D)`` float values.
+        p_q: ``(C, G, N, T)`` float32 rounded P, or (wide P) its :class:`Bands` from
+            ``split_bands(p_q, p_sig_bits, T, p_max)``; v_tile: ``(C, G, T, D)`` float values.
         p_sig_bits: None for narrow P (e4m3), 8 for bf16, 3 for e5m2, 24 for fp32 (banded, still exact).
         p_max: the largest P value (``p_scale``), the top of P's exponent bands.
-        out: optional float64 buffer for the result (narrow P only).
+        out: optional float64 buffer for the result (narrow P, or ``combine=False``).
+        combine: False (wide P): return the per-band products ``(C, G, n_bands * N, D)`` uncombined,
+            for one :func:`combine_bands` over a batch multiplied block by block (one band split for
+            the batch; a band absent from a block adds exact zeros, so blocking cannot change O).
     """
     if p_sig_bits is None and out is not None:
         return torch.matmul(p_q.double(), v_tile.double(), out=out)
+    if not combine and p_sig_bits is not None:
+        bands = p_q if isinstance(p_q, Bands) else split_bands(p_q, p_sig_bits, p_q.shape[-1], p_max)
+        return torch.matmul(bands.stacked, v_tile.double(), out=out)
     return exact_matmul(p_q, v_tile, p_sig_bits, p_max)
 
 

@@ -96,7 +96,7 @@ class Format:
     @property
     def min_normal(self) -> float:
         """Smallest positive normal value, 2**(1 - bias)."""
-        return 2.0 ** self.min_exponent
+        return 2.0**self.min_exponent
 
     @property
     def min_subnormal(self) -> float:
@@ -107,7 +107,9 @@ class Format:
     def code_value(self, code: int) -> float:
         """The value of one code (a Python float; NaN for e4m3's NaN codes)."""
         if not 0 <= code < self.num_codes:
-            raise ValueError(f"code: {code} is not a {self.bits}-bit code of {self.name} (allowed 0..{self.num_codes - 1})")
+            raise ValueError(
+                f"code: {code} is not a {self.bits}-bit code of {self.name} (allowed 0..{self.num_codes - 1})"
+            )
         sign = -1.0 if code & self.sign_mask else 1.0
         mag = code & (self.sign_mask - 1)
         if self.nan_at_max_code and mag == self.sign_mask - 1:

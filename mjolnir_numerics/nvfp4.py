@@ -67,7 +67,9 @@ class NVFP4Tensor:
         return dequantize(self.scales, E4M3)
 
 
-def _block_scale_codes(block_amax: torch.Tensor, divisor: float, g: torch.Tensor, floor: Optional[float]) -> torch.Tensor:
+def _block_scale_codes(
+    block_amax: torch.Tensor, divisor: float, g: torch.Tensor, floor: Optional[float]
+) -> torch.Tensor:
     # divide by a tensor: CUDA divides by a Python scalar as a multiply by its rounded reciprocal
     scaled = (block_amax / torch.tensor(divisor, dtype=torch.float32, device=block_amax.device)) / g
     if floor is not None:
@@ -131,7 +133,9 @@ def nvfp4_quantize(
     if not torch.isfinite(x).all():
         raise ValueError("x: holds inf or NaN; NVFP4 scales are computed from amax and need finite values")
     if global_scale not in GLOBAL_SCALE_CONVENTIONS:
-        raise ValueError(f"global_scale: unknown convention {global_scale!r}; allowed {', '.join(GLOBAL_SCALE_CONVENTIONS)}")
+        raise ValueError(
+            f"global_scale: unknown convention {global_scale!r}; allowed {', '.join(GLOBAL_SCALE_CONVENTIONS)}"
+        )
     if scale_floor is not None and not (scale_floor > 0):
         raise ValueError(f"scale_floor: expected a positive float or None, got {scale_floor!r}")
 

@@ -34,7 +34,9 @@ def packed_size(d: int, bits: int) -> int:
     _check_bits(bits)
     per, nbytes = _GROUP[bits]
     if d % per:
-        raise ValueError(f"codes: last dim {d} does not fill whole bytes at {bits} bits; it must be a multiple of {per}")
+        raise ValueError(
+            f"codes: last dim {d} does not fill whole bytes at {bits} bits; it must be a multiple of {per}"
+        )
     return d // per * nbytes
 
 

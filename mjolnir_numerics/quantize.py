@@ -148,7 +148,9 @@ def dequantize(codes: torch.Tensor, fmt: Union[str, Format]) -> torch.Tensor:
     """
     f = get_element_format(fmt)
     if not isinstance(codes, torch.Tensor) or codes.is_floating_point() or codes.dtype == torch.bool:
-        raise ValueError(f"codes: expected an integer tensor of {f.name} codes, got {getattr(codes, 'dtype', type(codes))}")
+        raise ValueError(
+            f"codes: expected an integer tensor of {f.name} codes, got {getattr(codes, 'dtype', type(codes))}"
+        )
     idx = codes.long()
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= f.num_codes):
         raise ValueError(

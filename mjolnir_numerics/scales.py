@@ -98,12 +98,18 @@ def check_q_rows(q: torch.Tensor, num_seqs: int, q_len: int, heads_k: int, argum
     """
     for name, v in (("num_seqs", num_seqs), ("q_len", q_len), ("heads_k", heads_k)):
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name == "num_seqs" else 1):
-            raise ValueError(f"{name}: expected a {'non-negative' if name == 'num_seqs' else 'positive'} int, got {v!r}")
+            raise ValueError(
+                f"{name}: expected a {'non-negative' if name == 'num_seqs' else 'positive'} int, got {v!r}"
+            )
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        raise ValueError(f"{argument}: expected a tensor (num_seqs * q_len, h_q, d), got shape {tuple(getattr(q, 'shape', ()))}")
+        raise ValueError(
+            f"{argument}: expected a tensor (num_seqs * q_len, h_q, d), got shape {tuple(getattr(q, 'shape', ()))}"
+        )
     rows, h_q, d = q.shape
     if rows != num_seqs * q_len:
-        raise ValueError(f"{argument}: has {rows} rows, expected num_seqs * q_len = {num_seqs} * {q_len} = {num_seqs * q_len}")
+        raise ValueError(
+            f"{argument}: has {rows} rows, expected num_seqs * q_len = {num_seqs} * {q_len} = {num_seqs * q_len}"
+        )
     if h_q % heads_k:
         raise ValueError(f"{argument}: h_q={h_q} is not a multiple of heads_k={heads_k}")
     return h_q, h_q // heads_k, d
@@ -124,7 +130,9 @@ def pack_q(q: torch.Tensor, num_seqs: int, q_len: int, heads_k: int) -> torch.Te
 def unpack_o(o: torch.Tensor, num_seqs: int, q_len: int, heads_k: int) -> torch.Tensor:
     """Inverse of :func:`pack_q`: ``(num_seqs, h_k, q_len * h_r, d)`` to ``(num_seqs * q_len, h_q, d)``."""
     if not isinstance(o, torch.Tensor) or o.dim() != 4 or o.shape[0] != num_seqs or o.shape[1] != heads_k:
-        raise ValueError(f"o: expected (num_seqs={num_seqs}, h_k={heads_k}, q_len * h_r, d), got {tuple(getattr(o, 'shape', ()))}")
+        raise ValueError(
+            f"o: expected (num_seqs={num_seqs}, h_k={heads_k}, q_len * h_r, d), got {tuple(getattr(o, 'shape', ()))}"
+        )
     n_q, d = o.shape[2], o.shape[3]
     if n_q % q_len:
         raise ValueError(f"o: {n_q} rows per kv head is not a multiple of q_len={q_len}")

@@ -107,9 +107,16 @@ def test_writer_appending_tokens_equals_building_at_once(fmt):
     k, v = _kv(lens=(50,))
     full = PagedKVCache.from_float(k, v, fmt, page_size=16, granularity="per_seq_head", shuffle=False)
     # same descales, the first 20 tokens built, the next 30 appended with the writer
-    part = PagedKVCache.from_float([k[0][:20]], [v[0][:20]], fmt, page_size=16, shuffle=False,
-                                   k_descale=full.k_descale / (8 if fmt == "nvfp4" else 1),
-                                   v_descale=full.v_descale / (8 if fmt == "nvfp4" else 1), spare_pages=4)
+    part = PagedKVCache.from_float(
+        [k[0][:20]],
+        [v[0][:20]],
+        fmt,
+        page_size=16,
+        shuffle=False,
+        k_descale=full.k_descale / (8 if fmt == "nvfp4" else 1),
+        v_descale=full.v_descale / (8 if fmt == "nvfp4" else 1),
+        spare_pages=4,
+    )
     pos = torch.arange(20, 50)
     bt = torch.cat([part.block_table[0, :2], torch.tensor([2, 3], dtype=torch.int32)])  # contiguous pages
     part.write(k[0][20:], v[0][20:], bt.long()[pos // 16] * 16 + pos % 16, seq_ids=torch.zeros(30, dtype=torch.long))
