@@ -48,6 +48,9 @@ PAGE_SIZES = (16, 32, 64, 128)
 POISON_BYTE = {8: E4M3.nan_code, 6: 0xFF, 4: 0xFF}
 POISON_SCALE = E4M3.max_code
 
+# nvfp4_quantize options a cache may fix for its writes (its global scale comes from the descale).
+NVFP4_CACHE_OPTIONS = ("four_over_six", "scale_floor")
+
 KV = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 
@@ -172,6 +175,8 @@ class PagedKVCache:
         k_descale, v_descale: float32 ``()``, ``(h_k,)`` or ``(num_seqs, h_k)``: the descales the kernel
             takes (NVFP4: ``8 * g``).
         storage: the physical buffers behind the pools (kept alive; for writers and byte counts).
+        nvfp4_options: NVFP4 encoder options every write uses (``four_over_six``, ``scale_floor``;
+            see :func:`~mjolnir_numerics.nvfp4.nvfp4_quantize`); None for the default recipe.
     """
 
     fmt: AnyFormat
@@ -187,6 +192,7 @@ class PagedKVCache:
     k_descale: torch.Tensor
     v_descale: torch.Tensor
     storage: tuple = ()
+    nvfp4_options: Optional[dict] = None
 
     def __post_init__(self):
         self.validate()
@@ -247,6 +253,14 @@ class PagedKVCache:
                         f"{name}: {fmt.name} needs float8_e4m3fn scales of shape {want}, got "
                         f"{None if sc is None else (tuple(sc.shape), sc.dtype)}"
                     )
+            unknown = set(self.nvfp4_options or {}) - set(NVFP4_CACHE_OPTIONS)
+            if unknown:
+                raise ValueError(
+                    f"nvfp4_options: {sorted(unknown)} are not encoder options of the cache; allowed "
+                    f"{', '.join(NVFP4_CACHE_OPTIONS)} (the global scale follows from the descale)"
+                )
+        elif self.nvfp4_options:
+            raise ValueError(f"nvfp4_options: only the nvfp4 format takes them, not {fmt.name}")
         elif self.k_scales is not None or self.v_scales is not None:
             raise ValueError(f"k_scales: only block-scaled formats carry scale pools, not {fmt.name}")
         bt, sl = self.block_table, self.seq_lens
@@ -361,7 +375,7 @@ class PagedKVCache:
         """Quantize rows ``x (n, h_k, d)`` (real units) with per-row descales ``(n, h_k)``: bytes and scales."""
         if self.is_block_scaled:
             g = descale * KERNEL_SHIFT  # the NVFP4 global scale behind the kernel descale 8 * g
-            t = nvfp4_quantize(x, self.fmt.group, global_value=g.unsqueeze(-1))
+            t = nvfp4_quantize(x, self.fmt.group, global_value=g.unsqueeze(-1), **(self.nvfp4_options or {}))
             return t.packed_codes(), t.scales.view(torch.float8_e4m3fn)
         codes = quantize(x.float() / descale.unsqueeze(-1), self.fmt)
         if self.fmt.bits == 8:
@@ -449,6 +463,7 @@ class PagedKVCache:
         spare_pages: Optional[int] = None,
         seed: int = 0,
         allow_nonfinite: bool = False,
+        nvfp4_options: Optional[dict] = None,
         device: Union[str, torch.device, None] = None,
     ) -> "PagedKVCache":
         """Build a cache from float K/V per sequence (real units), quantizing them into ``fmt``.
@@ -468,6 +483,8 @@ class PagedKVCache:
             spare_pages: unreferenced pages to allocate beyond those needed (default max(2, n/4)).
             seed: seed of the page shuffle.
             allow_nonfinite: store inf/NaN inputs (saturated / NaN codes) instead of raising.
+            nvfp4_options: NVFP4 only: encoder options kept for every write, e.g.
+                ``{"four_over_six": True}`` or ``{"scale_floor": None}`` (:func:`nvfp4_quantize`).
             device: where the pools live (default: the device of the first K sequence).
         """
         f = get_format(fmt)
@@ -551,6 +568,7 @@ class PagedKVCache:
             k_descale=descales[0],
             v_descale=descales[1],
             storage=storage + tuple(t for t in (k_sc, v_sc) if t is not None),
+            nvfp4_options=dict(nvfp4_options) if nvfp4_options else None,
         )
         for s, L in enumerate(lens):
             if L == 0:

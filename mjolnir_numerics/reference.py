@@ -152,6 +152,7 @@ def attribute_errors(
     causal: bool = True,
     plan: Optional[SplitPlan] = None,
     knobs: Optional[EmulatorKnobs] = None,
+    allow_unsupported: bool = False,
 ) -> list[ErrorRow]:
     """Isolate each error source of the quantized decode, one at a time.
 
@@ -174,6 +175,7 @@ def attribute_errors(
         fmt: KV format; q_path: ``"e4m3"`` or ``"bf16"``; page_size, granularity: of the cache.
         plan: the split plan for the emulator (default: the kernel's).
         knobs: emulator knobs for every emulator run (P rounding is overridden for its baseline).
+        allow_unsupported: the emulator's research switch (e.g. head dim 64), see :func:`emulate_decode`.
 
     Returns:
         list of :class:`ErrorRow`, in :data:`ERROR_SOURCES` order.
@@ -200,7 +202,7 @@ def attribute_errors(
     rows.append(error_metrics("q_quantization", o, o_ref, lse, lse_ref))
 
     def emu(**kw):
-        return emulate_decode(q_in, cache, q_descale=qd, **common, **kw)
+        return emulate_decode(q_in, cache, q_descale=qd, allow_unsupported=allow_unsupported, **common, **kw)
 
     o_emu, lse_emu = emu(plan=plan, knobs=knobs)
     fp32_p = EmulatorKnobs(

