@@ -105,7 +105,10 @@ def main(argv=None) -> int:
         f"{'e4m3':<7} {ours * 1e3:>10.3f} {'torch .to(fp8_e4m3fn)':<23} {base * 1e3:>10.3f} {slowdown:>7.1f}x  "
         f"<= {MAX_SLOWDOWN_VS_TORCH_CAST:g}x slower {'ok' if ok else 'MISSED'}"
     )
-    if failed and device.type == "cpu":
+    if device.type != "cpu":
+        print("the targets are set for the CPU; on this device the ratios are for information only")
+        return 0
+    if failed:
         print(f"targets missed for: {', '.join(failed)}", file=sys.stderr)
         return 1
     print("all targets met")
