@@ -1,6 +1,6 @@
 """The compile key of the Thor decode kernel: a frozen config, its derived quantities, ``can_implement``.
 
-Pure Python (no cutlass import): CI and ``decode()`` validate a config before anything compiles.
+No cutlass import: CI and ``decode()`` validate a config before anything compiles.
 
 A config fixes everything the kernel is specialized on. The per-call problem (batch, sequence lengths,
 heads, pages, strides, descales) is runtime data; only the head dim, the query-row tile and the page
@@ -12,10 +12,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+# The numerics the kernel shares with the spec come from the spec: one definition each.
+from mjolnir_numerics.cache import PAGE_SIZES
+from mjolnir_numerics.emulator import KERNEL_P_SCALE as FP8_P_SCALE  # P stored as e4m3(p * 448) on the fp8 path
+from mjolnir_numerics.formats import FORMATS, NVFP4
+from mjolnir_numerics.nvfp4 import KERNEL_SHIFT as NVFP4_SHIFT  # noqa: F401 (re-exported: e4m3(code * scale / 8))
+from mjolnir_numerics.plan import TILE_KEYS  # keys per KV tile (= GEMM1 M)
+
 # ---------------------------------------------------------------------------------------------
 # Tuning block: every magic number of the kernel's resource plan lives here.
 # ---------------------------------------------------------------------------------------------
-TILE_KEYS = 128  # keys per KV tile (= GEMM1 M); mjolnir_numerics.plan.TILE_KEYS
 MMA_M = 128  # tcgen05 cta_group::1 M
 MMA_K = 128  # head-dim elements per MMA stage (one 128-B swizzle atom of 8-bit data)
 WARP_THREADS = 32
@@ -45,19 +51,16 @@ SOFTMAX_MIN_REGS = 96
 # 2 stages (11-14 % over 3 at 64K-256K keys).
 DEFAULT_RING_TILES = {1: 2, 2: 1}
 FP6_RING_2CTA_D256 = 2
-FP8_P_SCALE = 448.0  # fp8 path: P stored as e4m3(p * 448); 1/448 folded into the output scale
-NVFP4_SHIFT = 0.125  # nvfp4 convert: e4m3(code * scale * 2^-3) <= 336; host multiplies descale by 8
-NVFP4_GROUP = 16
 NVFP4_PACKED_STAGES = 2  # packed e2m1 tiles in flight (one K, one V)
 EVICT_FIRST_POLICY = 0x12F0000000000000  # CUTLASS CacheHintSm90::EVICT_FIRST L2 policy word
 MAX_L2_PREFETCH = 8
 MAX_SPLITS_LIMIT = 64  # the reduction unrolls over max_splits
 # ---------------------------------------------------------------------------------------------
 
-KV_FORMATS = ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4")
-KV_FORMAT_BITS = {"e4m3": 8, "e3m2": 6, "e2m3": 6, "e2m1": 4, "nvfp4": 4}
+NVFP4_GROUP = NVFP4.group
+KV_FORMATS = tuple(FORMATS)
+KV_FORMAT_BITS = {name: fmt.bits for name, fmt in FORMATS.items()}
 Q_DTYPES = ("bf16", "e4m3")
-PAGE_SIZES = (16, 32, 64, 128)
 Q_TILES = (8, 16, 32)
 HEAD_DIMS = (128, 256)
 
