@@ -34,7 +34,7 @@ import torch
 from .formats import E4M3, AnyFormat, BlockScaledFormat, Format, get_format
 from .nvfp4 import KERNEL_SHIFT, nvfp4_quantize
 from .packing import pack, packed_size, unpack
-from .quantize import dequantize, quantize
+from .quantize import quantize
 from .scales import GRANULARITIES, compute_descale
 
 __all__ = ["LAYOUTS", "PAGE_SIZES", "PagedKVCache", "check_descale", "descale_table"]
@@ -309,16 +309,21 @@ class PagedKVCache:
         Returns:
             float32 ``(*pages.shape, PS, h_k, d)``.
         """
+        return self._page_values(which, pages, kernel_view=True)
+
+    def _page_values(self, which: str, pages: torch.Tensor, kernel_view: bool) -> torch.Tensor:
+        """:meth:`page_values`; with ``kernel_view=False`` NVFP4 pages skip the convert stage's e4m3
+        rounding (``code * scale * 2^-3``, the format's own dequantization up to the descale)."""
         pool, scales = self._pool(which)
         idx = pages.long().to(pool.device).reshape(-1)
         out = torch.empty((idx.numel(), *pool.shape[1:-1], self.head_dim), dtype=torch.float32, device=pool.device)
         step = max(1, _PAGE_VALUES_CHUNK // max(1, math.prod(out.shape[1:])))  # pages per chunk
         for i in range(0, idx.numel(), step):  # chunked: the temporaries stay a few MiB
-            self._decode_pages(pool, scales, idx[i : i + step], out[i : i + step])
+            self._decode_pages(pool, scales, idx[i : i + step], out[i : i + step], kernel_view)
         return out.view(*pages.shape, *out.shape[1:])
 
-    def _decode_pages(self, pool, scales, idx: torch.Tensor, out: torch.Tensor) -> None:
-        """``page_values`` of the pages ``idx (n,)`` written into ``out (n, PS, h_k, d)`` float32."""
+    def _decode_pages(self, pool, scales, idx: torch.Tensor, out: torch.Tensor, kernel_view: bool = True) -> None:
+        """``_page_values`` of the pages ``idx (n,)`` written into ``out (n, PS, h_k, d)`` float32."""
         raw = _gather_bytes(pool, idx)
         if self.fmt.bits == 8:
             _decode(raw, E4M3, out)
@@ -331,7 +336,10 @@ class PagedKVCache:
         g = self.fmt.group
         sc = _decode(_gather_bytes(scales, idx), E4M3)
         shifted = vals.reshape(*vals.shape[:-1], -1, g) * sc.unsqueeze(-1) * KERNEL_SHIFT
-        _decode(quantize(shifted, E4M3), E4M3, out)
+        if kernel_view:
+            _decode(quantize(shifted, E4M3), E4M3, out)
+        else:
+            out.copy_(shifted.reshape(out.shape))
 
     def descale_table(self, which: str) -> torch.Tensor:
         """The kernel's descale for K or V expanded to ``(num_seqs, h_k)`` float32."""
@@ -357,15 +365,7 @@ class PagedKVCache:
         out = []
         for which in ("k", "v"):
             d = self.descale_table(which)[seq].to(self.device)
-            if kernel_view or not self.is_block_scaled:
-                vals = self.page_values(which, pages)
-            else:
-                pool, scales = self._pool(which)
-                idx = pages.long().to(self.device)
-                codes = dequantize(unpack(pool[idx], 4), self.element_format)
-                sc = dequantize(scales[idx].view(torch.uint8), E4M3)
-                g = self.fmt.group
-                vals = (codes.reshape(*codes.shape[:-1], -1, g) * sc.unsqueeze(-1)).reshape(codes.shape) * KERNEL_SHIFT
+            vals = self._page_values(which, pages, kernel_view)
             vals = vals.reshape(n * self.page_size, self.heads_k, self.head_dim)[:L]
             out.append(vals * d[None, :, None])
         return out[0], out[1]
