@@ -88,8 +88,9 @@ def main(argv=None) -> int:
     print("-" * len(header))
     failed = []
     for name in ("e3m2", "e2m3", "e2m1"):
-        ours, base = best_times([lambda name=name: quantize(x, name), lambda name=name: seed_quantize(x, name)],
-                                args.repeat, device)
+        ours, base = best_times(
+            [lambda name=name: quantize(x, name), lambda name=name: seed_quantize(x, name)], args.repeat, device
+        )
         speedup = base / ours
         ok = speedup >= MIN_SPEEDUP_VS_SEED
         failed += [] if ok else [name]

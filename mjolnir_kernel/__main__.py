@@ -2,9 +2,11 @@
 
 compile: compiles the representative matrix (or ``--slice ci``) for ``--arch`` on any machine (no GPU
 needed), prints config, compile time, registers, stack frame and spills (ptxas), and exits non-zero
-on a compile error or when a config spills more than its entry in ``spill_baseline.json``.
+on a compile error or when a config spills more than its entry in ``spill_baseline.json``. ``--arch
+sm_90a`` builds the Hopper kernel's matrix (``compile.hopper_matrix``), a tcgen05 arch the Thor kernel's.
 bench: checks the kernel against ``mjolnir_numerics.emulate_decode`` on the chosen problem, then
-times it (median us, GB/s). Needs a tcgen05 GPU; ``--compile-only`` works anywhere.
+times it (median us, GB/s). Needs a tcgen05 GPU; ``--compile-only`` works anywhere, for the Hopper
+kernel too (``--arch sm_90a``).
 """
 
 from __future__ import annotations
@@ -16,17 +18,26 @@ import sys
 import time
 
 
+def _arch_arg(value: str) -> str:
+    """argparse type of ``--arch``: sm_90a (Hopper) or a tcgen05 arch; argparse names the argument."""
+    from .compile import check_compile_arch
+
+    try:
+        return check_compile_arch(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _compile_cmd(args) -> int:
-    os.environ.setdefault("CUTE_DSL_ARCH", args.arch)
+    os.environ.setdefault("CUTE_DSL_ARCH", args.arch)  # the DSL's fallback; compile_decode passes --gpu-arch
     from .compile import (
         SPILL_BASELINE_PATH,
         baseline_entry,
-        ci_slice,
         compile_decode,
         cutlass_available,
         cutlass_version,
+        gate_configs,
         load_spill_baseline,
-        representative_matrix,
         spill_regressions,
     )
 
@@ -34,7 +45,7 @@ def _compile_cmd(args) -> int:
     if reason:
         print(f"compile: {reason}", file=sys.stderr)
         return 2
-    configs = ci_slice() if args.slice == "ci" else representative_matrix()
+    configs = gate_configs(args.arch, args.slice)
     if args.filter:
         configs = [c for c in configs if all(f in c.short_name() for f in args.filter)]
     if args.limit:
@@ -71,9 +82,17 @@ def _compile_cmd(args) -> int:
             flush=True,
         )
     print(f"# {len(configs) - len(failures)}/{len(configs)} compiled in {time.perf_counter() - t_all:.0f} s")
+    # entries of configs the whole matrix no longer has (a renamed default, a dropped format): reported,
+    # and dropped by a full, unfiltered --update-baseline
+    whole = args.slice == "full" and not args.filter and not args.limit
+    stale = sorted(set(baseline.get(args.arch, {})) - {c.short_name() for c in configs}) if whole else []
+    if stale:
+        print(f"# {len(stale)} {args.arch} baseline entries are not in the matrix, e.g. {stale[0]}")
     if args.update_baseline:
         merged = load_spill_baseline(baseline_path)
         merged.setdefault(args.arch, {}).update(entries)
+        for name in stale if not failures else ():
+            merged[args.arch].pop(name, None)
         merged[args.arch] = dict(sorted(merged[args.arch].items()))
         with open(baseline_path, "w") as f:
             json.dump(merged, f, indent=1, sort_keys=True)
@@ -93,13 +112,15 @@ def _bench_cmd(args) -> int:
 
     if args.compile_only:
         os.environ.setdefault("CUTE_DSL_ARCH", args.arch)
-        from .compile import compile_decode, cutlass_available
+        from .compile import HOPPER_ARCH, compile_decode, cutlass_available
 
         reason = cutlass_available()
         if reason:
             print(f"bench: {reason}", file=sys.stderr)
             return 2
-        cfg = bench_config(args)
+        cfg = _hopper_bench_config(args) if args.arch == HOPPER_ARCH else bench_config(args)
+        if cfg is None:
+            return 2
         r = compile_decode(cfg, args.arch, smem_per_sm=args.smem_per_sm)
         for kind, res in sorted(r.resources.items()):
             print(
@@ -114,12 +135,41 @@ def _bench_cmd(args) -> int:
     return run_bench(args)
 
 
+def _hopper_bench_config(args):
+    """The HopperConfig ``decode()`` would compile for the bench arguments on a Hopper GPU (``--ring-depth``
+    is its ring stages; ``--ctas-per-sm`` is ignored: shared memory sets Hopper's occupancy). None, with
+    the reason on stderr, when a Thor-only option is set or the config is invalid."""
+    from .api import select_hopper_config
+    from .bench import _q_dtype
+    from .config import ConfigError
+
+    thor_only = {"--pdl": args.pdl, "--l2-prefetch": args.l2_prefetch, "--evict-first 1": args.evict_first == 1}
+    given = [name for name, value in thor_only.items() if value]
+    if given:
+        print(f"bench: {', '.join(given)}: Thor-kernel options; the Hopper kernel (sm_90a) has none", file=sys.stderr)
+        return None
+    try:
+        return select_hopper_config(
+            head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
+            q_dtype=_q_dtype(args), causal=not args.non_causal, max_splits=args.max_splits,
+            ring_depth=args.ring_depth,
+        )  # fmt: skip
+    except ConfigError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mjolnir_kernel", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
     c = sub.add_parser("compile", help="compile the representative config matrix (no GPU needed)")
-    c.add_argument("--arch", default="sm_110a", help="target, e.g. sm_110a (Thor) or sm_100a (B200)")
+    c.add_argument(
+        "--arch",
+        default="sm_110a",
+        type=_arch_arg,
+        help="target: sm_90a (the Hopper kernel's matrix) or a tcgen05 one, e.g. sm_110a (Thor), sm_100a (B200)",
+    )
     c.add_argument("--slice", choices=("full", "ci"), default="full", help="full matrix or the CI slice")
     c.add_argument("--filter", action="append", default=[], help="keep configs whose name contains this (repeatable)")
     c.add_argument("--limit", type=int, default=0, help="compile at most this many configs")
@@ -156,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--skip-check", action="store_true", help="skip the check against emulate_decode")
     b.add_argument("--compile-only", action="store_true", help="only compile this config (works anywhere)")
-    b.add_argument("--arch", default="sm_110a", help="--compile-only target")
+    b.add_argument("--arch", default="sm_110a", type=_arch_arg, help="--compile-only target (sm_90a: Hopper kernel)")
     b.add_argument("--smem-per-sm", type=int, default=None)
     return p
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from .arch import arch_of_capability, tcgen05_device_reason
+from .arch import arch_of_capability, backend_of_capability, decode_device_reason
 from .config import KV_FORMAT_BITS, DecodeConfig, can_implement, query_tile_for
 from .host import check_decode_inputs, kernel_strides, launch_args
 
@@ -21,7 +21,33 @@ DEFAULT_SM_COUNT = 20  # Jetson AGX Thor
 
 
 class DeviceError(RuntimeError):
-    """The current device cannot run the tcgen05 kernel."""
+    """The current device runs neither decode kernel (tcgen05 on 10.x / 11.x, Hopper on 9.0)."""
+
+
+HOPPER_MAX_SPLITS = 32  # H200: 132 SMs want more chunks per sequence at small batch than Thor's 20
+THOR_ONLY_OPTIONS = {"pdl": False, "l2_prefetch": 0, "evict_first": None}  # knobs the Hopper kernel lacks
+
+
+def select_hopper_config(
+    *,
+    head_dim: int,
+    page_size: int,
+    q_len: int,
+    kv_format: str,
+    q_dtype: str,
+    causal: bool = True,
+    max_splits: int = 16,
+    ring_depth: int = 0,
+):
+    """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU."""
+    from .hopper.config import HopperConfig, can_implement_hopper
+
+    cfg = HopperConfig(
+        head_dim=head_dim, page_size=page_size, q_len=q_len, kv_format=kv_format, q_dtype=q_dtype,
+        causal=bool(causal) if q_len > 1 else True, max_splits=max_splits, stages=ring_depth,
+    )  # fmt: skip
+    can_implement_hopper(cfg)
+    return cfg
 
 
 def select_config(
@@ -109,11 +135,11 @@ def prepare_decode(
     causal: bool = True,
     plan=None,
     chunk_tiles: Optional[int] = None,
-    max_splits: int = 16,
+    max_splits: Optional[int] = None,
     force_splits: int = 0,
     pad_to: int = 0,
     sm_count: Optional[int] = None,
-    ctas_per_sm: int = 2,
+    ctas_per_sm: Optional[int] = None,
     ring_depth: int = 0,
     pdl: bool = False,
     l2_prefetch: int = 0,
@@ -136,14 +162,31 @@ def prepare_decode(
         raise ValueError(f"scale_o: expected a finite float, got {scale_o!r}")
     if plan is not None and chunk_tiles is not None:
         raise ValueError("plan: pass either plan or chunk_tiles, not both")
-    reason = tcgen05_device_reason(q.device) if q.is_cuda else "q is on the CPU"
+    reason = decode_device_reason(q.device) if q.is_cuda else "q is on the CPU"
     if reason is not None:
-        raise DeviceError(f"decode needs a tcgen05 GPU (compute capability 10.x or 11.x): {reason}")
-    cfg = select_config(
-        head_dim=problem.head_dim, n_q=problem.n_q, page_size=problem.page_size, q_len=q_len, kv_format=kv_format,
-        q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ctas_per_sm=ctas_per_sm,
-        ring_depth=ring_depth, pdl=pdl, l2_prefetch=l2_prefetch, evict_first=evict_first,
-    )  # fmt: skip
+        raise DeviceError(f"decode needs a tcgen05 GPU (10.x / 11.x) or a Hopper GPU (9.0): {reason}")
+    backend = backend_of_capability(*torch.cuda.get_device_capability(q.device))
+    if max_splits is None:
+        max_splits = HOPPER_MAX_SPLITS if backend == "hopper" else 16
+    if backend == "hopper":
+        given = {"pdl": pdl, "l2_prefetch": l2_prefetch, "evict_first": evict_first}
+        for name, value in given.items():
+            if value != THOR_ONLY_OPTIONS[name]:
+                raise ValueError(f"{name}: a Thor-kernel option; the Hopper kernel has no such knob (got {value!r})")
+        cfg = select_hopper_config(
+            head_dim=problem.head_dim, page_size=problem.page_size, q_len=q_len, kv_format=kv_format,
+            q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth,
+        )  # fmt: skip
+        if ctas_per_sm is None:
+            ctas_per_sm = cfg.ctas_per_sm
+    else:
+        cfg = select_config(
+            head_dim=problem.head_dim, n_q=problem.n_q, page_size=problem.page_size, q_len=q_len,
+            kv_format=kv_format, q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits,
+            ctas_per_sm=2 if ctas_per_sm is None else ctas_per_sm, ring_depth=ring_depth, pdl=pdl,
+            l2_prefetch=l2_prefetch, evict_first=evict_first,
+        )  # fmt: skip
+        ctas_per_sm = cfg.ctas_per_sm
     device = q.device
     b, h_k, n_q, d = problem.num_seqs, problem.heads_k, problem.n_q, problem.head_dim
     if chunk_tiles is not None:
@@ -151,7 +194,7 @@ def prepare_decode(
     if plan is None:
         if sm_count is None:
             sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-        # = emulator.kernel_plan's tiling: n_q_tiles = ceil(n_q / q_tile) = ceil(n_q / 32) for n_q > 32, else 1
+        # Thor: emulator.kernel_plan's tiling (ceil(n_q / 32) for n_q > 32, else 1); Hopper: 16-row tiles
         plan = plan_split_kv(
             seq_lens.tolist(), h_k, n_q_tiles=math.ceil(n_q / cfg.q_tile), sm_count=sm_count,
             ctas_per_sm=ctas_per_sm, max_splits=max_splits, force_splits=force_splits, pad_to=pad_to,

@@ -58,3 +58,45 @@ def tcgen05_device_reason(device=None) -> str | None:
         name = torch.cuda.get_device_name(device)
         return f"{name} is compute capability {major}.{minor}; tcgen05 needs 10.x or 11.x (Thor, B200, B300)"
     return None
+
+
+HOPPER_CAPABILITY = (9, 0)
+
+
+def backend_of_capability(major: int, minor: int) -> str | None:
+    """The decode backend for a compute capability: "thor" (tcgen05, 10.x / 11.x), "hopper" (9.0), else None."""
+    if is_tcgen05_capability(major, minor):
+        return "thor"
+    if (int(major), int(minor)) == HOPPER_CAPABILITY:
+        return "hopper"
+    return None
+
+
+def decode_device_reason(device=None) -> str | None:
+    """None when ``device`` runs one of the decode kernels (tcgen05 or Hopper), else the reason why not."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    major, minor = torch.cuda.get_device_capability(device)
+    if backend_of_capability(major, minor) is None:
+        name = torch.cuda.get_device_name(device)
+        return f"{name} is compute capability {major}.{minor}; the decode kernels need 9.0 (Hopper), 10.x or 11.x"
+    return None
+
+
+def hopper_device_reason(device=None) -> str | None:
+    """None when ``device`` is a compute capability 9.0 GPU (the Hopper kernel's target), else why not."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != HOPPER_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        return f"{name} is compute capability {major}.{minor}; the Hopper kernel needs 9.0"
+    return None

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .arch import arch_of_capability, check_tcgen05_arch
-from .config import DecodeConfig, can_implement, query_tile_for
+from .config import ConfigError, DecodeConfig, can_implement, query_tile_for
 
-SMEM_PER_SM_BY_ARCH = {"sm_100a": 233472, "sm_103a": 233472, "sm_110a": 233472}  # 228 KiB
+SMEM_PER_SM_BY_ARCH = {"sm_90a": 233472, "sm_100a": 233472, "sm_103a": 233472, "sm_110a": 233472}  # 228 KiB
 STRIDE_COUNT = 20  # host.STRIDE_FIELDS
 COMPILE_OPTIONS = "--opt-level 2"
+HOPPER_ARCH = "sm_90a"
 SPILL_BASELINE_PATH = Path(__file__).with_name("spill_baseline.json")
 _DUMMY_ADDRESS = 1 << 20  # compile-only pointers: any 16-B aligned address
 
@@ -197,9 +198,17 @@ def compile_decode(
     ``report=True`` ptxas resources are collected (the DSL's file cache is bypassed so ptxas runs).
     Raises the DSL's compile error unchanged.
     """
-    can_implement(config)
-    check_tcgen05_arch(arch)
-    key = (config.key(), arch, cutlass_version())
+    from .hopper.config import HopperConfig, can_implement_hopper
+
+    hopper = isinstance(config, HopperConfig)
+    if hopper:
+        can_implement_hopper(config)
+        if arch != HOPPER_ARCH:
+            raise ValueError(f"arch: the Hopper kernel compiles for {HOPPER_ARCH!r}, got {arch!r}")
+    else:
+        can_implement(config)
+        check_tcgen05_arch(arch)
+    key = (type(config).__name__, config.key(), arch, cutlass_version())
     with _lock:
         hit = _cache.get(key)
         if hit is not None and use_cache and (hit.resources or not report):
@@ -207,9 +216,14 @@ def compile_decode(
 
         import cutlass.cute as cute
 
-        from .thor.decode_kernel import ThorDecodeKernel
+        if hopper:
+            from .hopper.decode_kernel import HopperDecodeKernel
 
-        kernel = ThorDecodeKernel(config)
+            kernel = HopperDecodeKernel(config)
+        else:
+            from .thor.decode_kernel import ThorDecodeKernel
+
+            kernel = ThorDecodeKernel(config)
         args = compile_only_args(config)
         options = f"{COMPILE_OPTIONS} --gpu-arch {arch}" + (" remarks{ptx}" if report else "")
         log = io.StringIO()
@@ -311,3 +325,83 @@ def spill_regressions(result: CompileResult, baseline: dict) -> list[str]:
                 f" {r.spill_loads} B loaded, baseline {allowed['spill_stores']} / {allowed['spill_loads']}"
             )
     return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# The Hopper (sm_90a) compile matrix and the gate's arch dispatch
+# ---------------------------------------------------------------------------------------------
+def hopper_matrix() -> list:
+    """The Hopper kernel's compile matrix: {bf16 Q, e4m3 Q} x every format of ``hopper.config.KV_FORMATS``
+    x page size {16, 128} x q_len {1, 4 causal, 4 non-causal} x max_splits {1, 16} x head dim {128, 256},
+    default stages. ``can_implement_hopper`` decides which (Q dtype, format) pairs exist (non-e4m3 KV needs
+    e4m3 Q), so the matrix grows by itself when the kernel learns a format."""
+    from .hopper import config as hc
+
+    configs = []
+    for q_dtype in ("bf16", "e4m3"):
+        for fmt in hc.KV_FORMATS:
+            for ps in (16, 128):
+                for q_len, causal in ((1, True), (4, True), (4, False)):
+                    for splits in (1, 16):
+                        for d in (128, 256):
+                            cfg = hc.HopperConfig(
+                                head_dim=d, page_size=ps, q_len=q_len, kv_format=fmt, q_dtype=q_dtype,
+                                causal=causal, max_splits=splits,
+                            )  # fmt: skip
+                            try:
+                                hc.can_implement_hopper(cfg)
+                            except ConfigError:
+                                continue
+                            configs.append(cfg)
+    return configs
+
+
+def hopper_ci_slice() -> list:
+    """Five Hopper configs: both Q dtypes, both head dims, q_len 1 and 4 (causal and non-causal), split
+    and unsplit, page sizes 16 and 128, and on the e4m3-Q path the packed formats' loaders (nvfp4, fp6)
+    where the kernel reads them (else e4m3); each one is in ``hopper_matrix()`` (so in the baseline)."""
+    from .hopper import config as hc
+
+    def fmt(name):
+        return name if name in hc.KV_FORMATS else "e4m3"
+
+    return [
+        hc.HopperConfig(head_dim=128, page_size=128, q_len=1, q_dtype="bf16", max_splits=16),
+        hc.HopperConfig(head_dim=256, page_size=16, q_len=4, q_dtype="e4m3", causal=False, max_splits=1),
+        hc.HopperConfig(head_dim=256, page_size=128, q_len=4, q_dtype="bf16", causal=True, max_splits=16),
+        hc.HopperConfig(head_dim=256, page_size=16, q_len=1, kv_format=fmt("nvfp4"), q_dtype="e4m3", max_splits=16),
+        hc.HopperConfig(
+            head_dim=128, page_size=128, q_len=4, kv_format=fmt("e2m3"), q_dtype="e4m3", causal=True, max_splits=16
+        ),
+    ]
+
+
+def compile_archs() -> tuple:
+    """The targets the compile gate knows: the Hopper kernel's and the tcgen05 ones."""
+    from .arch import KNOWN_ARCHS
+
+    return (HOPPER_ARCH, *KNOWN_ARCHS)
+
+
+def check_compile_arch(arch: str) -> str:
+    """``arch`` when a decode kernel compiles for it (sm_90a: Hopper; 10.x / 11.x arch-specific: tcgen05),
+    else ValueError naming ``arch`` and the accepted targets."""
+    if arch == HOPPER_ARCH:
+        return arch
+    try:
+        return check_tcgen05_arch(arch)
+    except ValueError:
+        raise ValueError(
+            f"arch={arch!r} is not a compile target: {HOPPER_ARCH} (the Hopper kernel) or a tcgen05 arch-specific"
+            f" target of compute capability 10.x / 11.x ({', '.join(compile_archs()[1:])})"
+        ) from None
+
+
+def gate_configs(arch: str, slice_name: str = "full") -> list:
+    """The configs the compile gate builds for ``arch``: the Hopper matrix (or its CI slice) for sm_90a,
+    the representative tcgen05 matrix (or ``ci_slice()``) otherwise."""
+    if slice_name not in ("full", "ci"):
+        raise ValueError(f"slice_name={slice_name!r}: 'full' or 'ci'")
+    if check_compile_arch(arch) == HOPPER_ARCH:
+        return hopper_ci_slice() if slice_name == "ci" else hopper_matrix()
+    return ci_slice() if slice_name == "ci" else representative_matrix()

@@ -10,7 +10,7 @@ import torch
 
 from mjolnir_kernel.arch import tcgen05_device_reason
 from mjolnir_kernel.compile import cutlass_available
-from mjolnir_kernel.conformance import compare_outputs
+from mjolnir_kernel.conformance import KERNEL_CASES, compare_outputs
 from mjolnir_numerics.cases import CASES, DecodeCase
 from mjolnir_numerics.plan import plan_split_kv
 
@@ -20,25 +20,6 @@ pytestmark = [
     pytest.mark.skipif(_REASON is not None, reason=f"kernel conformance needs a tcgen05 GPU: {_REASON}"),
 ]
 
-# Kernel-specific cases (candidates for mjolnir_numerics.cases): every layout, descale granularity,
-# format on each layout/page size, q_len 4 causal / non-causal, forced splits 1/3/16, page sizes 16..128.
-KERNEL_CASES = (
-    DecodeCase("layout_interleaved", (200, 70), layout="interleaved"),
-    DecodeCase("layout_flashinfer", (200, 70), layout="flashinfer"),
-    DecodeCase("per_tensor_descale", (150, 60), granularity="per_tensor"),
-    DecodeCase("bf16_q_per_seq_head_hnd", (150, 60), q_dtype="bf16", granularity="per_seq_head", layout="hnd"),
-    DecodeCase("page_size_32", (300, 33), page_size=32),
-    DecodeCase("page_size_64_e2m3", (300, 65), page_size=64, fmt="e2m3"),
-    DecodeCase("page_size_128_nvfp4", (300, 129), page_size=128, fmt="nvfp4", granularity="per_tensor"),
-    DecodeCase("e2m1_hnd_d256", (260,), fmt="e2m1", layout="hnd", heads_q=24, heads_k=4, head_dim=256),
-    DecodeCase("q_len4_causal_bf16", (9, 300), q_len=4, q_dtype="bf16"),
-    DecodeCase("q_len4_noncausal_e3m2", (9, 300), q_len=4, causal=False, fmt="e3m2"),
-    DecodeCase("splits_1", (1000, 300), force_splits=1),
-    DecodeCase("splits_3", (1000, 300), force_splits=3),
-    DecodeCase("splits_16", (2100, 300), force_splits=16),
-    DecodeCase("splits_16_bf16_d256", (2100,), force_splits=16, q_dtype="bf16", head_dim=256, heads_q=24, heads_k=4),
-    DecodeCase("seq_len_0_padding", (0, 0, 130, 0), notes="CUDA-graph padding rows"),
-)
 ALL_CASES = CASES + KERNEL_CASES
 
 

@@ -1,0 +1,231 @@
+"""Hopper decode bandwidth, side by side in one run on an sm_90 GPU (the lent H200).
+
+Decode is memory-bound, so every contender is reported as bytes of KV read per second and as a
+fraction of a read-only stream measured in the same run (``torch.sum`` over an int64 tensor):
+
+* ``mjolnir``   the Hopper kernel (``mjolnir_kernel.prepare_decode(...).launch()``), paged, shuffled
+                pages; bytes = K + V as stored (plus NVFP4 block scales);
+* ``sdpa``      ``torch.nn.functional.scaled_dot_product_attention`` on dense bf16 K/V (twice the bytes
+                of e4m3), GQA through ``enable_gqa``; bytes = bf16 K + V;
+* ``widen+sdpa`` an e4m3 cache widened to bf16, then SDPA: what a PyTorch user writes without a
+                kernel; reported against the e4m3 bytes.
+
+The "x sdpa" column is SDPA's time over ours at equal work (same shape, same number of keys).
+
+    python -m benchmarks.bench_hopper_decode                 # the issue's shapes, e4m3 + sub-byte formats
+    python -m benchmarks.bench_hopper_decode --quick         # two shapes, e4m3 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+
+import torch
+
+GiB = 1 << 30
+
+
+GRAPHS = True  # time CUDA-graph replays (what a serving loop runs); --eager times Python launches
+
+
+def _time_ms(fn, iters: int, warmup: int = 3, stream=None) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` CUDA-event-timed calls, replayed from a CUDA graph
+    captured on ``stream`` (the stream ``fn`` launches on) unless GRAPHS is False."""
+    stream = stream or torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # inputs were made on the current stream
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    run = fn
+    if GRAPHS:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+        run = graph.replay
+    times = []
+    with torch.cuda.stream(stream):
+        for _ in range(iters):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def stream_tbps(gib: float = 4.0, iters: int = 20) -> float:
+    """Read-only stream: torch.sum over an int64 tensor of ``gib`` GiB, in TB/s."""
+    x = torch.ones(int(gib * GiB) // 8, dtype=torch.int64, device="cuda")
+    return x_bytes_tb(gib * GiB, _time_ms(x.sum, iters))
+
+
+def x_bytes_tb(nbytes: float, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e12
+
+
+def random_codes(shape, fmt: str, gen: torch.Generator) -> torch.Tensor:
+    """Random stored bytes of ``fmt`` (e4m3: no NaN codes) on the GPU."""
+    raw = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen, device="cuda")
+    if fmt == "e4m3":
+        raw = torch.where((raw & 0x7F) == 0x7F, raw & 0xF0, raw)  # 0x7F / 0xFF are NaN
+        return raw.view(torch.float8_e4m3fn)
+    return raw
+
+
+def build_pools(b, L, h_k, d, fmt, page_size, gen):
+    """Paged pools (nhd), a shuffled block table, seq_lens, descales (and NVFP4 scales)."""
+    from mjolnir_numerics.formats import get_format
+
+    bits = get_format(fmt).bits
+    pages_per_seq = math.ceil(L / page_size)
+    num_pages = b * pages_per_seq
+    row = d * bits // 8
+    k_pool = random_codes((num_pages, page_size, h_k, row), fmt, gen)
+    v_pool = random_codes((num_pages, page_size, h_k, row), fmt, gen)
+    perm = torch.randperm(num_pages, generator=gen, device="cuda").to(torch.int32)
+    block_table = perm.view(b, pages_per_seq).contiguous()
+    seq_lens = torch.full((b,), L, dtype=torch.int32, device="cuda")
+    k_descale = torch.full((h_k,), 0.02, device="cuda")
+    v_descale = torch.full((h_k,), 0.02, device="cuda")
+    scales = {}
+    nbytes = 2 * b * L * h_k * row  # K + V bytes the sequences cover
+    if fmt == "nvfp4":
+        s = (torch.rand(num_pages, page_size, h_k, d // 16, generator=gen, device="cuda") * 2 + 0.25).to(
+            torch.float8_e4m3fn
+        )
+        scales = {"k_scales": s, "v_scales": s.clone()}
+        nbytes += 2 * b * L * h_k * (d // 16)
+    return k_pool, v_pool, block_table, seq_lens, k_descale, v_descale, scales, nbytes
+
+
+def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0):
+    from mjolnir_kernel.api import prepare_decode
+    from mjolnir_numerics.scales import quantize_q
+
+    k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(b, L, h_k, d, fmt, page_size, gen)
+    q = torch.randn(b, h_q, d, generator=gen, device="cuda").to(torch.bfloat16)
+    q_descale = None
+    if q_dtype == "e4m3":
+        q, q_descale = quantize_q(q, b, 1, h_k)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the pools are written on the current stream
+    with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
+        prep = prepare_decode(
+            q, k_pool, v_pool, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, **scales
+        )
+    ms = _time_ms(prep.launch, iters, stream=stream)
+    del k_pool, v_pool, prep  # free the pools before the dense SDPA copies
+    torch.cuda.empty_cache()
+
+    key = (b, L, h_q, h_k, d)
+    if key not in sdpa_cache:
+        sdpa_cache[key] = bench_sdpa(b, L, h_q, h_k, d, iters, gen)
+    return ms, nbytes, sdpa_cache[key]
+
+
+def bench_sdpa(b, L, h_q, h_k, d, iters, gen):
+    """(ms of bf16 SDPA, bf16 bytes, ms of e4m3 -> bf16 widening + SDPA, e4m3 bytes)."""
+    import torch.nn.functional as F
+
+    q = torch.randn(b, h_q, 1, d, generator=gen, device="cuda").to(torch.bfloat16)
+    k8 = random_codes((b, h_k, L, d), "e4m3", gen)
+    v8 = random_codes((b, h_k, L, d), "e4m3", gen)
+
+    def dense_bf16_ms():
+        k16, v16 = k8.to(torch.bfloat16), v8.to(torch.bfloat16)
+        return _time_ms(lambda: F.scaled_dot_product_attention(q, k16, v16, enable_gqa=True), iters)
+
+    def widen_ms():
+        def call():
+            return F.scaled_dot_product_attention(q, k8.to(torch.bfloat16), v8.to(torch.bfloat16), enable_gqa=True)
+
+        return _time_ms(call, max(3, iters // 4))
+
+    ms_sdpa = dense_bf16_ms()
+    torch.cuda.empty_cache()
+    ms_widen = widen_ms()
+    e4m3_bytes = 2 * k8.numel()
+    return ms_sdpa, 2 * e4m3_bytes, ms_widen, e4m3_bytes
+
+
+SHAPES = [  # (h_q, h_k, d)
+    (32, 8, 128),
+    (24, 4, 256),
+]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="batch 1 and 32 at L = 32K, e4m3 only")
+    ap.add_argument("--seqlen", type=int, default=32768)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--formats", default="e4m3,e3m2,e2m3,e2m1,nvfp4")
+    ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--stages", default="0", help="comma-separated KV ring depths to compare (0 = default)")
+    ap.add_argument("--eager", action="store_true", help="time Python launches instead of CUDA-graph replays")
+    args = ap.parse_args(argv)
+    global GRAPHS
+    GRAPHS = not args.eager
+    stage_list = [int(x) for x in args.stages.split(",")]
+    if not torch.cuda.is_available():
+        print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from mjolnir_kernel.config import ConfigError
+    from mjolnir_kernel.hopper.config import KV_FORMATS
+
+    batches = [1, 32] if args.quick else [int(x) for x in args.batches.split(",")]
+    formats = ["e4m3"] if args.quick else [f for f in args.formats.split(",") if f]
+    skipped = [f for f in formats if f not in KV_FORMATS]
+    formats = [f for f in formats if f in KV_FORMATS]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    stream = stream_tbps()
+    timing = "CUDA-graph replays" if GRAPHS else "eager launches"
+    print(
+        f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; L = {args.seqlen}, page size"
+        f" {args.page_size}; median of {args.iters} {timing}"
+    )
+    print(f"# read-only stream (torch.sum over 4 GiB int64): {stream:.2f} TB/s")
+    if skipped:
+        print(f"# not run (the Hopper kernel does not read them yet): {', '.join(skipped)}")
+    head = f"{'shape':<22} {'format':<6} {'Q':<5} {'us':>9} {'TB/s':>6} {'%stream':>8} {'x sdpa':>7}"
+    print(head)
+    sdpa_cache = {}
+    rows = []
+    for h_q, h_k, d in SHAPES:
+        for b in batches:
+            for fmt in formats:
+                for q_dtype in ("bf16", "e4m3") if fmt == "e4m3" else ("e4m3",):
+                    for stages in stage_list:
+                        shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
+                        try:
+                            ms, nbytes, (ms_sdpa, b16, ms_widen, b8) = bench_shape(
+                                b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
+                                sdpa_cache, stages,
+                            )  # fmt: skip
+                        except ConfigError as e:
+                            print(f"{shape:<22} {fmt:<6} {q_dtype:<5} not run: {e}")
+                            continue
+                        tb = x_bytes_tb(nbytes, ms)
+                        print(
+                            f"{shape:<22} {fmt:<6} {q_dtype:<5} {ms * 1e3:>9.1f} {tb:>6.2f} {tb / stream:>8.1%}"
+                            f" {ms_sdpa / ms:>6.2f}x"
+                        )
+                        rows.append((shape, fmt, q_dtype, ms, tb))
+            ms_sdpa, b16, ms_widen, b8 = sdpa_cache[(b, args.seqlen, h_q, h_k, d)]
+            shape = f"b{b} {h_q}/{h_k} d{d}"
+            tb_s = x_bytes_tb(b16, ms_sdpa)
+            print(f"{shape:<22} {'bf16':<6} {'sdpa':<5} {ms_sdpa * 1e3:>9.1f} {tb_s:>6.2f} {tb_s / stream:>8.1%}")
+            tb_w = x_bytes_tb(b8, ms_widen)
+            print(f"{shape:<22} {'e4m3':<6} {'widen':<5} {ms_widen * 1e3:>9.1f} {tb_w:>6.2f} {tb_w / stream:>8.1%}")
+    print("# FlashInfer: not run (no wheel carried to the device in this run)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Compile key of the Hopper (sm_90a) decode kernel, its resource plan and ``can_implement``.
+
+No cutlass import: configs are validated before anything compiles (CI, ``decode()``).
+
+The Hopper kernel computes what the Thor kernel computes (NUMERICS.md section 5) with warp-level
+``mma.sync`` instead of tcgen05: Hopper's wgmma needs 64 query rows per warpgroup where decode has
+4-16, and decode is bound by the KV stream, not by the tensor cores. Every KV value enters the MMA as
+an exact 16-bit value (f16 on the e4m3-Q path: e4m3 Q, K, V and P = e4m3(p * 448) are all f16 values;
+bf16 on the bf16-Q path), and each 128-key tile's products are added to fp32 accumulators, so no
+contraction is longer than one tile (NUMERICS.md section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from mjolnir_numerics.cache import PAGE_SIZES
+from mjolnir_numerics.emulator import KERNEL_P_SCALE
+from mjolnir_numerics.formats import FORMATS
+from mjolnir_numerics.plan import TILE_KEYS
+
+from ..config import ConfigError
+
+# ---------------------------------------------------------------------------------------------
+# Tuning block
+# ---------------------------------------------------------------------------------------------
+THREADS = 128  # four warps: S by keys (32 per warp), P.V by head-dim slices (d / 4 per warp)
+WARPS = THREADS // 32
+Q_TILE = 16  # query rows per CTA: the M of mma.m16n8k16 (n_q > 16 tiles over gridDim.y)
+P_ROW_PAD = 8  # 16-bit elements of padding per P row in smem (ldmatrix rows on distinct banks)
+SMEM_PER_SM = 233472  # 228 KiB per SM on sm_90
+SMEM_PER_CTA_MAX = 232448  # 227 KiB opt-in per CTA
+SMEM_RESERVED_PER_CTA = 1024
+# KV tiles in the cp.async ring: 2 beat 3 on the H200 at d = 128 (more CTAs per SM) and tie at d = 256
+# (python -m benchmarks.bench_hopper_decode --stages 2,3)
+DEFAULT_STAGES = 2
+MAX_SPLITS_LIMIT = 64
+# ---------------------------------------------------------------------------------------------
+
+KV_FORMATS = tuple(FORMATS)  # e4m3 read directly; fp6 / fp4 / nvfp4 converted to e4m3 in shared memory
+Q_DTYPES = ("bf16", "e4m3")
+HEAD_DIMS = (128, 256)
+
+
+@dataclass(frozen=True)
+class HopperConfig:
+    """Compile key of the Hopper decode kernel.
+
+    Fields:
+      head_dim    d: 128 or 256
+      page_size   keys per page: 16, 32, 64 or 128 (paging is runtime addressing; the size shapes masks)
+      q_len       query tokens per sequence (>= 1)
+      kv_format   KV cache format (see ``KV_FORMATS``)
+      q_dtype     "bf16" (bf16 MMA, P = bf16(p)) or "e4m3" (f16 MMA on e4m3 values, P = e4m3(p * 448))
+      causal      q_len > 1: query qi sees keys 0 .. L - q_len + qi (False: all L keys)
+      max_splits  partial slots per sequence; 1 compiles the reduction out
+      stages      KV tiles in the shared-memory ring; 0 = DEFAULT_STAGES
+    """
+
+    head_dim: int = 128
+    page_size: int = 128
+    q_len: int = 1
+    kv_format: str = "e4m3"
+    q_dtype: str = "bf16"
+    causal: bool = True
+    max_splits: int = 16
+    stages: int = 0
+
+    def key(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def short_name(self) -> str:
+        """``sm90-bf16-e4m3-d128-ps128-q1c-s16-r3``."""
+        causal = "c" if self.causal else "n"
+        return (
+            f"sm90-{self.q_dtype}-{self.kv_format}-d{self.head_dim}-ps{self.page_size}-q{self.q_len}{causal}"
+            f"-s{self.max_splits}-r{self.ring_stages}"
+        )
+
+    # -- derived ------------------------------------------------------------------------------
+    @property
+    def fp8(self) -> bool:
+        return self.q_dtype == "e4m3"
+
+    @property
+    def q_tile(self) -> int:
+        return Q_TILE
+
+    @property
+    def p_scale(self) -> float:
+        return KERNEL_P_SCALE if self.fp8 else 1.0
+
+    @property
+    def ring_stages(self) -> int:
+        return self.stages or DEFAULT_STAGES
+
+    @property
+    def packed(self) -> bool:
+        """True for sub-byte formats: the ring holds packed codes, converted to e4m3 per tile."""
+        return self.kv_format != "e4m3"
+
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes of one 128-key tile of K (or V) as the MMA reads it (one e4m3 byte per element)."""
+        return TILE_KEYS * self.head_dim
+
+    @property
+    def packed_row_bytes(self) -> int:
+        """Bytes of one key row as stored (d * bits / 8)."""
+        return self.head_dim * FORMATS[self.kv_format].bits // 8
+
+    @property
+    def smem_bytes(self) -> int:
+        p = Q_TILE * (TILE_KEYS + P_ROW_PAD) * 2
+        stats = 2 * WARPS * Q_TILE * 4
+        if self.packed:  # packed ring + one converted K and V tile
+            ring = 2 * self.ring_stages * TILE_KEYS * self.packed_row_bytes + 2 * self.tile_bytes
+            if self.kv_format == "nvfp4":  # block-scale rows of each stage
+                ring += 2 * self.ring_stages * TILE_KEYS * (self.head_dim // 16)
+        else:
+            ring = 2 * self.ring_stages * self.tile_bytes
+        return ring + p + stats + 512
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """Co-resident CTAs the shared memory allows (the plan's occupancy)."""
+        return max(1, min(4, SMEM_PER_SM // (self.smem_bytes + SMEM_RESERVED_PER_CTA)))
+
+
+def can_implement_hopper(c: HopperConfig) -> None:
+    """Raise ConfigError naming every field the Hopper kernel cannot implement."""
+    if not isinstance(c, HopperConfig):
+        raise ConfigError(f"config: expected a HopperConfig, got {type(c).__name__}")
+    problems = []
+    if c.head_dim not in HEAD_DIMS:
+        problems.append(f"head_dim={c.head_dim!r} (allowed {HEAD_DIMS})")
+    if c.page_size not in PAGE_SIZES:
+        problems.append(f"page_size={c.page_size!r} (allowed {PAGE_SIZES})")
+    if isinstance(c.q_len, bool) or not isinstance(c.q_len, int) or c.q_len < 1:
+        problems.append(f"q_len={c.q_len!r} (an int >= 1)")
+    if c.kv_format not in FORMATS:
+        problems.append(f"kv_format={c.kv_format!r} (allowed {tuple(FORMATS)})")
+    if c.q_dtype not in Q_DTYPES:
+        problems.append(f"q_dtype={c.q_dtype!r} (allowed {Q_DTYPES})")
+    elif c.kv_format != "e4m3" and c.q_dtype != "e4m3":
+        problems.append(f"q_dtype={c.q_dtype!r} with kv_format={c.kv_format!r} (needs e4m3 Q)")
+    if not isinstance(c.max_splits, int) or not 1 <= c.max_splits <= MAX_SPLITS_LIMIT:
+        problems.append(f"max_splits={c.max_splits!r} (1 .. {MAX_SPLITS_LIMIT})")
+    if not isinstance(c.stages, int) or c.stages < 0 or c.stages == 1:
+        problems.append(f"stages={c.stages!r} (0 = default, or >= 2)")
+    elif not problems and c.smem_bytes > SMEM_PER_CTA_MAX:
+        problems.append(f"stages={c.stages!r}: {c.smem_bytes} B of shared memory > {SMEM_PER_CTA_MAX} B per CTA")
+    if problems:
+        raise ConfigError("HopperConfig cannot be implemented: " + "; ".join(problems))

@@ -1,0 +1,637 @@
+"""Paged decode attention for Hopper (sm_90a): device code only.
+
+One CTA of four warps per (work item, 16-row query tile, KV head); a work item (seq, tile_begin,
+tile_end, slot) of the split plan is a contiguous range of 128-key tiles that the CTA streams front
+to back through a ``stages``-deep cp.async ring (pages at or past the sequence end are zero-filled, not
+read). Per tile, all four warps:
+
+  1. S = Q.K^T for 32 keys each (warp w: keys 32w .. 32w + 31), mma.m16n8k16 with fp32 accumulate;
+     K's fp8 bytes come from shared memory by ``ldmatrix`` and are widened exactly in registers;
+  2. mask, per-warp row max -> smem -> the tile's row max, merged with the running max (raw S units);
+  3. p = ex2((S - m) * c), the row sums l = fma(corr, l, p) per key slot over the unrounded p, and
+     P (e4m3(p * 448) or bf16(p)) to shared memory;
+  4. O = O * corr + P.V for a d / 4 slice of the head dim each (warp w: d in [w d/4, (w+1) d/4)),
+     V's bytes by ``ldmatrix.trans`` regrouped into key pairs and widened exactly.
+
+Exactness of the MMA inputs: on the e4m3-Q path Q, K, V and P = e4m3(p * 448) are e4m3 values, all
+exactly f16, so the f16 MMA multiplies exactly what the fp8 MMA would; on the bf16-Q path K and V are
+widened to bf16 (exact). Each tile's products go into fp32 accumulators (no contraction longer than a
+tile). The head-dim order inside one MMA is a relabeling (the sum is order-free in the spec's model):
+``ldmatrix`` hands thread (g, c) K bytes d = 4c .. 4c + 3 of key g, which feed the MMA's k positions
+2c, 2c + 1, 2c + 8, 2c + 9; Q is loaded in the same order.
+
+Row sums follow the Thor kernel's order exactly: keys 32w .. 32w + 31 of a tile belong to warp w as
+they belong to TMEM lanes there, the per-key sums are combined with the same butterfly tree (key xor
+16, 8, 4, 2, 1) and the four warp sums are added left to right. The arithmetic is NUMERICS.md section 5
+stage by stage; ``mjolnir_numerics.emulate_decode`` models it.
+
+Tensors (element strides from ``mjolnir_kernel.host``): Q (b, h_k, n_q, d) packed rows with a free
+sequence stride; K/V logical (pages, PS, h_k, d) views of any layout with d contiguous; O like Q (bf16);
+LSE (b, h_k, n_q) fp32; partials o/m/l (splits, b, h_k, n_q[, d]) fp32.
+"""
+
+from types import SimpleNamespace
+from typing import Tuple
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils as utils
+
+from ..thor.reduction_kernel import LOG2_E, SplitReduction
+from mjolnir_numerics.formats import FORMATS
+
+from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
+from .ptx import (
+    cp_async_8,
+    cp_async_16,
+    e2m1x8_to_e4m3x8,
+    e4m3_byte_to_f16x2,
+    f16x2_pow2,
+    fp4x8_to_e4m3x8,
+    fp6x16_to_e4m3x16,
+    ld_shared_b32,
+    ld_shared_u8,
+    st_shared_v4_b32,
+    e4m3x4_to_pairs,
+    e4m3x4_to_pairs_transposed,
+    f32x2_to_bf16_pair,
+    f32x2_to_e4m3_pair,
+    ld_global_b32,
+    ld_global_v2_b32,
+    ldmatrix_x4,
+    mma_m16n8k16,
+    st_global_v2_b32,
+    st_global_v4_f32,
+    st_shared_b32,
+)
+
+CHUNK = 16  # bytes per cp.async / per ldmatrix row (16 e4m3 values)
+P_ROW_BYTES = (TILE_KEYS + P_ROW_PAD) * 2
+KEYS_PER_WARP = TILE_KEYS // WARPS  # 32: four n = 8 MMA blocks of S per warp
+PV_KSTEPS = TILE_KEYS // 16
+
+
+def _fmax(a, b):
+    return cute.arch.fmax(a, b, nan=True)
+
+
+class HopperDecodeKernel:
+    """The Hopper decode kernel for one ``HopperConfig``; ``__call__`` takes the Thor kernel's arguments
+    (see ``mjolnir_kernel.thor.decode_kernel.ThorDecodeKernel``)."""
+
+    def __init__(self, config: HopperConfig):
+        can_implement_hopper(config)
+        self.config = config
+        d = config.head_dim
+        self.d = d
+        self.chunks = d // CHUNK  # 16-byte chunks per key row
+        self.s_ksteps = d // 16  # k-steps of S = Q.K^T
+        self.d_warp = d // WARPS  # head-dim slice of one warp in P.V
+        self.pv_chunks = self.d_warp // CHUNK  # 16-wide head-dim chunks per warp (2 n-blocks each)
+        self.stages = config.ring_stages
+        self.pages_per_tile = max(1, TILE_KEYS // config.page_size)
+        self.fmt = FORMATS[config.kv_format]
+        self.ring_tile_bytes = TILE_KEYS * config.packed_row_bytes  # one K (or V) tile as stored
+        self.scale_tile_bytes = TILE_KEYS * (config.head_dim // 16)  # NVFP4 scales of one K (or V) tile
+        self.tile_bytes = config.tile_bytes
+        self.reduction = SplitReduction(config.max_splits, False) if config.max_splits > 1 else None
+
+    @cute.jit
+    def __call__(
+        self,
+        problem_shape: Tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32, cutlass.Int32],
+        max_blocks: cutlass.Int32,
+        num_pages: cutlass.Int32,
+        num_work: cutlass.Int32,
+        strides: Tuple[cutlass.Int32, ...],
+        q_ptr: cute.Pointer,
+        k_ptr: cute.Pointer,
+        v_ptr: cute.Pointer,
+        k_scales_ptr: cute.Pointer,
+        v_scales_ptr: cute.Pointer,
+        block_table_ptr: cute.Pointer,
+        seq_lens_ptr: cute.Pointer,
+        work_ptr: cute.Pointer,
+        n_splits_ptr: cute.Pointer,
+        q_descale_ptr: cute.Pointer,
+        k_descale_ptr: cute.Pointer,
+        v_descale_ptr: cute.Pointer,
+        o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        o_part_ptr: cute.Pointer,
+        m_part_ptr: cute.Pointer,
+        l_part_ptr: cute.Pointer,
+        scale_qs: cutlass.Float32,
+        scale_o: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        b, h_k, n_q, d = problem_shape
+        (q_seq, o_seq, k_page, k_row, k_head, v_page, v_row, v_head, qd_seq, qd_head, kd_seq, kd_head,
+         vd_seq, vd_head, ks_page, ks_row, ks_head, vs_page, vs_row, vs_head) = strides  # fmt: skip
+        splits = self.config.max_splits
+        hb = (h_k, b)
+        v = SimpleNamespace()
+        v.q = cute.make_tensor(q_ptr, cute.make_layout((1,)))
+        v.k = cute.make_tensor(k_ptr, cute.make_layout((1,)))
+        v.v = cute.make_tensor(v_ptr, cute.make_layout((1,)))
+        v.block_table = cute.make_tensor(block_table_ptr, cute.make_layout((b, max_blocks), stride=(max_blocks, 1)))
+        v.seq_lens = cute.make_tensor(seq_lens_ptr, cute.make_layout((b,)))
+        v.n_splits = cute.make_tensor(n_splits_ptr, cute.make_layout((b,)))
+        v.work = cute.make_tensor(work_ptr, cute.make_layout((num_work, 4), stride=(4, 1)))
+        v.q_descale = cute.make_tensor(q_descale_ptr, cute.make_layout((hb,), stride=((qd_head, qd_seq),)))
+        v.k_descale = cute.make_tensor(k_descale_ptr, cute.make_layout((hb,), stride=((kd_head, kd_seq),)))
+        v.v_descale = cute.make_tensor(v_descale_ptr, cute.make_layout((hb,), stride=((vd_head, vd_seq),)))
+        v.o = cute.make_tensor(o_ptr, cute.make_layout((1,)))
+        v.lse = cute.make_tensor(lse_ptr, cute.make_ordered_layout(shape=(n_q, hb), order=(0, (1, 2))))
+        v.o_part = cute.make_tensor(o_part_ptr, cute.make_layout((1,)))
+        v.m_part = cute.make_tensor(m_part_ptr, cute.make_ordered_layout(shape=(n_q, hb, splits), order=(0, (1, 2), 3)))
+        v.l_part = cute.make_tensor(l_part_ptr, cute.make_ordered_layout(shape=(n_q, hb, splits), order=(0, (1, 2), 3)))
+
+        v.k_scales = cute.make_tensor(k_scales_ptr, cute.make_layout((1,)))
+        v.v_scales = cute.make_tensor(v_scales_ptr, cute.make_layout((1,)))
+        self.kernel(
+            v.q, v.k, v.v, v.k_scales, v.v_scales, v.block_table, v.seq_lens, v.work, v.n_splits, v.q_descale,
+            v.k_descale, v.v_descale, v.o, v.lse, v.o_part, v.m_part, v.l_part, b, h_k, n_q, q_seq, o_seq, k_page,
+            k_row, k_head, v_page, v_row, v_head, ks_page, ks_row, ks_head, vs_page, vs_row, vs_head, scale_qs,
+            scale_qs * LOG2_E, scale_o,
+        ).launch(
+            grid=(num_work, cute.ceil_div(n_q, Q_TILE), h_k),
+            block=[THREADS, 1, 1],
+            stream=stream,
+        )  # fmt: skip
+
+        if cutlass.const_expr(self.reduction is not None):
+            self.reduction.launch(
+                o_ptr, lse_ptr, o_part_ptr, m_part_ptr, l_part_ptr, v.n_splits, b, h_k * n_q, d, strides[1],
+                scale_o, stream,
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mKS: cute.Tensor,
+        mVS: cute.Tensor,
+        mBT: cute.Tensor,
+        mSeqLens: cute.Tensor,
+        mWork: cute.Tensor,
+        mNSplits: cute.Tensor,
+        mQD: cute.Tensor,
+        mKD: cute.Tensor,
+        mVD: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mOp: cute.Tensor,
+        mMp: cute.Tensor,
+        mLp: cute.Tensor,
+        b: cutlass.Int32,
+        h_k: cutlass.Int32,
+        n_q: cutlass.Int32,
+        q_seq: cutlass.Int32,
+        o_seq: cutlass.Int32,
+        k_page: cutlass.Int32,
+        k_row: cutlass.Int32,
+        k_head: cutlass.Int32,
+        v_page: cutlass.Int32,
+        v_row: cutlass.Int32,
+        v_head: cutlass.Int32,
+        ks_page: cutlass.Int32,
+        ks_row: cutlass.Int32,
+        ks_head: cutlass.Int32,
+        vs_page: cutlass.Int32,
+        vs_row: cutlass.Int32,
+        vs_head: cutlass.Int32,
+        scale_qs: cutlass.Float32,
+        scale_qs_log2_e: cutlass.Float32,
+        scale_o: cutlass.Float32,
+    ):
+        cfg = self.config
+        f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
+        d = self.d
+        bf16_mma = not cfg.fp8
+
+        work_idx, q_tile_idx, head = cute.arch.block_idx()
+        tid, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(tid // 32)
+        lane = tid % 32
+        g = lane // 4
+        c = lane % 4
+
+        seq = mWork[work_idx, 0]
+        tile_begin = mWork[work_idx, 1]
+        tile_end = mWork[work_idx, 2]
+        slot = mWork[work_idx, 3]
+        n_iters = tile_end - tile_begin
+        if n_iters > 0:  # padding work items (CUDA-graph padded lists) exit at once
+            seq_len = mSeqLens[seq]
+            hb = head + h_k * seq  # linear index into the (h_k, b) mode
+            n_base = q_tile_idx * Q_TILE
+            h_r = n_q // cfg.q_len
+
+            smem = utils.SmemAllocator()
+            ring_bytes = self.stages * self.ring_tile_bytes
+            k_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
+            v_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
+            k_conv = k_ring  # the e4m3 tile the MMAs read (the ring stage itself for e4m3)
+            v_conv = v_ring
+            if cutlass.const_expr(cfg.packed):
+                k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
+                v_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
+            ks_ring = k_ring  # NVFP4 block scales of each ring stage: (keys, d / 16) bytes for K, then V
+            if cutlass.const_expr(cfg.kv_format == "nvfp4"):
+                ks_ring = smem.allocate_array(
+                    cutlass.Uint8, 2 * self.stages * self.scale_tile_bytes, byte_alignment=16
+                ).toint()
+            p_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * P_ROW_BYTES, byte_alignment=128).toint()
+            s_max = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(Q_TILE, 1)), 16)
+            s_sum = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(Q_TILE, 1)), 16)
+
+            k_base = mK.iterator.toint()
+            v_base = mV.iterator.toint()
+            head_k_off = i64(head) * i64(k_head) * self.fmt.bits // 8  # element strides -> bytes
+            head_v_off = i64(head) * i64(v_head) * self.fmt.bits // 8
+
+            # -- Q fragments (once): row g / g + 8 of this tile, head-dim order 4c .. 4c + 3 per k-step.
+            qf = cute.make_rmem_tensor((self.s_ksteps * 4,), i32)
+            q_row0 = i64(seq) * i64(q_seq) + (i64(head) * i64(n_q) + i64(n_base)) * i64(d)
+            q_bytes = 1 if cfg.fp8 else 2
+            q_base = mQ.iterator.toint()
+            for half in cutlass.range_constexpr(2):
+                row = g + 8 * half
+                valid_row = n_base + row < n_q
+                for s in cutlass.range_constexpr(self.s_ksteps):
+                    q_lo = i32(0)
+                    q_hi = i32(0)
+                    if valid_row:
+                        addr = q_base + (q_row0 + i64(row * d + s * 16 + 4 * c)) * q_bytes
+                        if cutlass.const_expr(cfg.fp8):
+                            q_lo, q_hi = e4m3x4_to_pairs(ld_global_b32(addr), bf16=False)
+                        else:
+                            q_lo, q_hi = ld_global_v2_b32(addr)
+                    qf[s * 4 + half] = q_lo
+                    qf[s * 4 + 2 + half] = q_hi
+
+            # -- descales folded as in the Thor kernel
+            qk_descale = mQD[hb] * mKD[hb]
+            exp_scale = scale_qs_log2_e * qk_descale
+            lse_scale = scale_qs * qk_descale
+            v_descale = mVD[hb]
+
+            # -- running state
+            m_prev = cute.make_rmem_tensor((2,), f32)
+            m_prev.fill(-f32.inf)
+            row_sum = cute.make_rmem_tensor((16,), f32)  # [j * 4 + i]: key 8j + 2c + (i & 1), row g + 8 (i >> 1)
+            row_sum.fill(f32(0))
+            o_acc = cute.make_rmem_tensor((self.pv_chunks * 2 * 4,), f32)
+            o_acc.fill(f32(0))
+
+            # NVFP4 scale tensors: base addresses and (page, row) strides, the head folded in
+            sc = SimpleNamespace(
+                k_base=mKS.iterator.toint() + i64(head) * i64(ks_head), k_page=ks_page, k_row=ks_row,
+                v_base=mVS.iterator.toint() + i64(head) * i64(vs_head), v_page=vs_page, v_row=vs_row,
+            )  # fmt: skip
+
+            # -- prologue: tiles 0 .. stages - 2 in flight; `pages` always holds the next tile to issue
+            pages = cute.make_rmem_tensor((self.pages_per_tile,), i32)
+            self._load_pages(pages, tile_begin, seq, seq_len, mBT)
+            for st in cutlass.range_constexpr(self.stages - 1):
+                if st < n_iters:
+                    self._load(k_ring, v_ring, st, tile_begin + st, pages, k_base, v_base, head_k_off, head_v_off,
+                               k_page, k_row, v_page, v_row, tid, ks_ring, sc)  # fmt: skip
+                cute.arch.cp_async_commit_group()
+                if st + 1 < n_iters:
+                    self._load_pages(pages, tile_begin + st + 1, seq, seq_len, mBT)
+
+            p_scale = f32(cfg.p_scale)
+            for it in cutlass.range(n_iters, unroll=1):
+                stage = it % self.stages
+                cute.arch.cp_async_wait_group(self.stages - 2)
+                # Tile `it` landed for every thread, and every warp is done with tile it - 1 (its ring
+                # stage, P, the row maxima): refill that stage with tile it + stages - 1.
+                cute.arch.sync_threads()
+                nxt = it + self.stages - 1
+                if nxt < n_iters:
+                    self._load(k_ring, v_ring, nxt % self.stages, tile_begin + nxt, pages, k_base, v_base, head_k_off,
+                               head_v_off, k_page, k_row, v_page, v_row, tid, ks_ring, sc)  # fmt: skip
+                cute.arch.cp_async_commit_group()
+                if nxt + 1 < n_iters:
+                    self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)  # latency hidden by tile it
+                k_stage = k_ring + stage * self.tile_bytes
+                v_stage = v_ring + stage * self.tile_bytes
+                if cutlass.const_expr(cfg.packed):
+                    k_scales = ks_ring + stage * 2 * self.scale_tile_bytes
+                    v_scales = k_scales + self.scale_tile_bytes
+                    self._convert_tile(k_ring + stage * self.ring_tile_bytes, k_conv, k_scales, tid)
+                    self._convert_tile(v_ring + stage * self.ring_tile_bytes, v_conv, v_scales, tid)
+                    k_stage = k_conv
+                    v_stage = v_conv
+                    cute.arch.sync_threads()  # the e4m3 tile is complete
+
+                # 1. S for keys 32 warp + 0..31 of the tile
+                sacc = cute.make_rmem_tensor((16,), f32)
+                sacc.fill(f32(0))
+                key_ld = warp * KEYS_PER_WARP + lane  # ldmatrix row address of this lane: matrix j = lane // 8
+                for s in cutlass.range_constexpr(self.s_ksteps):
+                    addr = k_stage + key_ld * d + ((s ^ (lane & 7)) * CHUNK)
+                    kr = ldmatrix_x4(addr)
+                    a = (qf[s * 4], qf[s * 4 + 1], qf[s * 4 + 2], qf[s * 4 + 3])
+                    for j in cutlass.range_constexpr(4):
+                        b0, b1 = e4m3x4_to_pairs(kr[j], bf16=bf16_mma)
+                        cc = (sacc[j * 4], sacc[j * 4 + 1], sacc[j * 4 + 2], sacc[j * 4 + 3])
+                        r = mma_m16n8k16(a, (b0, b1), cc, bf16=bf16_mma)
+                        for e in cutlass.range_constexpr(4):
+                            sacc[j * 4 + e] = r[e]
+
+                # 2. mask, row max of the tile (warp, then the four warps through smem)
+                key0 = (tile_begin + it) * TILE_KEYS + warp * KEYS_PER_WARP + 2 * c
+                for j in cutlass.range_constexpr(4):
+                    for e in cutlass.range_constexpr(4):
+                        key = key0 + 8 * j + (e & 1)
+                        masked = key >= seq_len
+                        if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
+                            qi = (n_base + g + 8 * (e >> 1)) // h_r
+                            masked = masked or key > seq_len - cfg.q_len + qi
+                        if masked:
+                            sacc[j * 4 + e] = -f32.inf
+                mx = cute.make_rmem_tensor((2,), f32)
+                for half in cutlass.range_constexpr(2):
+                    x = sacc[2 * half]
+                    x = _fmax(x, sacc[2 * half + 1])
+                    for j in cutlass.range_constexpr(1, 4):
+                        x = _fmax(x, sacc[j * 4 + 2 * half])
+                        x = _fmax(x, sacc[j * 4 + 2 * half + 1])
+                    for off in (1, 2):
+                        x = _fmax(x, cute.arch.shuffle_sync_bfly(x, offset=off, mask=0xFFFFFFFF))
+                    mx[half] = x
+                if c == 0:
+                    s_max[warp, g] = mx[0]
+                    s_max[warp, g + 8] = mx[1]
+                cute.arch.sync_threads()
+
+                # 3. running max, p, corr, row sums, P to smem
+                m_use = cute.make_rmem_tensor((2,), f32)
+                corr = cute.make_rmem_tensor((2,), f32)
+                for half in cutlass.range_constexpr(2):
+                    row = g + 8 * half
+                    m_new = _fmax(m_prev[half], s_max[0, row])
+                    m_new = _fmax(m_new, s_max[1, row])
+                    m_new = _fmax(m_new, s_max[2, row])
+                    m_new = _fmax(m_new, s_max[3, row])
+                    ref = m_new
+                    if m_new == -f32.inf:
+                        ref = f32(0.0)
+                    m_use[half] = ref
+                    corr[half] = cute.math.exp2((m_prev[half] - ref) * exp_scale, fastmath=True)
+                    m_prev[half] = m_new
+                for j in cutlass.range_constexpr(4):
+                    for e in cutlass.range_constexpr(4):
+                        p = cute.math.exp2((sacc[j * 4 + e] - m_use[e >> 1]) * exp_scale, fastmath=True)
+                        sacc[j * 4 + e] = p
+                        row_sum[j * 4 + e] = cute.math.fma(corr[e >> 1], row_sum[j * 4 + e], p)
+                    for half in cutlass.range_constexpr(2):
+                        p_lo = sacc[j * 4 + 2 * half]
+                        p_hi = sacc[j * 4 + 2 * half + 1]
+                        if cutlass.const_expr(cfg.fp8):
+                            pp = f32x2_to_e4m3_pair(p_lo * p_scale, p_hi * p_scale)
+                        else:
+                            pp = f32x2_to_bf16_pair(p_lo, p_hi)
+                        prow = g + 8 * half
+                        pcol = warp * KEYS_PER_WARP + 8 * j + 2 * c
+                        st_shared_b32(p_buf + prow * P_ROW_BYTES + pcol * 2, pp)
+                for i in cutlass.range_constexpr(cute.size(o_acc)):
+                    o_acc[i] = o_acc[i] * corr[(i % 4) >> 1]
+                cute.arch.sync_threads()
+
+                # 4. O += P.V on this warp's head-dim slice
+                p_row = (lane % 8) + 8 * ((lane // 8) % 2)
+                p_col = 8 * (lane // 16)
+                v_key = (lane % 8) + 8 * ((lane // 8) % 2)
+                for ks in cutlass.range_constexpr(PV_KSTEPS):
+                    pa = ldmatrix_x4(p_buf + p_row * P_ROW_BYTES + (ks * 16 + p_col) * 2)
+                    key = ks * 16 + v_key
+                    for hp in cutlass.range_constexpr(self.pv_chunks // 2):
+                        chunk = warp * self.pv_chunks + 2 * hp + lane // 16
+                        vr = ldmatrix_x4(v_stage + key * d + ((chunk ^ (key & 7)) * CHUNK), trans=True)
+                        for cc_i in cutlass.range_constexpr(2):
+                            ev0, od0 = e4m3x4_to_pairs_transposed(vr[2 * cc_i], bf16=bf16_mma)
+                            ev1, od1 = e4m3x4_to_pairs_transposed(vr[2 * cc_i + 1], bf16=bf16_mma)
+                            nb = 2 * (2 * hp + cc_i)
+                            for par in cutlass.range_constexpr(2):
+                                bb = (ev0, ev1) if par == 0 else (od0, od1)
+                                base = (nb + par) * 4
+                                cc = (o_acc[base], o_acc[base + 1], o_acc[base + 2], o_acc[base + 3])
+                                r = mma_m16n8k16(pa, bb, cc, bf16=bf16_mma)
+                                for e in cutlass.range_constexpr(4):
+                                    o_acc[base + e] = r[e]
+
+            cute.arch.cp_async_wait_group(0)
+            self._epilogue(
+                row_sum, m_prev, o_acc, s_sum, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b, h_k, n_q,
+                n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def _load(self, k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page, k_row,
+              v_page, v_row, tid, ks_ring, sc):  # fmt: skip
+        if cutlass.const_expr(self.config.packed):
+            self._load_packed(k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page,
+                              k_row, v_page, v_row, tid, ks_ring, sc)  # fmt: skip
+        else:
+            self._load_tile(k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page, k_row,
+                            v_page, v_row, tid)  # fmt: skip
+
+    @cute.jit
+    def _page_of(self, pages, slot_in_tile):
+        """pages[slot_in_tile] for a runtime index, by selects (no local-memory indexing)."""
+        page = pages[0]
+        for p in cutlass.range_constexpr(1, self.pages_per_tile):
+            if slot_in_tile == p:
+                page = pages[p]
+        return page
+
+    @cute.jit
+    def _load_packed(self, k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page, k_row,
+                     v_page, v_row, tid, ks_ring, sc):  # fmt: skip
+        """cp.async one tile of packed rows (d * bits / 8 bytes per key, unswizzled) into ring stage
+        ``stage``, and for NVFP4 the tile's block-scale rows (d / 16 bytes per key); pages marked -1 are
+        zero-filled (code 0 and scale 0: value 0)."""
+        i64 = cutlass.Int64
+        ps = self.config.page_size
+        row_bytes = self.config.packed_row_bytes
+        cpk = row_bytes // CHUNK  # 16-byte chunks per packed key row
+        k_dst = k_ring + stage * self.ring_tile_bytes
+        v_dst = v_ring + stage * self.ring_tile_bytes
+        # The host passes strides in elements (codes); the packed rows are addressed in bytes.
+        bits = self.fmt.bits
+        k_page_b, k_row_b = i64(k_page) * bits // 8, i64(k_row) * bits // 8
+        v_page_b, v_row_b = i64(v_page) * bits // 8, i64(v_row) * bits // 8
+        for i in cutlass.range_constexpr(cpk):
+            idx = tid + i * THREADS
+            key = idx // cpk
+            chunk = idx % cpk
+            page = self._page_of(pages, key // ps)
+            nbytes = cutlass.Int32(CHUNK)
+            if page < 0:
+                nbytes = cutlass.Int32(0)
+                page = cutlass.Int32(0)
+            row = i64((tile * TILE_KEYS + key) % ps)
+            k_src = k_base + i64(page) * k_page_b + row * k_row_b + head_k_off + i64(chunk * CHUNK)
+            v_src = v_base + i64(page) * v_page_b + row * v_row_b + head_v_off + i64(chunk * CHUNK)
+            cp_async_16(k_dst + idx * CHUNK, k_src, nbytes)
+            cp_async_16(v_dst + idx * CHUNK, v_src, nbytes)
+        if cutlass.const_expr(self.config.kv_format == "nvfp4"):
+            key = tid  # one key row of scales per thread, K and V
+            page = self._page_of(pages, key // ps)
+            nbytes = cutlass.Int32(8)
+            if page < 0:
+                nbytes = cutlass.Int32(0)
+                page = cutlass.Int32(0)
+            row = i64((tile * TILE_KEYS + key) % ps)
+            groups = self.d // 16
+            dst = ks_ring + stage * 2 * self.scale_tile_bytes + key * groups
+            k_src = sc.k_base + i64(page) * i64(sc.k_page) + row * i64(sc.k_row)
+            v_src = sc.v_base + i64(page) * i64(sc.v_page) + row * i64(sc.v_row)
+            for h in cutlass.range_constexpr(groups // 8):
+                cp_async_8(dst + 8 * h, k_src + 8 * h, nbytes)
+                cp_async_8(dst + self.scale_tile_bytes + 8 * h, v_src + 8 * h, nbytes)
+
+    @cute.jit
+    def _convert_tile(self, packed, conv, scales, tid):
+        """Packed codes of one tile -> e4m3 bytes in the swizzled layout the MMAs read: thread t converts
+        the 16-element groups t + 128 i (key = group // (d / 16)) with exact f16 arithmetic (ptx.py):
+        fp6 / fp4 values are e4m3 values; NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block
+        scales of this ring stage (``scales``: (keys, d / 16) bytes)."""
+        cfg = self.config
+        fmt = cfg.kv_format
+        bits = self.fmt.bits
+        groups = self.d // CHUNK  # 16-element groups per key = output chunks per key
+        group_bytes = CHUNK * bits // 8  # 12 (fp6) or 8 (fp4)
+        for i in cutlass.range_constexpr(groups):
+            idx = tid + i * THREADS
+            key = idx // groups
+            grp = idx % groups
+            src = packed + key * cfg.packed_row_bytes + grp * group_bytes
+            w0 = ld_shared_b32(src)
+            w1 = ld_shared_b32(src + 4)
+            if cutlass.const_expr(bits == 6):
+                w2 = ld_shared_b32(src + 8)
+                o0, o1, o2, o3 = fp6x16_to_e4m3x16(w0, w1, w2, e3m2=fmt == "e3m2")
+            elif cutlass.const_expr(fmt == "nvfp4"):
+                sc = e4m3_byte_to_f16x2(ld_shared_u8(scales + idx))  # scale byte of (key, grp) = idx
+                o0, o1 = fp4x8_to_e4m3x8(w0, cutlass.Int32(f16x2_pow2(11)), sc)
+                o2, o3 = fp4x8_to_e4m3x8(w1, cutlass.Int32(f16x2_pow2(11)), sc)
+            else:
+                o0, o1 = e2m1x8_to_e4m3x8(w0)
+                o2, o3 = e2m1x8_to_e4m3x8(w1)
+            st_shared_v4_b32(conv + key * self.d + ((grp ^ (key & 7)) * CHUNK), o0, o1, o2, o3)
+
+    @cute.jit
+    def _load_pages(self, pages, tile, seq, seq_len, mBT):
+        """Block-table entries of the pages of ``tile`` (128 / PS of them); -1 for pages at or past the
+        sequence end (their rows are zero-filled, and the block table is not read there)."""
+        ps = self.config.page_size
+        for p in cutlass.range_constexpr(self.pages_per_tile):
+            slot = tile * self.pages_per_tile + p
+            page = cutlass.Int32(-1)
+            if slot * ps < seq_len:
+                page = mBT[seq, slot]
+            pages[p] = page
+
+    @cute.jit
+    def _load_tile(self, k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page, k_row,
+                   v_page, v_row, tid):  # fmt: skip
+        """cp.async one 128-key tile of K and V into ring stage ``stage``: thread t copies 16-byte chunk
+        t % chunks of keys t // chunks + i * (128 / chunks). A chunk lands at (key, chunk ^ (key & 7))
+        (the XOR swizzle that puts ldmatrix's eight rows on distinct banks). Pages marked -1 (at or past
+        the sequence end) are zero-filled without reading the pool."""
+        i64 = cutlass.Int64
+        ps = self.config.page_size
+        chunks = self.chunks
+        keys_per_pass = THREADS // chunks  # <= 16 <= PS: a pass's keys never straddle a page
+        chunk = tid % chunks
+        k_dst = k_ring + stage * self.tile_bytes
+        v_dst = v_ring + stage * self.tile_bytes
+        for i in cutlass.range_constexpr(TILE_KEYS // keys_per_pass):
+            key = tid // chunks + i * keys_per_pass
+            page = pages[(i * keys_per_pass) // ps]
+            nbytes = cutlass.Int32(CHUNK)
+            if page < 0:
+                nbytes = cutlass.Int32(0)
+                page = cutlass.Int32(0)
+            row = i64((tile * TILE_KEYS + key) % ps)
+            k_src = k_base + i64(page) * i64(k_page) + row * i64(k_row) + head_k_off + i64(chunk * CHUNK)
+            v_src = v_base + i64(page) * i64(v_page) + row * i64(v_row) + head_v_off + i64(chunk * CHUNK)
+            off = key * self.d + ((chunk ^ (key & 7)) * CHUNK)
+            cp_async_16(k_dst + off, k_src, nbytes)
+            cp_async_16(v_dst + off, v_src, nbytes)
+
+    @cute.jit
+    def _epilogue(self, row_sum, m_prev, o_acc, s_sum, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b, h_k,
+                  n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c):  # fmt: skip
+        """Row sums in the Thor kernel's order (butterfly over the warp's 32 keys: key xor 16, 8, 4, 2, 1;
+        then w0 + w1 + w2 + w3), then O and LSE (unsplit) or the fp32 partials (split)."""
+        cfg = self.config
+        f32, i64 = cutlass.Float32, cutlass.Int64
+        single = cfg.max_splits == 1
+        for half in cutlass.range_constexpr(2):
+            tot = cute.make_rmem_tensor((2,), f32)
+            for e in cutlass.range_constexpr(2):
+                i = 2 * half + e
+                a0 = row_sum[0 * 4 + i] + row_sum[2 * 4 + i]  # key xor 16
+                a1 = row_sum[1 * 4 + i] + row_sum[3 * 4 + i]
+                x = a0 + a1  # key xor 8
+                x = x + cute.arch.shuffle_sync_bfly(x, offset=2, mask=0xFFFFFFFF)  # key xor 4
+                x = x + cute.arch.shuffle_sync_bfly(x, offset=1, mask=0xFFFFFFFF)  # key xor 2
+                tot[e] = x
+            w_sum = tot[0] + tot[1]  # key xor 1
+            if c == 0:
+                s_sum[warp, g + 8 * half] = w_sum
+        cute.arch.sync_threads()
+
+        inv_p_scale = f32(1.0 / cfg.p_scale)
+        out_scale = scale_o * v_descale * inv_p_scale
+        part_scale = v_descale * inv_p_scale
+        n_splits = 1
+        if cutlass.const_expr(not single):
+            n_splits = mNSplits[seq]
+        o_base = mO.iterator.toint()
+        op_base = mOp.iterator.toint()
+        d = self.d
+        for half in cutlass.range_constexpr(2):
+            row = g + 8 * half
+            n = n_base + row
+            if n < n_q:
+                l_total = s_sum[0, row] + s_sum[1, row] + s_sum[2, row] + s_sum[3, row]
+                m_out = m_prev[half] * lse_scale
+                if warp == 0 and c == 0:
+                    if n_splits == 1:
+                        mLSE[n, hb] = m_out + cute.math.log(l_total, fastmath=False)
+                    else:
+                        mMp[n, hb, slot] = m_out
+                        mLp[n, hb, slot] = l_total
+                # + 1e-30: an empty row has l = 0 and O = 0 and writes 0; otherwise l >= 1 absorbs it.
+                norm = out_scale / (l_total + f32(1e-30))
+                row_off = i64(seq) * i64(o_seq) + (i64(head) * i64(n_q) + i64(n)) * i64(d)
+                for ch in cutlass.range_constexpr(self.pv_chunks):
+                    even = (2 * ch) * 4 + 2 * half
+                    odd = (2 * ch + 1) * 4 + 2 * half
+                    # d = 16 chunk + 4c + (0: even c0, 1: odd c0, 2: even c1, 3: odd c1)
+                    vals = (o_acc[even], o_acc[odd], o_acc[even + 1], o_acc[odd + 1])
+                    dd = (warp * self.pv_chunks + ch) * CHUNK + 4 * c
+                    if n_splits == 1:
+                        o_lo = f32x2_to_bf16_pair(vals[0] * norm, vals[1] * norm)
+                        o_hi = f32x2_to_bf16_pair(vals[2] * norm, vals[3] * norm)
+                        st_global_v2_b32(o_base + (row_off + i64(dd)) * 2, o_lo, o_hi)
+                    else:
+                        # partials (splits, b, h_k, n_q, d) fp32, contiguous
+                        p_off = (((i64(slot) * i64(b) + i64(seq)) * i64(h_k) + i64(head)) * i64(n_q) + i64(n)) * i64(d)
+                        st_global_v4_f32(
+                            op_base + (p_off + i64(dd)) * 4,
+                            vals[0] * part_scale, vals[1] * part_scale, vals[2] * part_scale, vals[3] * part_scale,
+                        )  # fmt: skip

@@ -1,0 +1,396 @@
+"""Inline-PTX building blocks of the Hopper decode kernel (warp-level MMA, ldmatrix, cp.async, conversions).
+
+Each wrapper takes and returns cutlass ``Int32`` / ``Float32`` values; registers that hold packed pairs
+are ``Int32`` bit patterns (``f16x2``, ``bf16x2``, four fp8 bytes). Instructions that touch memory are
+emitted with side effects so the compiler keeps them in program order relative to barriers.
+"""
+
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+_ATT = llvm.AsmDialect.AD_ATT
+
+
+def _asm(result_type, operands, text, constraints, side_effects=False):
+    return llvm.inline_asm(
+        result_type, operands, text, constraints, has_side_effects=side_effects, is_align_stack=False, asm_dialect=_ATT
+    )
+
+
+def _struct(n, elem):
+    return llvm.StructType.get_literal([elem] * n)
+
+
+def _unpack(res, n, elem, wrap):
+    return tuple(wrap(llvm.extractvalue(elem, res, [i])) for i in range(n))
+
+
+def _i32(x, loc=None, ip=None):
+    return Int32(x).ir_value(loc=loc, ip=ip)
+
+
+def _f32(x, loc=None, ip=None):
+    return Float32(x).ir_value(loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ldmatrix_x4(smem_addr, *, trans: bool = False, loc=None, ip=None):
+    """``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16``: lane ``8 i + r`` gives the address of row r
+    of matrix i; returns the four 32-bit registers (one per matrix)."""
+    t = ".trans" if trans else ""
+    res = _asm(
+        _struct(4, T.i32()),
+        [_i32(smem_addr, loc, ip)],
+        f"ldmatrix.sync.aligned.m8n8.x4{t}.shared.b16 {{$0, $1, $2, $3}}, [$4];",
+        "=r,=r,=r,=r,r",
+        side_effects=True,
+    )
+    return _unpack(res, 4, T.i32(), Int32)
+
+
+@dsl_user_op
+def mma_m16n8k16(a, b, c, *, bf16: bool, loc=None, ip=None):
+    """``mma.sync.aligned.m16n8k16.row.col.f32.{f16|bf16}``: D = A (16x16) . B (16x8) + C, fp32 accumulate.
+    a: 4 Int32 (packed pairs), b: 2 Int32, c: 4 Float32; returns 4 Float32."""
+    ty = "bf16" if bf16 else "f16"
+    res = _asm(
+        _struct(4, T.f32()),
+        [_i32(x, loc, ip) for x in a] + [_i32(x, loc, ip) for x in b] + [_f32(x, loc, ip) for x in c],
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+    )
+    return _unpack(res, 4, T.f32(), Float32)
+
+
+@dsl_user_op
+def cp_async_16(smem_addr, gmem_addr, src_bytes, *, loc=None, ip=None):
+    """``cp.async.cg.shared.global`` of 16 bytes; ``src_bytes`` 0 zero-fills the destination (nothing is read)."""
+    _asm(
+        None,
+        [_i32(smem_addr, loc, ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(src_bytes, loc, ip)],
+        "cp.async.cg.shared.global [$0], [$1], 16, $2;",
+        "r,l,r",
+        side_effects=True,
+    )
+
+
+@dsl_user_op
+def cp_async_8(smem_addr, gmem_addr, src_bytes, *, loc=None, ip=None):
+    """``cp.async.ca.shared.global`` of 8 bytes (zero-fill when ``src_bytes`` is 0)."""
+    _asm(
+        None,
+        [_i32(smem_addr, loc, ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(src_bytes, loc, ip)],
+        "cp.async.ca.shared.global [$0], [$1], 8, $2;",
+        "r,l,r",
+        side_effects=True,
+    )
+
+
+@dsl_user_op
+def ld_global_b32(gmem_addr, *, loc=None, ip=None):
+    """A 4-byte read-only global load."""
+    return Int32(_asm(T.i32(), [Int64(gmem_addr).ir_value(loc=loc, ip=ip)], "ld.global.nc.b32 $0, [$1];", "=r,l", True))
+
+
+@dsl_user_op
+def ld_global_v2_b32(gmem_addr, *, loc=None, ip=None):
+    """An 8-byte read-only global load (8-byte aligned)."""
+    res = _asm(
+        _struct(2, T.i32()),
+        [Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
+        "ld.global.nc.v2.b32 {$0, $1}, [$2];",
+        "=r,=r,l",
+        side_effects=True,
+    )
+    return _unpack(res, 2, T.i32(), Int32)
+
+
+@dsl_user_op
+def st_shared_b32(smem_addr, value, *, loc=None, ip=None):
+    _asm(None, [_i32(smem_addr, loc, ip), _i32(value, loc, ip)], "st.shared.b32 [$0], $1;", "r,r", side_effects=True)
+
+
+@dsl_user_op
+def st_global_v2_b32(gmem_addr, v0, v1, *, loc=None, ip=None):
+    _asm(
+        None,
+        [Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(v0, loc, ip), _i32(v1, loc, ip)],
+        "st.global.v2.b32 [$0], {$1, $2};",
+        "l,r,r",
+        side_effects=True,
+    )
+
+
+@dsl_user_op
+def st_global_v4_f32(gmem_addr, v0, v1, v2, v3, *, loc=None, ip=None):
+    _asm(
+        None,
+        [Int64(gmem_addr).ir_value(loc=loc, ip=ip)] + [_f32(x, loc, ip) for x in (v0, v1, v2, v3)],
+        "st.global.v4.f32 [$0], {$1, $2, $3, $4};",
+        "l,f,f,f,f",
+        side_effects=True,
+    )
+
+
+# -- conversions (exact unless stated) ------------------------------------------------------------
+
+_E4M3X2_TO_BF16X2 = (
+    "cvt.rn.f16x2.e4m3x2 h, {src};\n\t"
+    "mov.b32 {{h0, h1}}, h;\n\t"
+    "cvt.f32.f16 f0, h0;\n\t"
+    "cvt.f32.f16 f1, h1;\n\t"
+    "cvt.rn.bf16x2.f32 {dst}, f1, f0;\n\t"
+)
+
+
+def _e4m3x2_to(dst, src, bf16):
+    if bf16:
+        return _E4M3X2_TO_BF16X2.format(dst=dst, src=src)
+    return f"cvt.rn.f16x2.e4m3x2 {dst}, {src};\n\t"
+
+
+_DECLS = ".reg .b16 lo, hi, h0, h1;\n\t.reg .b32 h, pr;\n\t.reg .f32 f0, f1;\n\t"
+
+
+@dsl_user_op
+def e4m3x4_to_pairs(x, *, bf16: bool, loc=None, ip=None):
+    """Four e4m3 bytes (b0 lowest) -> ((b0, b1), (b2, b3)) as f16x2 or bf16x2 (exact: every e4m3 value is
+    an f16 and a bf16 value)."""
+    text = "{\n\t" + _DECLS + "mov.b32 {lo, hi}, $2;\n\t" + _e4m3x2_to("$0", "lo", bf16) + _e4m3x2_to("$1", "hi", bf16)
+    res = _asm(_struct(2, T.i32()), [_i32(x, loc, ip)], text + "}", "=r,=r,r")
+    return _unpack(res, 2, T.i32(), Int32)
+
+
+@dsl_user_op
+def e4m3x4_to_pairs_transposed(x, *, bf16: bool, loc=None, ip=None):
+    """Four e4m3 bytes (b0 lowest) -> ((b0, b2), (b1, b3)) as f16x2 or bf16x2: a ``ldmatrix.trans`` register
+    of byte pairs regrouped into pairs along the transposed axis."""
+    text = (
+        "{\n\t" + _DECLS + "prmt.b32 pr, $2, $2, 0x3120;\n\t" + "mov.b32 {lo, hi}, pr;\n\t"
+        + _e4m3x2_to("$0", "lo", bf16) + _e4m3x2_to("$1", "hi", bf16)
+    )  # fmt: skip
+    res = _asm(_struct(2, T.i32()), [_i32(x, loc, ip)], text + "}", "=r,=r,r")
+    return _unpack(res, 2, T.i32(), Int32)
+
+
+@dsl_user_op
+def e4m3x2_to_pair(x, *, bf16: bool, loc=None, ip=None):
+    """Two e4m3 bytes in the low 16 bits of x -> f16x2 or bf16x2."""
+    text = "{\n\t" + _DECLS + "mov.b32 {lo, hi}, $1;\n\t" + _e4m3x2_to("$0", "lo", bf16) + "}"
+    return Int32(_asm(T.i32(), [_i32(x, loc, ip)], text, "=r,r"))
+
+
+@dsl_user_op
+def f32x2_to_e4m3_pair(lo, hi, *, loc=None, ip=None):
+    """(lo, hi) fp32 -> e4m3 with cvt.rn.satfinite (the spec's P rounding), returned widened to f16x2."""
+    text = "{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.e4m3x2.f32 t, $2, $1;\n\tcvt.rn.f16x2.e4m3x2 $0, t;\n\t}"
+    return Int32(_asm(T.i32(), [_f32(lo, loc, ip), _f32(hi, loc, ip)], text, "=r,f,f"))
+
+
+@dsl_user_op
+def f32x2_to_bf16_pair(lo, hi, *, loc=None, ip=None):
+    """(lo, hi) fp32 -> bf16x2, round to nearest even."""
+    return Int32(_asm(T.i32(), [_f32(lo, loc, ip), _f32(hi, loc, ip)], "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f"))
+
+
+@dsl_user_op
+def f32_to_e4m3_byte(x, *, loc=None, ip=None):
+    """fp32 -> one e4m3 byte (cvt.rn.satfinite) in the low 8 bits of an Int32."""
+    text = (
+        "{\n\t.reg .b16 t;\n\t.reg .f32 z;\n\tmov.f32 z, 0f00000000;\n\t"
+        "cvt.rn.satfinite.e4m3x2.f32 t, z, $1;\n\tcvt.u32.u16 $0, t;\n\tand.b32 $0, $0, 255;\n\t}"
+    )
+    return Int32(_asm(T.i32(), [_f32(x, loc, ip)], text, "=r,f"))
+
+
+@dsl_user_op
+def ld_shared_b32(smem_addr, *, loc=None, ip=None):
+    return Int32(_asm(T.i32(), [_i32(smem_addr, loc, ip)], "ld.shared.b32 $0, [$1];", "=r,r", True))
+
+
+@dsl_user_op
+def ld_shared_u8(smem_addr, *, loc=None, ip=None):
+    return Int32(_asm(T.i32(), [_i32(smem_addr, loc, ip)], "ld.shared.u8 $0, [$1];", "=r,r", True))
+
+
+@dsl_user_op
+def ld_shared_f32(smem_addr, *, loc=None, ip=None):
+    return Float32(_asm(T.f32(), [_i32(smem_addr, loc, ip)], "ld.shared.f32 $0, [$1];", "=f,r", True))
+
+
+@dsl_user_op
+def st_shared_u8(smem_addr, value, *, loc=None, ip=None):
+    _asm(None, [_i32(smem_addr, loc, ip), _i32(value, loc, ip)], "st.shared.u8 [$0], $1;", "r,r", side_effects=True)
+
+
+@dsl_user_op
+def st_shared_f32(smem_addr, value, *, loc=None, ip=None):
+    _asm(None, [_i32(smem_addr, loc, ip), _f32(value, loc, ip)], "st.shared.f32 [$0], $1;", "r,f", side_effects=True)
+
+
+@dsl_user_op
+def st_shared_v4_b32(smem_addr, v0, v1, v2, v3, *, loc=None, ip=None):
+    _asm(
+        None,
+        [_i32(smem_addr, loc, ip)] + [_i32(x, loc, ip) for x in (v0, v1, v2, v3)],
+        "st.shared.v4.b32 [$0], {$1, $2, $3, $4};",
+        "r,r,r,r,r",
+        side_effects=True,
+    )
+
+
+@dsl_user_op
+def ld_global_u8(gmem_addr, *, loc=None, ip=None):
+    """One byte from global memory (read-only path), zero-extended."""
+    return Int32(_asm(T.i32(), [Int64(gmem_addr).ir_value(loc=loc, ip=ip)], "ld.global.nc.u8 $0, [$1];", "=r,l", True))
+
+
+@dsl_user_op
+def e4m3_byte_to_f32(x, *, loc=None, ip=None):
+    """The e4m3 value of the low byte of x as fp32 (exact)."""
+    text = (
+        "{\n\t.reg .b16 lo, hi, h0, h1;\n\t.reg .b32 h;\n\t"
+        "mov.b32 {lo, hi}, $1;\n\tcvt.rn.f16x2.e4m3x2 h, lo;\n\tmov.b32 {h0, h1}, h;\n\t"
+        "cvt.f32.f16 $0, h0;\n\t}"
+    )
+    return Float32(_asm(T.f32(), [_i32(x & 0xFF, loc, ip)], text, "=f,r"))
+
+
+# -- sub-byte codes -> e4m3 bytes (exact) ---------------------------------------------------------
+# A code's sign and magnitude bits are moved into f16 position (sign -> bit 15, exponent field into the
+# low exponent bits, mantissa into the top mantissa bits); that f16 is the code's value times 2^-k
+# (k = 15 - bias: 14 for e2m1 / e2m3, 12 for e3m2, subnormals included), so one exact f16 multiply by
+# 2^k gives the value and cvt.rn.satfinite.e4m3x2.f16x2 stores it (every fp6 / fp4 value is an e4m3
+# value). NVFP4 multiplies by 2^(k - 3) and then by the block scale instead: code * scale * 2^-3 is exact
+# in f16 (at most 6 significant bits, 2^-13 .. 336), so the e4m3 conversion rounds the exact product.
+F16X2_ONE = 0x3C003C00
+_F16X2_POW2 = {11: 0x68006800, 12: 0x6C006C00, 14: 0x74007400}
+
+
+def f16x2_pow2(k: int) -> int:
+    """The f16x2 register value (2^k, 2^k) for the exponents used here."""
+    return _F16X2_POW2[k]
+
+
+def _to_e4m3_pair(dst16, x, sign_shl, mag_shl, mag_mask, mul, mul2):
+    """PTX: x holds two codes at bits 0.. and 16..; -> two e4m3 bytes in the 16-bit dst16."""
+    both = mag_mask | (mag_mask << 16)
+    return (
+        f"shl.b32 t0, {x}, {sign_shl};\n\t"
+        f"shl.b32 t1, {x}, {mag_shl};\n\t"
+        "and.b32 t0, t0, 0x80008000;\n\t"
+        f"and.b32 t1, t1, {both:#x};\n\t"
+        "or.b32 t0, t0, t1;\n\t"
+        f"mul.rn.f16x2 t0, t0, {mul};\n\t"
+        + (f"mul.rn.f16x2 t0, t0, {mul2};\n\t" if mul2 else "")
+        + f"cvt.rn.satfinite.e4m3x2.f16x2 {dst16}, t0;\n\t"
+    )
+
+
+@dsl_user_op
+def fp4x8_to_e4m3x8(w, mul, mul2=None, *, loc=None, ip=None):
+    """Eight e2m1 codes (code i in bits 4i .. 4i + 3) -> two words of e4m3 bytes (codes 0-3, 4-7).
+    ``mul``: f16x2 2^14 (e2m1) or 2^11 (NVFP4, then ``mul2`` = the block scale as f16x2)."""
+    ops = [_i32(w, loc, ip), _i32(mul, loc, ip)] + ([_i32(mul2, loc, ip)] if mul2 is not None else [])
+    m2 = "$4" if mul2 is not None else None
+    text = "{\n\t.reg .b32 x<4>, t0, t1, q1, q2;\n\t.reg .b16 e<4>;\n\t"
+    text += "and.b32 x0, $2, 0x000F000F;\n\t"
+    for i in (1, 2, 3):
+        text += f"shr.b32 x{i}, $2, {4 * i};\n\tand.b32 x{i}, x{i}, 0x000F000F;\n\t"
+    for i in range(4):  # pair (code i, code i + 4): sign bit 3 -> 15, magnitude bits 0-2 -> 9-11
+        text += _to_e4m3_pair(f"e{i}", f"x{i}", 12, 9, 0x0E00, "$3", m2)
+    text += "mov.b32 q1, {e0, e1};\n\tmov.b32 q2, {e2, e3};\n\t"  # [c0 c4 c1 c5], [c2 c6 c3 c7]
+    text += "prmt.b32 $0, q1, q2, 0x6420;\n\tprmt.b32 $1, q1, q2, 0x7531;\n\t}"
+    cons = "=r,=r,r,r" + (",r" if mul2 is not None else "")
+    res = _asm(_struct(2, T.i32()), ops, text, cons)
+    return _unpack(res, 2, T.i32(), Int32)
+
+
+@dsl_user_op
+def fp6x16_to_e4m3x16(w0, w1, w2, *, e3m2: bool, loc=None, ip=None):
+    """Sixteen fp6 codes (a little-endian bitstream: code i at bits 6i .. 6i + 5 of the 12 bytes
+    w0 | w1 | w2) -> four words of e4m3 bytes (codes 4k .. 4k + 3 in word k)."""
+    sign_shl, mag_shl, mag_mask, k = (10, 8, 0x1F00, 12) if e3m2 else (10, 7, 0x0F80, 14)
+    text = "{\n\t.reg .b32 v<4>, x, y, t0, t1, q, mul;\n\t.reg .b16 ea, eb;\n\t"
+    text += f"mov.b32 mul, {_F16X2_POW2[k]:#x};\n\t"
+    text += "mov.b32 v0, $4;\n\tprmt.b32 v1, $4, $5, 0x0543;\n\tprmt.b32 v2, $5, $6, 0x0432;\n\tshr.b32 v3, $6, 8;\n\t"
+    for g in range(4):  # 3 bytes = codes c0 (bits 0-5), c1 (6-11), c2 (12-17), c3 (18-23)
+        text += (
+            f"and.b32 x, v{g}, 0x3F;\n\tshl.b32 t0, v{g}, 4;\n\tand.b32 t0, t0, 0x3F0000;\n\tor.b32 x, x, t0;\n\t"
+            f"shr.b32 y, v{g}, 6;\n\tand.b32 y, y, 0x3F;\n\tshr.b32 t0, v{g}, 2;\n\tand.b32 t0, t0, 0x3F0000;\n\t"
+            "or.b32 y, y, t0;\n\t"
+        )
+        text += _to_e4m3_pair("ea", "x", sign_shl, mag_shl, mag_mask, "mul", None)  # (c0, c2)
+        text += _to_e4m3_pair("eb", "y", sign_shl, mag_shl, mag_mask, "mul", None)  # (c1, c3)
+        text += f"mov.b32 q, {{ea, eb}};\n\tprmt.b32 ${g}, q, q, 0x3120;\n\t"  # [c0 c2 c1 c3] -> [c0 c1 c2 c3]
+    text += "}"
+    res = _asm(_struct(4, T.i32()), [_i32(x, loc, ip) for x in (w0, w1, w2)], text, "=r,=r,=r,=r,r,r,r")
+    return _unpack(res, 4, T.i32(), Int32)
+
+
+@dsl_user_op
+def e4m3_byte_to_f16x2(x, *, loc=None, ip=None):
+    """The e4m3 value of the low byte of x, in both halves of an f16x2 register (exact)."""
+    text = "{\n\t.reg .b32 t;\n\t.reg .b16 lo, hi;\n\tprmt.b32 t, $1, $1, 0x0000;\n\tmov.b32 {lo, hi}, t;\n\t"
+    text += "cvt.rn.f16x2.e4m3x2 $0, lo;\n\t}"
+    return Int32(_asm(T.i32(), [_i32(x, loc, ip)], text, "=r,r"))
+
+
+E2M1_E4M3_LUT = (0x3C383000, 0x4C484440)  # e4m3 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6
+
+
+@dsl_user_op
+def e2m1x8_to_e4m3x8(w, *, loc=None, ip=None):
+    """Eight e2m1 codes (code i in bits 4i .. 4i + 3) -> two words of e4m3 bytes by byte permutes: the
+    magnitudes index an 8-byte table (prmt), the signs come from prmt's sign-replicate mode (w << 4 puts
+    the even codes' sign bits at byte msbs, w itself the odd codes')."""
+    lo, hi = E2M1_E4M3_LUT
+    text = (
+        "{\n\t.reg .b32 w4, sel, mag, sgn, l0, l1;\n\t"
+        f"mov.b32 l0, {lo:#x};\n\tmov.b32 l1, {hi:#x};\n\t"
+        "shl.b32 w4, $2, 4;\n\t"
+        "and.b32 sel, $2, 0x7777;\n\tprmt.b32 mag, l0, l1, sel;\n\t"
+        "prmt.b32 sgn, w4, $2, 0xD9C8;\n\tand.b32 sgn, sgn, 0x80808080;\n\tor.b32 $0, mag, sgn;\n\t"
+        "shr.b32 sel, $2, 16;\n\tand.b32 sel, sel, 0x7777;\n\tprmt.b32 mag, l0, l1, sel;\n\t"
+        "prmt.b32 sgn, w4, $2, 0xFBEA;\n\tand.b32 sgn, sgn, 0x80808080;\n\tor.b32 $1, mag, sgn;\n\t}"
+    )
+    res = _asm(_struct(2, T.i32()), [_i32(w, loc, ip)], text, "=r,=r,r")
+    return _unpack(res, 2, T.i32(), Int32)
+
+
+__all__ = [
+    "ldmatrix_x4",
+    "mma_m16n8k16",
+    "cp_async_16",
+    "cp_async_8",
+    "ld_global_b32",
+    "ld_global_v2_b32",
+    "st_shared_b32",
+    "st_global_v2_b32",
+    "st_global_v4_f32",
+    "e4m3x4_to_pairs",
+    "e4m3x4_to_pairs_transposed",
+    "e4m3x2_to_pair",
+    "f32x2_to_e4m3_pair",
+    "f32x2_to_bf16_pair",
+    "f32_to_e4m3_byte",
+    "ld_shared_b32",
+    "ld_shared_u8",
+    "ld_shared_f32",
+    "st_shared_u8",
+    "st_shared_f32",
+    "st_shared_v4_b32",
+    "ld_global_u8",
+    "e4m3_byte_to_f32",
+    "F16X2_ONE",
+    "f16x2_pow2",
+    "fp4x8_to_e4m3x8",
+    "e2m1x8_to_e4m3x8",
+    "E2M1_E4M3_LUT",
+    "fp6x16_to_e4m3x16",
+    "e4m3_byte_to_f16x2",
+    "ir",
+]

@@ -1,0 +1,141 @@
+"""The Hopper (sm_90a) kernel against the spec (mjolnir_numerics.emulate_decode): the shared named cases
+and the Thor conformance file's kernel cases, run on a compute capability 9.0 GPU (the lent H200);
+skips with the reason elsewhere. Tolerances: mjolnir_kernel.conformance (named, derived there)."""
+
+import math
+from dataclasses import fields, replace
+
+import pytest
+import torch
+
+from mjolnir_kernel.arch import hopper_device_reason
+from mjolnir_kernel.compile import cutlass_available
+from mjolnir_kernel.conformance import KERNEL_CASES, compare_outputs, p_flip_atol
+from mjolnir_kernel.hopper.config import KV_FORMATS, Q_TILE
+from mjolnir_numerics.cases import CASES, DecodeCase
+from mjolnir_numerics.plan import plan_split_kv
+
+_REASON = cutlass_available() or hopper_device_reason()
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_REASON is not None, reason=f"Hopper conformance needs an sm_90 GPU: {_REASON}"),
+]
+
+HOPPER_CASES = tuple(c for c in CASES + KERNEL_CASES if c.fmt in KV_FORMATS) + (
+    DecodeCase("hopper_d256_bf16_24_4", (700, 129), q_dtype="bf16", heads_q=24, heads_k=4, head_dim=256),
+    DecodeCase("hopper_32_8_d128_ps64", (1500, 3), heads_q=32, heads_k=8, page_size=64, layout="hnd"),
+    DecodeCase("hopper_n_q_above_tile", (300, 290), q_len=3, heads_q=48, heads_k=4, notes="n_q 36: three q tiles"),
+    DecodeCase("hopper_q_len2_noncausal_bf16", (140, 5), q_len=2, causal=False, q_dtype="bf16"),
+)
+
+
+def _plan(case: DecodeCase):
+    rows = case.q_len * (case.heads_q // case.heads_k)
+    return plan_split_kv(
+        list(case.seq_lens), case.heads_k, n_q_tiles=max(1, math.ceil(rows / Q_TILE)), sm_count=132,
+        force_splits=case.force_splits,
+    )  # fmt: skip
+
+
+def _run_both(case: DecodeCase, **kernel_options):
+    from mjolnir_kernel import decode
+    from mjolnir_numerics.emulator import emulate_decode
+
+    inputs = case.build("cuda")
+    kw = inputs.emulator_kwargs()
+    if kw["plan"] is None:  # pin one plan (16-row query tiles, 132 SMs) for both sides
+        kw["plan"] = _plan(case)
+    o, lse = decode(inputs.q, inputs.cache, **kw, **kernel_options)
+    o_ref, lse_ref = emulate_decode(inputs.q, inputs.cache, **kw)
+    return inputs, kw, (o, lse), (o_ref, lse_ref)
+
+
+def _flip_atol(inputs, case: DecodeCase) -> float:
+    """The P-flip bound of mjolnir_kernel.conformance for this case's V values and descales."""
+    cache = inputs.cache
+    ps = cache.page_size
+    lens = cache.seq_lens.tolist()
+    used = [cache.block_table[i, : -(-L // ps)] for i, L in enumerate(lens) if L > 0]
+    v_abs = float(cache.page_values("v", torch.cat(used)).abs().max()) if used else 0.0
+    return p_flip_atol(v_abs, float(cache.v_descale.max()), 1.0, case.q_dtype)
+
+
+@pytest.mark.parametrize("case", HOPPER_CASES, ids=lambda c: c.name)
+def test_hopper_matches_spec(case):
+    inputs, _, (o, lse), (o_ref, lse_ref) = _run_both(case)
+    assert not torch.isnan(o.float()).any(), f"{case.name}: NaN in O (stray read of a poisoned page?)"
+    report = compare_outputs(o.cpu(), lse.cpu(), o_ref.cpu(), lse_ref.cpu(), o_flip_atol=_flip_atol(inputs, case))
+    print(f"CONFORMANCE {case.name}: {report.summary()}")
+    assert report.ok, f"{case.name}: {report.summary()}"
+
+
+def test_hopper_empty_sequences_give_zero_and_minus_inf():
+    case = next(c for c in KERNEL_CASES if c.name == "seq_len_0_padding")
+    _, _, (o, lse), _ = _run_both(case)
+    empty = [i for i, L in enumerate(case.seq_lens) if L == 0]
+    o4 = o.view(len(case.seq_lens), case.q_len, case.heads_q, case.head_dim)
+    assert (o4[empty] == 0).all()
+    assert torch.isneginf(lse[empty]).all()
+
+
+def test_hopper_padded_work_list_is_bit_identical():
+    from mjolnir_kernel import decode
+
+    case = next(c for c in CASES if c.name == "varlen")
+    inputs = case.build("cuda")
+    kw = inputs.emulator_kwargs()
+    kw.pop("plan")
+    plan = _plan(case)
+    padded = plan_split_kv(list(case.seq_lens), case.heads_k, sm_count=132, pad_to=plan.num_work + 37)
+    o1, l1 = decode(inputs.q, inputs.cache, plan=plan, **kw)
+    o2, l2 = decode(inputs.q, inputs.cache, plan=padded, **kw)
+    assert padded.num_work == plan.num_work + 37
+    assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(l1, l2)
+
+
+def test_hopper_permuted_page_assignment_is_bit_identical():
+    """Moving every page elsewhere in the pool (and the block table with it) changes no bit."""
+    from mjolnir_kernel import decode
+
+    case = next(c for c in CASES if c.name == "varlen")
+    inputs = case.build("cuda")
+    cache = inputs.cache
+    perm = torch.randperm(cache.num_pages, generator=torch.Generator().manual_seed(7)).to(cache.device)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    moved = {}
+    for f in fields(cache):
+        t = getattr(cache, f.name)
+        if f.name in ("k_pool", "v_pool", "k_scales", "v_scales") and t is not None:
+            buf = torch.empty_like(t.contiguous())
+            buf[inv] = t
+            moved[f.name] = buf
+    moved["block_table"] = inv[cache.block_table.long()].to(torch.int32)
+    permuted = replace(cache, **moved)
+    kw = inputs.emulator_kwargs()
+    kw["plan"] = _plan(case)
+    o1, l1 = decode(inputs.q, cache, **kw)
+    o2, l2 = decode(inputs.q, permuted, **kw)
+    assert not torch.equal(permuted.block_table, cache.block_table)
+    assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(l1, l2)
+
+
+def test_hopper_q_and_o_inside_wider_rows():
+    from mjolnir_kernel import decode
+
+    case = next(c for c in CASES if c.name == "bf16_q")
+    inputs = case.build("cuda")
+    rows, h_q, d = inputs.q.shape
+    width = (h_q + 2 * case.heads_k) * d
+    qbuf = torch.zeros(rows, width, dtype=inputs.q.dtype, device="cuda")
+    qv = qbuf[:, : h_q * d].view(rows, h_q, d)
+    qv.copy_(inputs.q)
+    obuf = torch.full((rows, width), float("nan"), dtype=torch.bfloat16, device="cuda")
+    ov = obuf[:, : h_q * d].view(rows, h_q, d)
+    kw = inputs.emulator_kwargs()
+    kw["plan"] = _plan(case)
+    o_ref, _ = decode(inputs.q, inputs.cache, **kw)
+    o, _ = decode(qv, inputs.cache, out=ov, **kw)
+    assert o.data_ptr() == ov.data_ptr()
+    assert torch.equal(ov.view(torch.int16), o_ref.view(torch.int16))
+    assert torch.isnan(obuf[:, h_q * d :].float()).all(), "wrote outside O's columns"
