@@ -77,16 +77,22 @@ def random_codes(shape, fmt: str, gen: torch.Generator) -> torch.Tensor:
     return raw
 
 
-def build_pools(b, L, h_k, d, fmt, page_size, gen):
-    """Paged pools (nhd), a shuffled block table, seq_lens, descales (and NVFP4 scales)."""
+def build_pools(b, L, h_k, d, fmt, page_size, gen, layout="nhd"):
+    """Paged pools, a shuffled block table, seq_lens, descales (and NVFP4 scales). ``layout`` "nhd":
+    (pages, PS, h_k, row) storage; "hnd": (pages, h_k, PS, row) storage (a head's page is contiguous),
+    both passed as the logical (pages, PS, h_k, row) view the kernel takes."""
     from mjolnir_numerics.formats import get_format
 
     bits = get_format(fmt).bits
     pages_per_seq = math.ceil(L / page_size)
     num_pages = b * pages_per_seq
     row = d * bits // 8
-    k_pool = random_codes((num_pages, page_size, h_k, row), fmt, gen)
-    v_pool = random_codes((num_pages, page_size, h_k, row), fmt, gen)
+    if layout == "hnd":
+        k_pool = random_codes((num_pages, h_k, page_size, row), fmt, gen).transpose(1, 2)
+        v_pool = random_codes((num_pages, h_k, page_size, row), fmt, gen).transpose(1, 2)
+    else:
+        k_pool = random_codes((num_pages, page_size, h_k, row), fmt, gen)
+        v_pool = random_codes((num_pages, page_size, h_k, row), fmt, gen)
     perm = torch.randperm(num_pages, generator=gen, device="cuda").to(torch.int32)
     block_table = perm.view(b, pages_per_seq).contiguous()
     seq_lens = torch.full((b,), L, dtype=torch.int32, device="cuda")
@@ -103,11 +109,11 @@ def build_pools(b, L, h_k, d, fmt, page_size, gen):
     return k_pool, v_pool, block_table, seq_lens, k_descale, v_descale, scales, nbytes
 
 
-def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0):
+def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd"):
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
-    k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(b, L, h_k, d, fmt, page_size, gen)
+    k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(b, L, h_k, d, fmt, page_size, gen, layout)
     q = torch.randn(b, h_q, d, generator=gen, device="cuda").to(torch.bfloat16)
     q_descale = None
     if q_dtype == "e4m3":
@@ -166,6 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--formats", default="e4m3,e3m2,e2m3,e2m1,nvfp4")
     ap.add_argument("--page-size", type=int, default=64)
+    ap.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="KV pool storage order")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--stages", default="0", help="comma-separated KV ring depths to compare (0 = default)")
     ap.add_argument("--eager", action="store_true", help="time Python launches instead of CUDA-graph replays")
@@ -188,7 +195,7 @@ def main(argv=None) -> int:
     timing = "CUDA-graph replays" if GRAPHS else "eager launches"
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; L = {args.seqlen}, page size"
-        f" {args.page_size}; median of {args.iters} {timing}"
+        f" {args.page_size}, {args.layout} pools; median of {args.iters} {timing}"
     )
     print(f"# read-only stream (torch.sum over 4 GiB int64): {stream:.2f} TB/s")
     if skipped:
@@ -206,7 +213,7 @@ def main(argv=None) -> int:
                         try:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8) = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
-                                sdpa_cache, stages,
+                                sdpa_cache, stages, args.layout,
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_dtype:<5} not run: {e}")

@@ -24,7 +24,7 @@ from ..config import ConfigError
 # ---------------------------------------------------------------------------------------------
 # Tuning block
 # ---------------------------------------------------------------------------------------------
-THREADS = 128  # four warps: S by keys (32 per warp), P.V by head-dim slices (d / 4 per warp)
+THREADS = 256  # eight warps: S by keys (16 per warp), P.V by head-dim slices (d / 8 per warp)
 WARPS = THREADS // 32
 Q_TILE = 16  # query rows per CTA: the M of mma.m16n8k16 (n_q > 16 tiles over gridDim.y)
 P_ROW_PAD = 8  # 16-bit elements of padding per P row in smem (ldmatrix rows on distinct banks)
@@ -35,6 +35,7 @@ SMEM_RESERVED_PER_CTA = 1024
 # (python -m benchmarks.bench_hopper_decode --stages 2,3)
 DEFAULT_STAGES = 2
 MAX_SPLITS_LIMIT = 64
+MAX_CTAS_PER_SM = 2  # register budget: 2 CTAs of 256 threads at <= 128 registers (d = 128 needs ~125)
 # ---------------------------------------------------------------------------------------------
 
 KV_FORMATS = tuple(FORMATS)  # e4m3 read directly; fp6 / fp4 / nvfp4 converted to e4m3 in shared memory
@@ -123,8 +124,9 @@ class HopperConfig:
 
     @property
     def ctas_per_sm(self) -> int:
-        """Co-resident CTAs the shared memory allows (the plan's occupancy)."""
-        return max(1, min(4, SMEM_PER_SM // (self.smem_bytes + SMEM_RESERVED_PER_CTA)))
+        """Co-resident CTAs (the plan's occupancy and the launch's min_blocks_per_mp): what shared memory
+        allows, at most MAX_CTAS_PER_SM (which caps registers at 65536 / (256 * 2) = 128 per thread)."""
+        return max(1, min(MAX_CTAS_PER_SM, SMEM_PER_SM // (self.smem_bytes + SMEM_RESERVED_PER_CTA)))
 
 
 def can_implement_hopper(c: HopperConfig) -> None:

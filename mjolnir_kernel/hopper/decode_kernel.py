@@ -1,16 +1,16 @@
 """Paged decode attention for Hopper (sm_90a): device code only.
 
-One CTA of four warps per (work item, 16-row query tile, KV head); a work item (seq, tile_begin,
+One CTA of eight warps per (work item, 16-row query tile, KV head); a work item (seq, tile_begin,
 tile_end, slot) of the split plan is a contiguous range of 128-key tiles that the CTA streams front
 to back through a ``stages``-deep cp.async ring (pages at or past the sequence end are zero-filled, not
-read). Per tile, all four warps:
+read). Per tile, all eight warps:
 
-  1. S = Q.K^T for 32 keys each (warp w: keys 32w .. 32w + 31), mma.m16n8k16 with fp32 accumulate;
+  1. S = Q.K^T for 16 keys each (warp w: keys 16w .. 16w + 15), mma.m16n8k16 with fp32 accumulate;
      K's fp8 bytes come from shared memory by ``ldmatrix`` and are widened exactly in registers;
   2. mask, per-warp row max -> smem -> the tile's row max, merged with the running max (raw S units);
   3. p = ex2((S - m) * c), the row sums l = fma(corr, l, p) per key slot over the unrounded p, and
      P (e4m3(p * 448) or bf16(p)) to shared memory;
-  4. O = O * corr + P.V for a d / 4 slice of the head dim each (warp w: d in [w d/4, (w+1) d/4)),
+  4. O = O * corr + P.V for a d / 8 slice of the head dim each (warp w: d in [w d/8, (w+1) d/8)),
      V's bytes by ``ldmatrix.trans`` regrouped into key pairs and widened exactly.
 
 Exactness of the MMA inputs: on the e4m3-Q path Q, K, V and P = e4m3(p * 448) are e4m3 values, all
@@ -20,9 +20,9 @@ tile). The head-dim order inside one MMA is a relabeling (the sum is order-free 
 ``ldmatrix`` hands thread (g, c) K bytes d = 4c .. 4c + 3 of key g, which feed the MMA's k positions
 2c, 2c + 1, 2c + 8, 2c + 9; Q is loaded in the same order.
 
-Row sums follow the Thor kernel's order exactly: keys 32w .. 32w + 31 of a tile belong to warp w as
-they belong to TMEM lanes there, the per-key sums are combined with the same butterfly tree (key xor
-16, 8, 4, 2, 1) and the four warp sums are added left to right. The arithmetic is NUMERICS.md section 5
+Row sums follow the Thor kernel's order exactly: one running sum per key slot of the tile (a TMEM lane
+there), combined at the end with the same butterfly tree over each 32 keys (key xor 16, 8, 4, 2, 1)
+and the four 32-key sums added left to right. The arithmetic is NUMERICS.md section 5
 stage by stage; ``mjolnir_numerics.emulate_decode`` models it.
 
 Tensors (element strides from ``mjolnir_kernel.host``): Q (b, h_k, n_q, d) packed rows with a free
@@ -39,9 +39,9 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
 
-from ..thor.reduction_kernel import LOG2_E, SplitReduction
 from mjolnir_numerics.formats import FORMATS
 
+from ..thor.reduction_kernel import LOG2_E, SplitReduction
 from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
 from .ptx import (
     cp_async_8,
@@ -65,11 +65,14 @@ from .ptx import (
     st_global_v2_b32,
     st_global_v4_f32,
     st_shared_b32,
+    ld_shared_f32,
+    st_shared_f32,
 )
 
 CHUNK = 16  # bytes per cp.async / per ldmatrix row (16 e4m3 values)
 P_ROW_BYTES = (TILE_KEYS + P_ROW_PAD) * 2
-KEYS_PER_WARP = TILE_KEYS // WARPS  # 32: four n = 8 MMA blocks of S per warp
+KEYS_PER_WARP = TILE_KEYS // WARPS  # 16: two n = 8 MMA blocks of S per warp
+NB_S = KEYS_PER_WARP // 8
 PV_KSTEPS = TILE_KEYS // 16
 
 
@@ -160,6 +163,7 @@ class HopperDecodeKernel:
             grid=(num_work, cute.ceil_div(n_q, Q_TILE), h_k),
             block=[THREADS, 1, 1],
             stream=stream,
+            min_blocks_per_mp=self.config.ctas_per_sm,  # the plan counts on this many CTAs per SM
         )  # fmt: skip
 
         if cutlass.const_expr(self.reduction is not None):
@@ -285,7 +289,7 @@ class HopperDecodeKernel:
             # -- running state
             m_prev = cute.make_rmem_tensor((2,), f32)
             m_prev.fill(-f32.inf)
-            row_sum = cute.make_rmem_tensor((16,), f32)  # [j * 4 + i]: key 8j + 2c + (i & 1), row g + 8 (i >> 1)
+            row_sum = cute.make_rmem_tensor((4 * NB_S,), f32)  # [j*4+i]: key 8j + 2c + (i & 1), row g + 8 (i >> 1)
             row_sum.fill(f32(0))
             o_acc = cute.make_rmem_tensor((self.pv_chunks * 2 * 4,), f32)
             o_acc.fill(f32(0))
@@ -332,24 +336,26 @@ class HopperDecodeKernel:
                     v_stage = v_conv
                     cute.arch.sync_threads()  # the e4m3 tile is complete
 
-                # 1. S for keys 32 warp + 0..31 of the tile
-                sacc = cute.make_rmem_tensor((16,), f32)
+                # 1. S for keys 16 warp + 0..15 of the tile (two n = 8 blocks; one ldmatrix per two k-steps)
+                sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
                 sacc.fill(f32(0))
-                key_ld = warp * KEYS_PER_WARP + lane  # ldmatrix row address of this lane: matrix j = lane // 8
-                for s in cutlass.range_constexpr(self.s_ksteps):
-                    addr = k_stage + key_ld * d + ((s ^ (lane & 7)) * CHUNK)
-                    kr = ldmatrix_x4(addr)
-                    a = (qf[s * 4], qf[s * 4 + 1], qf[s * 4 + 2], qf[s * 4 + 3])
-                    for j in cutlass.range_constexpr(4):
-                        b0, b1 = e4m3x4_to_pairs(kr[j], bf16=bf16_mma)
-                        cc = (sacc[j * 4], sacc[j * 4 + 1], sacc[j * 4 + 2], sacc[j * 4 + 3])
-                        r = mma_m16n8k16(a, (b0, b1), cc, bf16=bf16_mma)
-                        for e in cutlass.range_constexpr(4):
-                            sacc[j * 4 + e] = r[e]
+                key_ld = warp * KEYS_PER_WARP + (lane % 8) + 8 * ((lane // 8) % 2)
+                for s2 in cutlass.range_constexpr(self.s_ksteps // 2):
+                    chunk = 2 * s2 + lane // 16
+                    kr = ldmatrix_x4(k_stage + key_ld * d + ((chunk ^ (lane & 7)) * CHUNK))
+                    for ss in cutlass.range_constexpr(2):
+                        s = 2 * s2 + ss
+                        a = (qf[s * 4], qf[s * 4 + 1], qf[s * 4 + 2], qf[s * 4 + 3])
+                        for j in cutlass.range_constexpr(NB_S):
+                            b0, b1 = e4m3x4_to_pairs(kr[2 * ss + j], bf16=bf16_mma)
+                            cc = (sacc[j * 4], sacc[j * 4 + 1], sacc[j * 4 + 2], sacc[j * 4 + 3])
+                            r = mma_m16n8k16(a, (b0, b1), cc, bf16=bf16_mma)
+                            for e in cutlass.range_constexpr(4):
+                                sacc[j * 4 + e] = r[e]
 
-                # 2. mask, row max of the tile (warp, then the four warps through smem)
+                # 2. mask, row max of the tile (warp, then the warps through smem)
                 key0 = (tile_begin + it) * TILE_KEYS + warp * KEYS_PER_WARP + 2 * c
-                for j in cutlass.range_constexpr(4):
+                for j in cutlass.range_constexpr(NB_S):
                     for e in cutlass.range_constexpr(4):
                         key = key0 + 8 * j + (e & 1)
                         masked = key >= seq_len
@@ -362,7 +368,7 @@ class HopperDecodeKernel:
                 for half in cutlass.range_constexpr(2):
                     x = sacc[2 * half]
                     x = _fmax(x, sacc[2 * half + 1])
-                    for j in cutlass.range_constexpr(1, 4):
+                    for j in cutlass.range_constexpr(1, NB_S):
                         x = _fmax(x, sacc[j * 4 + 2 * half])
                         x = _fmax(x, sacc[j * 4 + 2 * half + 1])
                     for off in (1, 2):
@@ -378,17 +384,16 @@ class HopperDecodeKernel:
                 corr = cute.make_rmem_tensor((2,), f32)
                 for half in cutlass.range_constexpr(2):
                     row = g + 8 * half
-                    m_new = _fmax(m_prev[half], s_max[0, row])
-                    m_new = _fmax(m_new, s_max[1, row])
-                    m_new = _fmax(m_new, s_max[2, row])
-                    m_new = _fmax(m_new, s_max[3, row])
+                    m_new = m_prev[half]
+                    for w in cutlass.range_constexpr(WARPS):  # max is exact: any order
+                        m_new = _fmax(m_new, s_max[w, row])
                     ref = m_new
                     if m_new == -f32.inf:
                         ref = f32(0.0)
                     m_use[half] = ref
                     corr[half] = cute.math.exp2((m_prev[half] - ref) * exp_scale, fastmath=True)
                     m_prev[half] = m_new
-                for j in cutlass.range_constexpr(4):
+                for j in cutlass.range_constexpr(NB_S):
                     for e in cutlass.range_constexpr(4):
                         p = cute.math.exp2((sacc[j * 4 + e] - m_use[e >> 1]) * exp_scale, fastmath=True)
                         sacc[j * 4 + e] = p
@@ -407,35 +412,48 @@ class HopperDecodeKernel:
                     o_acc[i] = o_acc[i] * corr[(i % 4) >> 1]
                 cute.arch.sync_threads()
 
-                # 4. O += P.V on this warp's head-dim slice
+                # 4. O += P.V on this warp's head-dim slice (d / 8: one or two 16-wide chunks)
                 p_row = (lane % 8) + 8 * ((lane // 8) % 2)
                 p_col = 8 * (lane // 16)
-                v_key = (lane % 8) + 8 * ((lane // 8) % 2)
-                for ks in cutlass.range_constexpr(PV_KSTEPS):
-                    pa = ldmatrix_x4(p_buf + p_row * P_ROW_BYTES + (ks * 16 + p_col) * 2)
-                    key = ks * 16 + v_key
-                    for hp in cutlass.range_constexpr(self.pv_chunks // 2):
-                        chunk = warp * self.pv_chunks + 2 * hp + lane // 16
+                if cutlass.const_expr(self.pv_chunks == 2):
+                    v_key = (lane % 8) + 8 * ((lane // 8) % 2)
+                    chunk = warp * 2 + lane // 16
+                    for ks in cutlass.range_constexpr(PV_KSTEPS):
+                        pa = ldmatrix_x4(p_buf + p_row * P_ROW_BYTES + (ks * 16 + p_col) * 2)
+                        key = ks * 16 + v_key
                         vr = ldmatrix_x4(v_stage + key * d + ((chunk ^ (key & 7)) * CHUNK), trans=True)
-                        for cc_i in cutlass.range_constexpr(2):
-                            ev0, od0 = e4m3x4_to_pairs_transposed(vr[2 * cc_i], bf16=bf16_mma)
-                            ev1, od1 = e4m3x4_to_pairs_transposed(vr[2 * cc_i + 1], bf16=bf16_mma)
-                            nb = 2 * (2 * hp + cc_i)
-                            for par in cutlass.range_constexpr(2):
-                                bb = (ev0, ev1) if par == 0 else (od0, od1)
-                                base = (nb + par) * 4
-                                cc = (o_acc[base], o_acc[base + 1], o_acc[base + 2], o_acc[base + 3])
-                                r = mma_m16n8k16(pa, bb, cc, bf16=bf16_mma)
-                                for e in cutlass.range_constexpr(4):
-                                    o_acc[base + e] = r[e]
+                        for cc_i in cutlass.range_constexpr(2):  # matrices (keys 0-7 | 8-15) of chunk cc_i
+                            self._pv_chunk(o_acc, 2 * cc_i, pa, vr[2 * cc_i], vr[2 * cc_i + 1], bf16_mma)
+                else:
+                    for ks2 in cutlass.range_constexpr(PV_KSTEPS // 2):
+                        key = ks2 * 32 + lane  # matrices: keys +0-7, +8-15 (k-step 2 ks2), +16-23, +24-31
+                        vr = ldmatrix_x4(v_stage + key * d + ((warp ^ (key & 7)) * CHUNK), trans=True)
+                        for sub in cutlass.range_constexpr(2):
+                            ks = 2 * ks2 + sub
+                            pa = ldmatrix_x4(p_buf + p_row * P_ROW_BYTES + (ks * 16 + p_col) * 2)
+                            self._pv_chunk(o_acc, 0, pa, vr[2 * sub], vr[2 * sub + 1], bf16_mma)
 
             cute.arch.cp_async_wait_group(0)
             self._epilogue(
-                row_sum, m_prev, o_acc, s_sum, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b, h_k, n_q,
-                n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
+                row_sum, m_prev, o_acc, s_sum, k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b,
+                h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
             )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def _pv_chunk(self, o_acc, nb, pa, v_lo, v_hi, bf16_mma):
+        """O n-blocks nb (even head-dim columns of a 16-wide chunk) and nb + 1 (odd ones) += P.V for one
+        k-step; v_lo / v_hi: ldmatrix.trans registers of keys 0-7 / 8-15 of the k-step."""
+        ev0, od0 = e4m3x4_to_pairs_transposed(v_lo, bf16=bf16_mma)
+        ev1, od1 = e4m3x4_to_pairs_transposed(v_hi, bf16=bf16_mma)
+        for par in cutlass.range_constexpr(2):
+            bb = (ev0, ev1) if par == 0 else (od0, od1)
+            base = (nb + par) * 4
+            cc = (o_acc[base], o_acc[base + 1], o_acc[base + 2], o_acc[base + 3])
+            r = mma_m16n8k16(pa, bb, cc, bf16=bf16_mma)
+            for e in cutlass.range_constexpr(4):
+                o_acc[base + e] = r[e]
+
     @cute.jit
     def _load(self, k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page, k_row,
               v_page, v_row, tid, ks_ring, sc):  # fmt: skip
@@ -471,7 +489,7 @@ class HopperDecodeKernel:
         bits = self.fmt.bits
         k_page_b, k_row_b = i64(k_page) * bits // 8, i64(k_row) * bits // 8
         v_page_b, v_row_b = i64(v_page) * bits // 8, i64(v_row) * bits // 8
-        for i in cutlass.range_constexpr(cpk):
+        for i in cutlass.range_constexpr(TILE_KEYS * cpk // THREADS):
             idx = tid + i * THREADS
             key = idx // cpk
             chunk = idx % cpk
@@ -486,7 +504,7 @@ class HopperDecodeKernel:
             cp_async_16(k_dst + idx * CHUNK, k_src, nbytes)
             cp_async_16(v_dst + idx * CHUNK, v_src, nbytes)
         if cutlass.const_expr(self.config.kv_format == "nvfp4"):
-            key = tid  # one key row of scales per thread, K and V
+            key = tid % TILE_KEYS  # one key row of scales per thread: K (threads 0-127), V (128-255)
             page = self._page_of(pages, key // ps)
             nbytes = cutlass.Int32(8)
             if page < 0:
@@ -495,16 +513,17 @@ class HopperDecodeKernel:
             row = i64((tile * TILE_KEYS + key) % ps)
             groups = self.d // 16
             dst = ks_ring + stage * 2 * self.scale_tile_bytes + key * groups
-            k_src = sc.k_base + i64(page) * i64(sc.k_page) + row * i64(sc.k_row)
-            v_src = sc.v_base + i64(page) * i64(sc.v_page) + row * i64(sc.v_row)
+            src = sc.k_base + i64(page) * i64(sc.k_page) + row * i64(sc.k_row)
+            if tid >= TILE_KEYS:
+                dst = dst + self.scale_tile_bytes
+                src = sc.v_base + i64(page) * i64(sc.v_page) + row * i64(sc.v_row)
             for h in cutlass.range_constexpr(groups // 8):
-                cp_async_8(dst + 8 * h, k_src + 8 * h, nbytes)
-                cp_async_8(dst + self.scale_tile_bytes + 8 * h, v_src + 8 * h, nbytes)
+                cp_async_8(dst + 8 * h, src + 8 * h, nbytes)
 
     @cute.jit
     def _convert_tile(self, packed, conv, scales, tid):
         """Packed codes of one tile -> e4m3 bytes in the swizzled layout the MMAs read: thread t converts
-        the 16-element groups t + 128 i (key = group // (d / 16)) with exact f16 arithmetic (ptx.py):
+        the 16-element groups t + 256 i (key = group // (d / 16)) with exact f16 arithmetic (ptx.py):
         fp6 / fp4 values are e4m3 values; NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block
         scales of this ring stage (``scales``: (keys, d / 16) bytes)."""
         cfg = self.config
@@ -512,7 +531,7 @@ class HopperDecodeKernel:
         bits = self.fmt.bits
         groups = self.d // CHUNK  # 16-element groups per key = output chunks per key
         group_bytes = CHUNK * bits // 8  # 12 (fp6) or 8 (fp4)
-        for i in cutlass.range_constexpr(groups):
+        for i in cutlass.range_constexpr(TILE_KEYS * groups // THREADS):
             idx = tid + i * THREADS
             key = idx // groups
             grp = idx % groups
@@ -547,19 +566,22 @@ class HopperDecodeKernel:
     def _load_tile(self, k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page, k_row,
                    v_page, v_row, tid):  # fmt: skip
         """cp.async one 128-key tile of K and V into ring stage ``stage``: thread t copies 16-byte chunk
-        t % chunks of keys t // chunks + i * (128 / chunks). A chunk lands at (key, chunk ^ (key & 7))
+        t % chunks of keys t // chunks + i * (256 / chunks). A chunk lands at (key, chunk ^ (key & 7))
         (the XOR swizzle that puts ldmatrix's eight rows on distinct banks). Pages marked -1 (at or past
         the sequence end) are zero-filled without reading the pool."""
         i64 = cutlass.Int64
         ps = self.config.page_size
         chunks = self.chunks
-        keys_per_pass = THREADS // chunks  # <= 16 <= PS: a pass's keys never straddle a page
+        keys_per_pass = THREADS // chunks  # 16 (d = 256) or 32 (d = 128) keys per pass
         chunk = tid % chunks
         k_dst = k_ring + stage * self.tile_bytes
         v_dst = v_ring + stage * self.tile_bytes
         for i in cutlass.range_constexpr(TILE_KEYS // keys_per_pass):
             key = tid // chunks + i * keys_per_pass
-            page = pages[(i * keys_per_pass) // ps]
+            if cutlass.const_expr(keys_per_pass <= ps):  # the pass lies inside one page
+                page = pages[(i * keys_per_pass) // ps]
+            else:
+                page = self._page_of(pages, key // ps)
             nbytes = cutlass.Int32(CHUNK)
             if page < 0:
                 nbytes = cutlass.Int32(0)
@@ -572,26 +594,36 @@ class HopperDecodeKernel:
             cp_async_16(v_dst + off, v_src, nbytes)
 
     @cute.jit
-    def _epilogue(self, row_sum, m_prev, o_acc, s_sum, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b, h_k,
-                  n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c):  # fmt: skip
-        """Row sums in the Thor kernel's order (butterfly over the warp's 32 keys: key xor 16, 8, 4, 2, 1;
-        then w0 + w1 + w2 + w3), then O and LSE (unsplit) or the fp32 partials (split)."""
+    def _epilogue(self, row_sum, m_prev, o_acc, s_sum, l_buf, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,
+                  b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c):  # fmt: skip
+        """Row sums in the Thor kernel's order, then O and LSE (unsplit) or the fp32 partials (split).
+
+        Thor keeps one running sum per key slot of the tile (its TMEM lane), adds the 32 slots of each
+        warp by a butterfly (key xor 16, 8, 4, 2, 1) and the four warp sums left to right. Here the slots
+        of 16 keys live in each of eight warps, so they go through shared memory (``l_buf``, aliasing
+        the K ring) and 64 threads redo the same tree exactly (IEEE addition is commutative)."""
         cfg = self.config
         f32, i64 = cutlass.Float32, cutlass.Int64
         single = cfg.max_splits == 1
-        for half in cutlass.range_constexpr(2):
-            tot = cute.make_rmem_tensor((2,), f32)
-            for e in cutlass.range_constexpr(2):
-                i = 2 * half + e
-                a0 = row_sum[0 * 4 + i] + row_sum[2 * 4 + i]  # key xor 16
-                a1 = row_sum[1 * 4 + i] + row_sum[3 * 4 + i]
-                x = a0 + a1  # key xor 8
-                x = x + cute.arch.shuffle_sync_bfly(x, offset=2, mask=0xFFFFFFFF)  # key xor 4
-                x = x + cute.arch.shuffle_sync_bfly(x, offset=1, mask=0xFFFFFFFF)  # key xor 2
-                tot[e] = x
-            w_sum = tot[0] + tot[1]  # key xor 1
-            if c == 0:
-                s_sum[warp, g + 8 * half] = w_sum
+        lane = cute.arch.lane_idx()
+        cute.arch.sync_threads()  # every warp is past the last tile: the K ring is free
+        for j in cutlass.range_constexpr(NB_S):
+            for e in cutlass.range_constexpr(4):
+                row = g + 8 * (e >> 1)
+                key = warp * KEYS_PER_WARP + 8 * j + 2 * c + (e & 1)
+                st_shared_f32(l_buf + (row * TILE_KEYS + key) * 4, row_sum[j * 4 + e])
+        cute.arch.sync_threads()
+        tid = warp * 32 + lane
+        if tid < 4 * Q_TILE:
+            row = tid % Q_TILE
+            tw = tid // Q_TILE  # Thor's warp: keys 32 tw .. 32 tw + 31
+            v = cute.make_rmem_tensor((32,), f32)
+            for k in cutlass.range_constexpr(32):
+                v[k] = ld_shared_f32(l_buf + (row * TILE_KEYS + 32 * tw + k) * 4)
+            for width in (16, 8, 4, 2, 1):  # xor 16 first
+                for k in cutlass.range_constexpr(width):
+                    v[k] = v[k] + v[k + width]
+            s_sum[tw, row] = v[0]
         cute.arch.sync_threads()
 
         inv_p_scale = f32(1.0 / cfg.p_scale)

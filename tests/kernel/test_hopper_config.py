@@ -1,0 +1,69 @@
+"""Backend selection by compute capability and the Hopper kernel's config rules (no GPU, no cutlass)."""
+
+import pytest
+
+from mjolnir_kernel.arch import backend_of_capability
+from mjolnir_kernel.config import ConfigError
+from mjolnir_kernel.hopper.config import (
+    DEFAULT_STAGES,
+    MAX_CTAS_PER_SM,
+    SMEM_PER_CTA_MAX,
+    HopperConfig,
+    can_implement_hopper,
+)
+
+
+@pytest.mark.parametrize(
+    "cap, backend",
+    [((9, 0), "hopper"), ((10, 0), "thor"), ((10, 3), "thor"), ((11, 0), "thor"), ((8, 9), None), ((12, 0), None)],
+)
+def test_backend_by_compute_capability(cap, backend):
+    assert backend_of_capability(*cap) == backend
+
+
+def test_every_format_and_both_q_paths_are_implementable():
+    for fmt in ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4"):
+        for d in (128, 256):
+            can_implement_hopper(HopperConfig(head_dim=d, kv_format=fmt, q_dtype="e4m3"))
+    can_implement_hopper(HopperConfig(q_dtype="bf16", kv_format="e4m3"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, names",
+    [
+        ({"head_dim": 96}, ["head_dim=96"]),
+        ({"page_size": 8}, ["page_size=8"]),
+        ({"q_len": 0}, ["q_len=0"]),
+        ({"kv_format": "e2m1", "q_dtype": "bf16"}, ["q_dtype='bf16'", "needs e4m3 Q"]),
+        ({"kv_format": "int4"}, ["kv_format='int4'"]),
+        ({"max_splits": 0}, ["max_splits=0"]),
+        ({"stages": 1}, ["stages=1"]),
+        ({"stages": 9, "head_dim": 256}, ["stages=9", "shared memory"]),
+        ({"head_dim": 96, "page_size": 8}, ["head_dim=96", "page_size=8"]),
+    ],
+)
+def test_invalid_configs_name_every_offending_field(kwargs, names):
+    with pytest.raises(ConfigError) as e:
+        can_implement_hopper(HopperConfig(**kwargs))
+    for name in names:
+        assert name in str(e.value)
+
+
+def test_resource_plan():
+    small = HopperConfig(head_dim=128)
+    big = HopperConfig(head_dim=256)
+    assert small.ring_stages == DEFAULT_STAGES
+    assert small.smem_bytes < big.smem_bytes <= SMEM_PER_CTA_MAX
+    assert 1 <= big.ctas_per_sm <= small.ctas_per_sm <= MAX_CTAS_PER_SM
+    # packed formats hold a packed ring plus one converted tile; NVFP4 adds the block-scale rows
+    fp4 = HopperConfig(head_dim=256, kv_format="e2m1", q_dtype="e4m3")
+    nvfp4 = HopperConfig(head_dim=256, kv_format="nvfp4", q_dtype="e4m3")
+    assert fp4.packed and not big.packed and fp4.packed_row_bytes == 128
+    assert nvfp4.smem_bytes - fp4.smem_bytes == 2 * nvfp4.ring_stages * 128 * (256 // 16)
+    assert small.short_name() == "sm90-bf16-e4m3-d128-ps128-q1c-s16-r2"
+    assert HopperConfig(q_len=4, causal=False).short_name() != HopperConfig(q_len=4).short_name()
+
+
+def test_p_scale_follows_the_q_path():
+    assert HopperConfig(q_dtype="e4m3").p_scale == 448.0
+    assert HopperConfig(q_dtype="bf16").p_scale == 1.0
