@@ -1,4 +1,5 @@
-"""mjolnir_kernel: the Thor (tcgen05) paged decode-attention kernel, tested against mjolnir_numerics.
+"""mjolnir_kernel: the paged decode-attention kernels, tested against mjolnir_numerics: Thor (tcgen05,
+sm_110a / sm_100a) and its Hopper sibling (sm_90a); ``decode`` picks one by compute capability.
 
 Importing this package needs only the core dependencies (torch); cutlass is imported lazily when a
 kernel is compiled or launched.
@@ -6,7 +7,8 @@ kernel is compiled or launched.
     from mjolnir_kernel import DecodeConfig, can_implement, decode
     o, lse = decode(q, cache, q_descale=qd, q_len=1, plan=plan)   # like mjolnir_numerics.emulate_decode
 
-CLI: ``python -m mjolnir_kernel compile --arch sm_110a`` (no GPU needed), ``python -m mjolnir_kernel bench``.
+CLI: ``python -m mjolnir_kernel compile --arch sm_110a`` or ``--arch sm_90a`` (no GPU needed),
+``python -m mjolnir_kernel bench``.
 """
 
 from .arch import is_tcgen05_arch, is_tcgen05_capability, tcgen05_device_reason

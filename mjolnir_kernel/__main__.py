@@ -130,7 +130,11 @@ def _bench_cmd(args) -> int:
         return 0
     reason = tcgen05_device_reason()
     if reason is not None:
-        print(f"bench: needs a tcgen05 GPU (compute capability 10.x or 11.x): {reason}", file=sys.stderr)
+        print(
+            f"bench: needs a tcgen05 GPU (compute capability 10.x or 11.x): {reason}; on a Hopper GPU run"
+            " python -m benchmarks.bench_hopper_decode",
+            file=sys.stderr,
+        )
         return 2
     return run_bench(args)
 

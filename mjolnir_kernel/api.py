@@ -1,7 +1,9 @@
-"""``decode()``: the Thor decode kernel behind the same arguments as ``mjolnir_numerics.emulate_decode``.
+"""``decode()``: the decode kernel behind the same arguments as ``mjolnir_numerics.emulate_decode``.
 
-Host steps, in order: check every input (ValueError naming the argument) -> pick the DecodeConfig
--> plan the split (mjolnir_numerics.plan_split_kv) -> pack Q (mjolnir_numerics.pack_q) -> compile
+The backend follows the device: compute capability 10.x / 11.x runs the Thor (tcgen05) kernel, 9.0 the
+Hopper kernel (``mjolnir_kernel.hopper``). Host steps, in order: check every input (ValueError naming
+the argument) -> pick the config (DecodeConfig or HopperConfig) -> plan the split
+(mjolnir_numerics.plan_split_kv) -> pack Q (mjolnir_numerics.pack_q) -> compile
 (cached by config, arch and cutlass version) -> launch -> unpack O.
 """
 
@@ -249,7 +251,7 @@ def prepare_decode(
 
 
 def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale, **kwargs):
-    """Paged decode attention on a tcgen05 GPU.
+    """Paged decode attention on a tcgen05 GPU (Thor kernel) or a compute capability 9.0 GPU (Hopper kernel).
 
     Args:
       q: (num_seqs * q_len, h_q, d) bfloat16, or float8_e4m3fn with ``q_descale`` (quantize_q).
