@@ -20,6 +20,10 @@ tile). The head-dim order inside one MMA is a relabeling (the sum is order-free 
 ``ldmatrix`` hands thread (g, c) K bytes d = 4c .. 4c + 3 of key g, which feed the MMA's k positions
 2c, 2c + 1, 2c + 8, 2c + 9; Q is loaded in the same order.
 
+Sub-byte formats: the ring holds the packed rows (and NVFP4's block-scale rows); after a tile lands,
+all warps convert it to e4m3 bytes in one K and one V tile buffer (fp6 and NVFP4 by exact f16
+arithmetic, e2m1 by a byte-permute table; ``ptx.py``), which steps 1-4 then read like an e4m3 tile.
+
 Row sums follow the Thor kernel's order exactly: one running sum per key slot of the tile (a TMEM lane
 there), combined at the end with the same butterfly tree over each 32 keys (key xor 16, 8, 4, 2, 1)
 and the four 32-key sums added left to right. The arithmetic is NUMERICS.md section 5
