@@ -48,6 +48,7 @@ from mjolnir_numerics.formats import FORMATS
 from ..thor.reduction_kernel import LOG2_E, SplitReduction
 from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
 from .ptx import (
+    NVFP4_POW2,
     cp_async_8,
     cp_async_16,
     e2m1x8_to_e4m3x8,
@@ -547,8 +548,8 @@ class HopperDecodeKernel:
                 o0, o1, o2, o3 = fp6x16_to_e4m3x16(w0, w1, w2, e3m2=fmt == "e3m2")
             elif cutlass.const_expr(fmt == "nvfp4"):
                 sc = e4m3_byte_to_f16x2(ld_shared_u8(scales + idx))  # scale byte of (key, grp) = idx
-                o0, o1 = fp4x8_to_e4m3x8(w0, cutlass.Int32(f16x2_pow2(11)), sc)
-                o2, o3 = fp4x8_to_e4m3x8(w1, cutlass.Int32(f16x2_pow2(11)), sc)
+                o0, o1 = fp4x8_to_e4m3x8(w0, cutlass.Int32(f16x2_pow2(NVFP4_POW2)), sc)
+                o2, o3 = fp4x8_to_e4m3x8(w1, cutlass.Int32(f16x2_pow2(NVFP4_POW2)), sc)
             else:
                 o0, o1 = e2m1x8_to_e4m3x8(w0)
                 o2, o3 = e2m1x8_to_e4m3x8(w1)

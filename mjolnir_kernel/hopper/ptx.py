@@ -268,6 +268,15 @@ def e4m3_byte_to_f32(x, *, loc=None, ip=None):
 # in f16 (at most 6 significant bits, 2^-13 .. 336), so the e4m3 conversion rounds the exact product.
 F16X2_ONE = 0x3C003C00
 _F16X2_POW2 = {11: 0x68006800, 12: 0x6C006C00, 14: 0x74007400}
+# Where a code's bits go in an f16 (sign shift, magnitude shift, magnitude mask) and the power of two k
+# that makes the f16 the code's value (tests/kernel/test_hopper_ptx_recipes.py checks every code).
+F16_PLACEMENT = {
+    "e2m1": (12, 9, 0x0E00, 14),  # s ee m (bits 3 | 2-0) -> sign 15, exponent 11-10, mantissa 9
+    "e3m2": (10, 8, 0x1F00, 12),  # s eee mm (bits 5 | 4-0) -> sign 15, exponent 12-10, mantissa 9-8
+    "e2m3": (10, 7, 0x0F80, 14),  # s ee mmm (bits 5 | 4-0) -> sign 15, exponent 11-10, mantissa 9-7
+}
+NVFP4_POW2 = 11  # e2m1 placement (2^-14) times 2^11 = the code value times 2^-3; the block scale follows
+FP6_GROUP_SELECTORS = (0x0543, 0x0432)  # prmt: bytes 3-5 (w0.b3, w1.b0, w1.b1) and 6-8 (w1.b2, w1.b3, w2.b0)
 
 
 def f16x2_pow2(k: int) -> int:
@@ -301,7 +310,7 @@ def fp4x8_to_e4m3x8(w, mul, mul2=None, *, loc=None, ip=None):
     for i in (1, 2, 3):
         text += f"shr.b32 x{i}, $2, {4 * i};\n\tand.b32 x{i}, x{i}, 0x000F000F;\n\t"
     for i in range(4):  # pair (code i, code i + 4): sign bit 3 -> 15, magnitude bits 0-2 -> 9-11
-        text += _to_e4m3_pair(f"e{i}", f"x{i}", 12, 9, 0x0E00, "$3", m2)
+        text += _to_e4m3_pair(f"e{i}", f"x{i}", *F16_PLACEMENT["e2m1"][:3], "$3", m2)
     text += "mov.b32 q1, {e0, e1};\n\tmov.b32 q2, {e2, e3};\n\t"  # [c0 c4 c1 c5], [c2 c6 c3 c7]
     text += "prmt.b32 $0, q1, q2, 0x6420;\n\tprmt.b32 $1, q1, q2, 0x7531;\n\t}"
     cons = "=r,=r,r,r" + (",r" if mul2 is not None else "")
@@ -313,10 +322,12 @@ def fp4x8_to_e4m3x8(w, mul, mul2=None, *, loc=None, ip=None):
 def fp6x16_to_e4m3x16(w0, w1, w2, *, e3m2: bool, loc=None, ip=None):
     """Sixteen fp6 codes (a little-endian bitstream: code i at bits 6i .. 6i + 5 of the 12 bytes
     w0 | w1 | w2) -> four words of e4m3 bytes (codes 4k .. 4k + 3 in word k)."""
-    sign_shl, mag_shl, mag_mask, k = (10, 8, 0x1F00, 12) if e3m2 else (10, 7, 0x0F80, 14)
+    sign_shl, mag_shl, mag_mask, k = F16_PLACEMENT["e3m2" if e3m2 else "e2m3"]
     text = "{\n\t.reg .b32 v<4>, x, y, t0, t1, q, mul;\n\t.reg .b16 ea, eb;\n\t"
     text += f"mov.b32 mul, {_F16X2_POW2[k]:#x};\n\t"
-    text += "mov.b32 v0, $4;\n\tprmt.b32 v1, $4, $5, 0x0543;\n\tprmt.b32 v2, $5, $6, 0x0432;\n\tshr.b32 v3, $6, 8;\n\t"
+    s1, s2 = FP6_GROUP_SELECTORS
+    text += f"mov.b32 v0, $4;\n\tprmt.b32 v1, $4, $5, {s1:#x};\n\tprmt.b32 v2, $5, $6, {s2:#x};\n\t"
+    text += "shr.b32 v3, $6, 8;\n\t"
     for g in range(4):  # 3 bytes = codes c0 (bits 0-5), c1 (6-11), c2 (12-17), c3 (18-23)
         text += (
             f"and.b32 x, v{g}, 0x3F;\n\tshl.b32 t0, v{g}, 4;\n\tand.b32 t0, t0, 0x3F0000;\n\tor.b32 x, x, t0;\n\t"
@@ -340,6 +351,7 @@ def e4m3_byte_to_f16x2(x, *, loc=None, ip=None):
 
 
 E2M1_E4M3_LUT = (0x3C383000, 0x4C484440)  # e4m3 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6
+E2M1_SIGN_SELECTORS = (0xD9C8, 0xFBEA)  # prmt(w << 4, w, sel), sign-replicate mode: codes 0-3, codes 4-7
 
 
 @dsl_user_op
@@ -348,14 +360,15 @@ def e2m1x8_to_e4m3x8(w, *, loc=None, ip=None):
     magnitudes index an 8-byte table (prmt), the signs come from prmt's sign-replicate mode (w << 4 puts
     the even codes' sign bits at byte msbs, w itself the odd codes')."""
     lo, hi = E2M1_E4M3_LUT
+    sg0, sg1 = E2M1_SIGN_SELECTORS
     text = (
         "{\n\t.reg .b32 w4, sel, mag, sgn, l0, l1;\n\t"
         f"mov.b32 l0, {lo:#x};\n\tmov.b32 l1, {hi:#x};\n\t"
         "shl.b32 w4, $2, 4;\n\t"
         "and.b32 sel, $2, 0x7777;\n\tprmt.b32 mag, l0, l1, sel;\n\t"
-        "prmt.b32 sgn, w4, $2, 0xD9C8;\n\tand.b32 sgn, sgn, 0x80808080;\n\tor.b32 $0, mag, sgn;\n\t"
+        f"prmt.b32 sgn, w4, $2, {sg0:#x};\n\tand.b32 sgn, sgn, 0x80808080;\n\tor.b32 $0, mag, sgn;\n\t"
         "shr.b32 sel, $2, 16;\n\tand.b32 sel, sel, 0x7777;\n\tprmt.b32 mag, l0, l1, sel;\n\t"
-        "prmt.b32 sgn, w4, $2, 0xFBEA;\n\tand.b32 sgn, sgn, 0x80808080;\n\tor.b32 $1, mag, sgn;\n\t}"
+        f"prmt.b32 sgn, w4, $2, {sg1:#x};\n\tand.b32 sgn, sgn, 0x80808080;\n\tor.b32 $1, mag, sgn;\n\t}}"
     )
     res = _asm(_struct(2, T.i32()), [_i32(w, loc, ip)], text, "=r,=r,r")
     return _unpack(res, 2, T.i32(), Int32)
@@ -390,6 +403,10 @@ __all__ = [
     "fp4x8_to_e4m3x8",
     "e2m1x8_to_e4m3x8",
     "E2M1_E4M3_LUT",
+    "E2M1_SIGN_SELECTORS",
+    "FP6_GROUP_SELECTORS",
+    "F16_PLACEMENT",
+    "NVFP4_POW2",
     "fp6x16_to_e4m3x16",
     "e4m3_byte_to_f16x2",
     "ir",

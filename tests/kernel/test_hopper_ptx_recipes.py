@@ -1,0 +1,110 @@
+"""The bit recipes behind the Hopper kernel's sub-byte -> e4m3 conversions (mjolnir_kernel.hopper.ptx),
+replayed on the CPU for every code: where a code's bits go in an f16, the power of two that makes that
+f16 the code's value, the byte-permute table and sign selectors of e2m1, the byte selectors that gather
+fp6 code groups, and the exactness of NVFP4's f16 product. The PTX itself runs in the H200 conformance
+tests; these pin the constants it is built from to the formats' definitions."""
+
+import numpy as np
+import pytest
+import torch
+
+from mjolnir_kernel.hopper.ptx import (
+    E2M1_E4M3_LUT,
+    E2M1_SIGN_SELECTORS,
+    F16_PLACEMENT,
+    FP6_GROUP_SELECTORS,
+    NVFP4_POW2,
+    f16x2_pow2,
+)
+from mjolnir_numerics.formats import E4M3, get_format
+from mjolnir_numerics.quantize import quantize
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """PTX prmt.b32 (default mode): byte i of the result is byte (sel nibble i & 7) of {b, a}; with the
+    nibble's bit 3 set, that byte's sign bit replicated."""
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for i in range(4):
+        n = (sel >> (4 * i)) & 0xF
+        v = src[n & 7]
+        if n & 8:
+            v = 0xFF if v & 0x80 else 0
+        out |= v << (8 * i)
+    return out
+
+
+def _values(fmt: str) -> np.ndarray:
+    return np.asarray(torch.as_tensor(get_format(fmt).values(), dtype=torch.float64))
+
+
+def _e4m3_bytes(x: np.ndarray) -> list:
+    return quantize(torch.as_tensor(x, dtype=torch.float64), E4M3).tolist()
+
+
+@pytest.mark.parametrize("fmt", sorted(F16_PLACEMENT))
+def test_f16_placement_gives_every_code_value(fmt):
+    sign_shl, mag_shl, mag_mask, k = F16_PLACEMENT[fmt]
+    values = _values(fmt)
+    codes = np.arange(values.size, dtype=np.uint32)
+    bits = ((codes << sign_shl) & 0x8000) | ((codes << mag_shl) & mag_mask)
+    placed = bits.astype(np.uint16).view(np.float16).astype(np.float64) * 2.0**k
+    np.testing.assert_array_equal(placed, values)
+    assert (np.signbit(placed) == np.signbit(values)).all()  # -0 stays -0
+    assert f16x2_pow2(k) == (np.float16(2.0**k).view(np.uint16).item() * 0x10001)
+
+
+def test_e2m1_table_and_sign_selectors():
+    want = _e4m3_bytes(_values("e2m1"))
+    lo, hi = E2M1_E4M3_LUT
+    assert [_prmt(lo, hi, m) & 0xFF for m in range(8)] == want[:8]
+    sel0, sel1 = E2M1_SIGN_SELECTORS
+    rng = np.random.default_rng(0)
+    for w in [0, 0xFFFFFFFF, 0x88888888, 0x76543210, 0xFEDCBA98] + rng.integers(0, 2**32, 2000).tolist():
+        w = int(w)
+        w4 = (w << 4) & 0xFFFFFFFF
+        o0 = _prmt(lo, hi, w & 0x7777) | (_prmt(w4, w, sel0) & 0x80808080)
+        o1 = _prmt(lo, hi, (w >> 16) & 0x7777) | (_prmt(w4, w, sel1) & 0x80808080)
+        got = [(o0 >> (8 * i)) & 0xFF for i in range(4)] + [(o1 >> (8 * i)) & 0xFF for i in range(4)]
+        assert got == [want[(w >> (4 * j)) & 15] for j in range(8)], hex(w)
+
+
+@pytest.mark.parametrize("fmt", ["e3m2", "e2m3"])
+def test_fp6_group_gather_and_conversion(fmt):
+    """16 codes in 12 bytes (a little-endian bitstream) -> four 3-byte groups by the selectors, codes
+    (c0, c2) and (c1, c3) of each group paired in f16x2 halves, -> the e4m3 bytes of every code."""
+    sign_shl, mag_shl, mag_mask, k = F16_PLACEMENT[fmt]
+    want_byte = _e4m3_bytes(_values(fmt))
+    sel1, sel2 = FP6_GROUP_SELECTORS
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        raw = rng.integers(0, 256, 12, dtype=np.uint8)
+        w0, w1, w2 = (int(x) for x in raw.view("<u4"))
+        stream = int.from_bytes(raw.tobytes(), "little")
+        groups = [w0, _prmt(w0, w1, sel1), _prmt(w1, w2, sel2), w2 >> 8]
+        got = []
+        for v in groups:
+            x = (v & 0x3F) | ((v << 4) & 0x3F0000)  # c0 | c2 << 16
+            y = ((v >> 6) & 0x3F) | ((v >> 2) & 0x3F0000)  # c1 | c3 << 16
+            pair = {}
+            for name, t in (("x", x), ("y", y)):
+                bits = (((t << sign_shl) & 0x80008000) | ((t << mag_shl) & (mag_mask * 0x10001))) & 0xFFFFFFFF
+                halves = np.array([bits & 0xFFFF, bits >> 16], dtype=np.uint16).view(np.float16).astype(np.float64)
+                pair[name] = _e4m3_bytes(halves * 2.0**k)
+            got += [pair["x"][0], pair["y"][0], pair["x"][1], pair["y"][1]]
+        assert got == [want_byte[(stream >> (6 * i)) & 63] for i in range(16)]
+
+
+def test_nvfp4_product_is_exact_in_f16():
+    """code * 2^-3 * scale in f16 equals the exact product for every e2m1 code and every finite e4m3
+    scale, so cvt.rn.satfinite.e4m3x2.f16x2 rounds the exact value, as the spec's e4m3(code*scale/8)."""
+    sign_shl, mag_shl, mag_mask, k = F16_PLACEMENT["e2m1"]
+    codes = np.arange(16, dtype=np.uint32)
+    placed = (((codes << sign_shl) & 0x8000) | ((codes << mag_shl) & mag_mask)).astype(np.uint16).view(np.float16)
+    step1 = placed * np.float16(2.0**NVFP4_POW2)
+    scales = _values("e4m3")
+    scales = scales[np.isfinite(scales)]
+    prod16 = (step1[:, None] * scales.astype(np.float16)[None, :]).astype(np.float64)
+    exact = _values("e2m1")[:, None] * 2.0**-3 * scales[None, :]
+    np.testing.assert_array_equal(prod16, exact)
+    assert _e4m3_bytes(prod16.ravel()) == _e4m3_bytes(exact.ravel())
