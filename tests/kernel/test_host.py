@@ -184,7 +184,7 @@ def test_strided_q_rows_are_read_in_place():
 
 def test_decode_without_a_tcgen05_gpu_says_why():
     q, qd, cache = make()
-    with pytest.raises(DeviceError, match="tcgen05 GPU"):
+    with pytest.raises(DeviceError, match=r"tcgen05 GPU \(10.x / 11.x\) or a Hopper GPU \(9.0\): q is on the CPU"):
         decode(q, cache)
     with pytest.raises(ValueError, match="^q: dtype"):  # argument errors come first, even on the CPU
         decode(q.half(), cache)
