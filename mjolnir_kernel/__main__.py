@@ -141,13 +141,19 @@ def _bench_cmd(args) -> int:
 
 def _hopper_bench_config(args):
     """The HopperConfig ``decode()`` would compile for the bench arguments on a Hopper GPU (``--ring-depth``
-    is its ring stages; ``--ctas-per-sm`` is ignored: shared memory sets Hopper's occupancy). None, with
-    the reason on stderr, when a Thor-only option is set or the config is invalid."""
+    is its ring stages; shared memory and registers set Hopper's occupancy, so ``--ctas-per-sm`` is a
+    Thor-only option). None, with the reason on stderr, when a Thor-only option is set or the config is
+    invalid."""
     from .api import select_hopper_config
     from .bench import _q_dtype
     from .config import ConfigError
 
-    thor_only = {"--pdl": args.pdl, "--l2-prefetch": args.l2_prefetch, "--evict-first 1": args.evict_first == 1}
+    thor_only = {
+        "--pdl": args.pdl,
+        "--l2-prefetch": args.l2_prefetch,
+        "--evict-first 1": args.evict_first == 1,
+        "--ctas-per-sm": args.ctas_per_sm is not None,
+    }
     given = [name for name, value in thor_only.items() if value]
     if given:
         print(f"bench: {', '.join(given)}: Thor-kernel options; the Hopper kernel (sm_90a) has none", file=sys.stderr)
@@ -190,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--heads-k", type=int, default=4)
     b.add_argument("--head-dim", type=int, default=256)
     b.add_argument("--page-size", type=int, default=128)
-    b.add_argument("--ctas-per-sm", type=int, default=2, choices=(1, 2))
+    b.add_argument("--ctas-per-sm", type=int, default=None, choices=(1, 2), help="Thor only (default 2)")
     b.add_argument("--ring-depth", type=int, default=0, help="KV ring stages (0 = tuned default)")
     b.add_argument("--splits", type=int, default=0, help="force N chunks per sequence (0 = occupancy plan)")
     b.add_argument("--max-splits", type=int, default=16)

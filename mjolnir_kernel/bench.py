@@ -10,6 +10,11 @@ from .api import select_config
 from .config import DecodeConfig
 
 
+def _ctas(args) -> int:
+    """--ctas-per-sm (None: the Thor kernel's default, 2)."""
+    return 2 if args.ctas_per_sm is None else args.ctas_per_sm
+
+
 def _q_dtype(args) -> str:
     if args.q_dtype:
         return args.q_dtype
@@ -22,7 +27,7 @@ def bench_config(args) -> DecodeConfig:
     n_q = args.q_len * (args.heads_q // args.heads_k)
     return select_config(
         head_dim=args.head_dim, n_q=n_q, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
-        q_dtype=q_dtype, causal=not args.non_causal, max_splits=args.max_splits, ctas_per_sm=args.ctas_per_sm,
+        q_dtype=q_dtype, causal=not args.non_causal, max_splits=args.max_splits, ctas_per_sm=_ctas(args),
         ring_depth=args.ring_depth, pdl=args.pdl, l2_prefetch=args.l2_prefetch,
         evict_first=None if args.evict_first < 0 else bool(args.evict_first),
     )  # fmt: skip
@@ -71,11 +76,11 @@ def run_bench(args) -> int:
     n_q = args.q_len * (args.heads_q // args.heads_k)
     sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
     plan = plan_split_kv(
-        lens, args.heads_k, n_q_tiles=math.ceil(n_q / cfg.q_tile), sm_count=sm_count, ctas_per_sm=args.ctas_per_sm,
+        lens, args.heads_k, n_q_tiles=math.ceil(n_q / cfg.q_tile), sm_count=sm_count, ctas_per_sm=_ctas(args),
         max_splits=args.max_splits, force_splits=args.splits, pad_to=args.pad_work_to,
     )  # fmt: skip
     opts = dict(
-        q_descale=q_descale, q_len=args.q_len, causal=not args.non_causal, plan=plan, ctas_per_sm=args.ctas_per_sm,
+        q_descale=q_descale, q_len=args.q_len, causal=not args.non_causal, plan=plan, ctas_per_sm=_ctas(args),
         ring_depth=args.ring_depth, max_splits=args.max_splits, pdl=args.pdl, l2_prefetch=args.l2_prefetch,
         evict_first=None if args.evict_first < 0 else bool(args.evict_first),
     )  # fmt: skip
