@@ -45,8 +45,9 @@ def arch_of_capability(major: int, minor: int) -> str:
     return f"sm_{major}{minor}a"
 
 
-def tcgen05_device_reason(device=None) -> str | None:
-    """None when ``device`` (default: the current CUDA device) runs tcgen05, else the reason why not."""
+def _device_reason(device, accepts, needs: str) -> str | None:
+    """None when ``accepts(major, minor)`` holds for ``device`` (default: the current CUDA device), else
+    the reason why not, ending with ``needs``."""
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a core dependency
@@ -54,10 +55,14 @@ def tcgen05_device_reason(device=None) -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA device is visible"
     major, minor = torch.cuda.get_device_capability(device)
-    if not is_tcgen05_capability(major, minor):
-        name = torch.cuda.get_device_name(device)
-        return f"{name} is compute capability {major}.{minor}; tcgen05 needs 10.x or 11.x (Thor, B200, B300)"
+    if not accepts(major, minor):
+        return f"{torch.cuda.get_device_name(device)} is compute capability {major}.{minor}; {needs}"
     return None
+
+
+def tcgen05_device_reason(device=None) -> str | None:
+    """None when ``device`` (default: the current CUDA device) runs tcgen05, else the reason why not."""
+    return _device_reason(device, is_tcgen05_capability, "tcgen05 needs 10.x or 11.x (Thor, B200, B300)")
 
 
 HOPPER_CAPABILITY = (9, 0)
@@ -74,29 +79,15 @@ def backend_of_capability(major: int, minor: int) -> str | None:
 
 def decode_device_reason(device=None) -> str | None:
     """None when ``device`` runs one of the decode kernels (tcgen05 or Hopper), else the reason why not."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
-    major, minor = torch.cuda.get_device_capability(device)
-    if backend_of_capability(major, minor) is None:
-        name = torch.cuda.get_device_name(device)
-        return f"{name} is compute capability {major}.{minor}; the decode kernels need 9.0 (Hopper), 10.x or 11.x"
-    return None
+    return _device_reason(
+        device,
+        lambda major, minor: backend_of_capability(major, minor) is not None,
+        "the decode kernels need 9.0 (Hopper), 10.x or 11.x",
+    )
 
 
 def hopper_device_reason(device=None) -> str | None:
     """None when ``device`` is a compute capability 9.0 GPU (the Hopper kernel's target), else why not."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) != HOPPER_CAPABILITY:
-        name = torch.cuda.get_device_name(device)
-        return f"{name} is compute capability {major}.{minor}; the Hopper kernel needs 9.0"
-    return None
+    return _device_reason(
+        device, lambda major, minor: backend_of_capability(major, minor) == "hopper", "the Hopper kernel needs 9.0"
+    )

@@ -16,7 +16,7 @@ code (a quantum of P moves O by at most p * |v| * 2^-3 / l, a few bf16 ulps for 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -130,6 +130,28 @@ def compare_outputs(
         lse_inf_mismatch=inf_mismatch,
         ok=ok,
     )
+
+
+def permute_pages(cache, seed: int = 7):
+    """A copy of a ``PagedKVCache`` whose pages sit elsewhere in the pools (page p moves to slot inv[p],
+    a seeded random permutation), with the block table rewritten to match: the same logical cache, so a
+    kernel must give bit-identical output on it (a metamorphic test of the page addressing).
+
+    Returns:
+      the permuted cache (new K/V pools and NVFP4 scale pools, block table int32 on the cache's device).
+    """
+    perm = torch.randperm(cache.num_pages, generator=torch.Generator().manual_seed(seed)).to(cache.device)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    moved = {}
+    for f in fields(cache):
+        t = getattr(cache, f.name)
+        if f.name in ("k_pool", "v_pool", "k_scales", "v_scales") and t is not None:
+            buf = torch.empty_like(t.contiguous())
+            buf[inv] = t  # page p moves to slot inv[p]
+            moved[f.name] = buf
+    moved["block_table"] = inv[cache.block_table.long()].to(torch.int32)
+    return replace(cache, **moved)
 
 
 # Kernel-specific cases (candidates for mjolnir_numerics.cases): every layout, descale granularity,

@@ -19,7 +19,8 @@ from mjolnir_numerics.emulator import KERNEL_P_SCALE
 from mjolnir_numerics.formats import FORMATS
 from mjolnir_numerics.plan import TILE_KEYS
 
-from ..config import ConfigError
+# sm_90 has the same shared memory as sm_100 / sm_110: 228 KiB per SM, 227 KiB per CTA, 1 KiB reserved
+from ..config import SMEM_PER_CTA_MAX, SMEM_PER_SM, SMEM_RESERVED_PER_CTA, ConfigError
 
 # ---------------------------------------------------------------------------------------------
 # Tuning block
@@ -28,9 +29,6 @@ THREADS = 256  # eight warps: S by keys (16 per warp), P.V by head-dim slices (d
 WARPS = THREADS // 32
 Q_TILE = 16  # query rows per CTA: the M of mma.m16n8k16 (n_q > 16 tiles over gridDim.y)
 P_ROW_PAD = 8  # 16-bit elements of padding per P row in smem (ldmatrix rows on distinct banks)
-SMEM_PER_SM = 233472  # 228 KiB per SM on sm_90
-SMEM_PER_CTA_MAX = 232448  # 227 KiB opt-in per CTA
-SMEM_RESERVED_PER_CTA = 1024
 # KV tiles in the cp.async ring: 2 beat 3 on the H200 at d = 128 (more CTAs per SM) and tie at d = 256
 # (python -m benchmarks.bench_hopper_decode --stages 2,3)
 DEFAULT_STAGES = 2

@@ -45,6 +45,7 @@ import cutlass.utils as utils
 
 from mjolnir_numerics.formats import FORMATS
 
+from ..kernel_views import shared_views
 from ..thor.reduction_kernel import LOG2_E, SplitReduction
 from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
 from .ptx import (
@@ -136,29 +137,19 @@ class HopperDecodeKernel:
         stream: cuda.CUstream,
     ):
         b, h_k, n_q, d = problem_shape
-        (q_seq, o_seq, k_page, k_row, k_head, v_page, v_row, v_head, qd_seq, qd_head, kd_seq, kd_head,
-         vd_seq, vd_head, ks_page, ks_row, ks_head, vs_page, vs_row, vs_head) = strides  # fmt: skip
-        splits = self.config.max_splits
-        hb = (h_k, b)
-        v = SimpleNamespace()
-        v.q = cute.make_tensor(q_ptr, cute.make_layout((1,)))
-        v.k = cute.make_tensor(k_ptr, cute.make_layout((1,)))
-        v.v = cute.make_tensor(v_ptr, cute.make_layout((1,)))
-        v.block_table = cute.make_tensor(block_table_ptr, cute.make_layout((b, max_blocks), stride=(max_blocks, 1)))
-        v.seq_lens = cute.make_tensor(seq_lens_ptr, cute.make_layout((b,)))
-        v.n_splits = cute.make_tensor(n_splits_ptr, cute.make_layout((b,)))
+        (q_seq, o_seq, k_page, k_row, k_head, v_page, v_row, v_head, _qd_seq, _qd_head, _kd_seq, _kd_head,
+         _vd_seq, _vd_head, ks_page, ks_row, ks_head, vs_page, vs_row, vs_head) = strides  # fmt: skip
+        ptrs = SimpleNamespace(
+            block_table=block_table_ptr, seq_lens=seq_lens_ptr, n_splits=n_splits_ptr, q_descale=q_descale_ptr,
+            k_descale=k_descale_ptr, v_descale=v_descale_ptr, lse=lse_ptr, m_part=m_part_ptr, l_part=l_part_ptr,
+        )  # fmt: skip
+        v = shared_views(problem_shape, max_blocks, self.config.max_splits, strides, ptrs)
         v.work = cute.make_tensor(work_ptr, cute.make_layout((num_work, 4), stride=(4, 1)))
-        v.q_descale = cute.make_tensor(q_descale_ptr, cute.make_layout((hb,), stride=((qd_head, qd_seq),)))
-        v.k_descale = cute.make_tensor(k_descale_ptr, cute.make_layout((hb,), stride=((kd_head, kd_seq),)))
-        v.v_descale = cute.make_tensor(v_descale_ptr, cute.make_layout((hb,), stride=((vd_head, vd_seq),)))
-        v.o = cute.make_tensor(o_ptr, cute.make_layout((1,)))
-        v.lse = cute.make_tensor(lse_ptr, cute.make_ordered_layout(shape=(n_q, hb), order=(0, (1, 2))))
-        v.o_part = cute.make_tensor(o_part_ptr, cute.make_layout((1,)))
-        v.m_part = cute.make_tensor(m_part_ptr, cute.make_ordered_layout(shape=(n_q, hb, splits), order=(0, (1, 2), 3)))
-        v.l_part = cute.make_tensor(l_part_ptr, cute.make_ordered_layout(shape=(n_q, hb, splits), order=(0, (1, 2), 3)))
-
-        v.k_scales = cute.make_tensor(k_scales_ptr, cute.make_layout((1,)))
-        v.v_scales = cute.make_tensor(v_scales_ptr, cute.make_layout((1,)))
+        # Q, K, V, O, the o partials and NVFP4 scales are addressed from their base pointers and strides.
+        base = cute.make_layout((1,))
+        v.q, v.k, v.v = cute.make_tensor(q_ptr, base), cute.make_tensor(k_ptr, base), cute.make_tensor(v_ptr, base)
+        v.o, v.o_part = cute.make_tensor(o_ptr, base), cute.make_tensor(o_part_ptr, base)
+        v.k_scales, v.v_scales = cute.make_tensor(k_scales_ptr, base), cute.make_tensor(v_scales_ptr, base)
         self.kernel(
             v.q, v.k, v.v, v.k_scales, v.v_scales, v.block_table, v.seq_lens, v.work, v.n_splits, v.q_descale,
             v.k_descale, v.v_descale, v.o, v.lse, v.o_part, v.m_part, v.l_part, b, h_k, n_q, q_seq, o_seq, k_page,

@@ -6,7 +6,6 @@ emitted with side effects so the compiler keeps them in program order relative t
 """
 
 from cutlass import Float32, Int32, Int64
-from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -177,13 +176,6 @@ def e4m3x4_to_pairs_transposed(x, *, bf16: bool, loc=None, ip=None):
 
 
 @dsl_user_op
-def e4m3x2_to_pair(x, *, bf16: bool, loc=None, ip=None):
-    """Two e4m3 bytes in the low 16 bits of x -> f16x2 or bf16x2."""
-    text = "{\n\t" + _DECLS + "mov.b32 {lo, hi}, $1;\n\t" + _e4m3x2_to("$0", "lo", bf16) + "}"
-    return Int32(_asm(T.i32(), [_i32(x, loc, ip)], text, "=r,r"))
-
-
-@dsl_user_op
 def f32x2_to_e4m3_pair(lo, hi, *, loc=None, ip=None):
     """(lo, hi) fp32 -> e4m3 with cvt.rn.satfinite (the spec's P rounding), returned widened to f16x2."""
     text = "{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.e4m3x2.f32 t, $2, $1;\n\tcvt.rn.f16x2.e4m3x2 $0, t;\n\t}"
@@ -194,16 +186,6 @@ def f32x2_to_e4m3_pair(lo, hi, *, loc=None, ip=None):
 def f32x2_to_bf16_pair(lo, hi, *, loc=None, ip=None):
     """(lo, hi) fp32 -> bf16x2, round to nearest even."""
     return Int32(_asm(T.i32(), [_f32(lo, loc, ip), _f32(hi, loc, ip)], "cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f"))
-
-
-@dsl_user_op
-def f32_to_e4m3_byte(x, *, loc=None, ip=None):
-    """fp32 -> one e4m3 byte (cvt.rn.satfinite) in the low 8 bits of an Int32."""
-    text = (
-        "{\n\t.reg .b16 t;\n\t.reg .f32 z;\n\tmov.f32 z, 0f00000000;\n\t"
-        "cvt.rn.satfinite.e4m3x2.f32 t, z, $1;\n\tcvt.u32.u16 $0, t;\n\tand.b32 $0, $0, 255;\n\t}"
-    )
-    return Int32(_asm(T.i32(), [_f32(x, loc, ip)], text, "=r,f"))
 
 
 @dsl_user_op
@@ -222,11 +204,6 @@ def ld_shared_f32(smem_addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def st_shared_u8(smem_addr, value, *, loc=None, ip=None):
-    _asm(None, [_i32(smem_addr, loc, ip), _i32(value, loc, ip)], "st.shared.u8 [$0], $1;", "r,r", side_effects=True)
-
-
-@dsl_user_op
 def st_shared_f32(smem_addr, value, *, loc=None, ip=None):
     _asm(None, [_i32(smem_addr, loc, ip), _f32(value, loc, ip)], "st.shared.f32 [$0], $1;", "r,f", side_effects=True)
 
@@ -242,23 +219,6 @@ def st_shared_v4_b32(smem_addr, v0, v1, v2, v3, *, loc=None, ip=None):
     )
 
 
-@dsl_user_op
-def ld_global_u8(gmem_addr, *, loc=None, ip=None):
-    """One byte from global memory (read-only path), zero-extended."""
-    return Int32(_asm(T.i32(), [Int64(gmem_addr).ir_value(loc=loc, ip=ip)], "ld.global.nc.u8 $0, [$1];", "=r,l", True))
-
-
-@dsl_user_op
-def e4m3_byte_to_f32(x, *, loc=None, ip=None):
-    """The e4m3 value of the low byte of x as fp32 (exact)."""
-    text = (
-        "{\n\t.reg .b16 lo, hi, h0, h1;\n\t.reg .b32 h;\n\t"
-        "mov.b32 {lo, hi}, $1;\n\tcvt.rn.f16x2.e4m3x2 h, lo;\n\tmov.b32 {h0, h1}, h;\n\t"
-        "cvt.f32.f16 $0, h0;\n\t}"
-    )
-    return Float32(_asm(T.f32(), [_i32(x & 0xFF, loc, ip)], text, "=f,r"))
-
-
 # -- sub-byte codes -> e4m3 bytes (exact) ---------------------------------------------------------
 # A code's sign and magnitude bits are moved into f16 position (sign -> bit 15, exponent field into the
 # low exponent bits, mantissa into the top mantissa bits); that f16 is the code's value times 2^-k
@@ -266,7 +226,6 @@ def e4m3_byte_to_f32(x, *, loc=None, ip=None):
 # 2^k gives the value and cvt.rn.satfinite.e4m3x2.f16x2 stores it (every fp6 / fp4 value is an e4m3
 # value). NVFP4 multiplies by 2^(k - 3) and then by the block scale instead: code * scale * 2^-3 is exact
 # in f16 (at most 6 significant bits, 2^-13 .. 336), so the e4m3 conversion rounds the exact product.
-F16X2_ONE = 0x3C003C00
 _F16X2_POW2 = {11: 0x68006800, 12: 0x6C006C00, 14: 0x74007400}
 # Where a code's bits go in an f16 (sign shift, magnitude shift, magnitude mask) and the power of two k
 # that makes the f16 the code's value (tests/kernel/test_hopper_ptx_recipes.py checks every code).
@@ -386,19 +345,13 @@ __all__ = [
     "st_global_v4_f32",
     "e4m3x4_to_pairs",
     "e4m3x4_to_pairs_transposed",
-    "e4m3x2_to_pair",
     "f32x2_to_e4m3_pair",
     "f32x2_to_bf16_pair",
-    "f32_to_e4m3_byte",
     "ld_shared_b32",
     "ld_shared_u8",
     "ld_shared_f32",
-    "st_shared_u8",
     "st_shared_f32",
     "st_shared_v4_b32",
-    "ld_global_u8",
-    "e4m3_byte_to_f32",
-    "F16X2_ONE",
     "f16x2_pow2",
     "fp4x8_to_e4m3x8",
     "e2m1x8_to_e4m3x8",
@@ -409,5 +362,4 @@ __all__ = [
     "NVFP4_POW2",
     "fp6x16_to_e4m3x16",
     "e4m3_byte_to_f16x2",
-    "ir",
 ]

@@ -77,6 +77,7 @@ from ..config import (
     DecodeConfig,
     can_implement,
 )
+from ..kernel_views import shared_views
 from .reduction_kernel import LOG2_E, SplitReduction
 
 WARPS_PER_WARPGROUP = WARPGROUP_THREADS // WARP_THREADS
@@ -179,12 +180,13 @@ class ThorDecodeKernel:
     def _views(self, shape, max_blocks, num_pages, strides, ptrs):
         """Global tensors from pointers and element strides (see the module docstring)."""
         b, h_k, n_q, d = shape
-        (q_seq, o_seq, k_page, k_row, k_head, v_page, v_row, v_head, qd_seq, qd_head, kd_seq, kd_head,
-         vd_seq, vd_head, ks_page, ks_row, ks_head, vs_page, vs_row, vs_head) = strides  # fmt: skip
+        (q_seq, o_seq, k_page, k_row, k_head, v_page, v_row, v_head, _qd_seq, _qd_head, _kd_seq, _kd_head,
+         _vd_seq, _vd_head, ks_page, ks_row, ks_head, vs_page, vs_row, vs_head) = strides  # fmt: skip
         ps = self.config.page_size
         splits = self.config.max_splits
         hb = (h_k, b)
-        v = SimpleNamespace()
+        # block table, lengths, descales, LSE, m / l partials: as in every decode kernel
+        v = shared_views(shape, max_blocks, splits, strides, ptrs)
         v.q = cute.make_tensor(ptrs.q, cute.make_layout((n_q, d, hb), stride=(d, 1, (n_q * d, q_seq))))
         pages = (h_k, num_pages)
         v.k = cute.make_tensor(ptrs.k, cute.make_layout((ps, d, pages), stride=(k_row, 1, (k_head, k_page))))
@@ -198,23 +200,9 @@ class ThorDecodeKernel:
         v.v_scales = cute.make_tensor(
             ptrs.v_scales, cute.make_layout((ps, groups, pages), stride=(vs_row, 1, (vs_head, vs_page)))
         )
-        v.block_table = cute.make_tensor(ptrs.block_table, cute.make_layout((b, max_blocks), stride=(max_blocks, 1)))
-        v.seq_lens = cute.make_tensor(ptrs.seq_lens, cute.make_layout((b,)))
-        v.n_splits = cute.make_tensor(ptrs.n_splits, cute.make_layout((b,)))
-        # Descales indexed by (kv head, seq); zero strides broadcast per-head / per-tensor scales.
-        v.q_descale = cute.make_tensor(ptrs.q_descale, cute.make_layout((hb,), stride=((qd_head, qd_seq),)))
-        v.k_descale = cute.make_tensor(ptrs.k_descale, cute.make_layout((hb,), stride=((kd_head, kd_seq),)))
-        v.v_descale = cute.make_tensor(ptrs.v_descale, cute.make_layout((hb,), stride=((vd_head, vd_seq),)))
         v.o = cute.make_tensor(ptrs.o, cute.make_layout((d, n_q, hb), stride=(1, d, (n_q * d, o_seq))))
-        v.lse = cute.make_tensor(ptrs.lse, cute.make_ordered_layout(shape=(n_q, hb), order=(0, (1, 2))))
         v.o_part = cute.make_tensor(
             ptrs.o_part, cute.make_ordered_layout(shape=(d, n_q, hb, splits), order=(0, 1, (2, 3), 4))
-        )
-        v.m_part = cute.make_tensor(
-            ptrs.m_part, cute.make_ordered_layout(shape=(n_q, hb, splits), order=(0, (1, 2), 3))
-        )
-        v.l_part = cute.make_tensor(
-            ptrs.l_part, cute.make_ordered_layout(shape=(n_q, hb, splits), order=(0, (1, 2), 3))
         )
         return v
 

@@ -3,14 +3,13 @@ kernel-specific ones below. Runs where a tcgen05 GPU (compute capability 10.x / 
 skips with the reason elsewhere. Tolerances: mjolnir_kernel.conformance (named, derived)."""
 
 import math
-from dataclasses import fields, replace
 
 import pytest
 import torch
 
 from mjolnir_kernel.arch import tcgen05_device_reason
 from mjolnir_kernel.compile import cutlass_available
-from mjolnir_kernel.conformance import KERNEL_CASES, compare_outputs
+from mjolnir_kernel.conformance import KERNEL_CASES, compare_outputs, permute_pages
 from mjolnir_numerics.cases import CASES, DecodeCase
 from mjolnir_numerics.plan import plan_split_kv
 
@@ -78,18 +77,7 @@ def test_permuted_page_assignment_is_bit_identical():
     case = next(c for c in CASES if c.name == "varlen")
     inputs = case.build("cuda")
     cache = inputs.cache
-    perm = torch.randperm(cache.num_pages, generator=torch.Generator().manual_seed(7)).to(cache.device)
-    inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.numel(), device=perm.device)
-    moved = {}
-    for f in fields(cache):
-        t = getattr(cache, f.name)
-        if f.name in ("k_pool", "v_pool", "k_scales", "v_scales") and t is not None:
-            buf = torch.empty_like(t.contiguous())
-            buf[inv] = t  # page p moves to slot inv[p]
-            moved[f.name] = buf
-    moved["block_table"] = inv[cache.block_table.long()].to(torch.int32)
-    permuted = replace(cache, **moved)
+    permuted = permute_pages(cache)
     kw = inputs.emulator_kwargs()
     o1, l1 = decode(inputs.q, cache, **kw)
     o2, l2 = decode(inputs.q, permuted, **kw)

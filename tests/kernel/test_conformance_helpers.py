@@ -1,0 +1,75 @@
+"""The kernel-vs-spec helpers of mjolnir_kernel.conformance on the CPU: the comparison and its named
+tolerances, the P-flip bound, and the page permutation used as a metamorphic test."""
+
+import torch
+
+from mjolnir_kernel.conformance import (
+    O_MAX_ULP_BF16,
+    P_STEP_BF16,
+    P_STEP_E4M3,
+    compare_outputs,
+    p_flip_atol,
+    permute_pages,
+)
+from mjolnir_numerics.cases import CASES
+from mjolnir_numerics.emulator import emulate_decode
+
+
+def _outputs(n=4096, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    o = torch.randn(n, generator=g).to(torch.bfloat16).view(16, 2, -1)
+    lse = torch.randn(16, 2, 4, generator=g).abs() + 1.0
+    return o, lse
+
+
+def _nudge(o, flat_index, ulps):
+    out = o.clone()
+    bits = out.view(-1).view(torch.int16)
+    bits[flat_index] += ulps
+    return out
+
+
+def test_identical_outputs_pass():
+    o, lse = _outputs()
+    r = compare_outputs(o, lse, o.clone(), lse.clone())
+    assert r.ok and r.o_max_ulp == 0 and r.o_identical_fraction == 1.0 and r.o_max_abs == 0.0
+
+
+def test_an_element_beyond_the_ulp_limit_needs_the_flip_bound():
+    o, lse = _outputs()
+    off = _nudge(o, 5, O_MAX_ULP_BF16 + 6)
+    err = float((off.float() - o.float()).abs().max())
+    assert not compare_outputs(off, lse, o, lse).ok  # no outliers allowed without a bound
+    inside = compare_outputs(off, lse, o, lse, o_flip_atol=err)
+    assert inside.ok and inside.o_flip_outliers == 1 and inside.o_max_ulp == O_MAX_ULP_BF16 + 6
+    assert not compare_outputs(off, lse, o, lse, o_flip_atol=err / 2).ok
+
+
+def test_the_identical_fraction_is_required_even_within_ulps():
+    o, lse = _outputs()
+    off = o.clone().view(-1)
+    off.view(torch.int16)[: off.numel() // 10] += 1  # 10 % of elements 1 ulp off: within the ulp limit, < 95 %
+    r = compare_outputs(off.view_as(o), lse, o, lse, o_flip_atol=1.0)
+    assert r.o_max_ulp == 1 and r.o_identical_fraction < 0.95 and not r.ok
+
+
+def test_p_flip_bound_is_one_p_code_step_times_v_and_the_scales():
+    assert p_flip_atol(4.0, 0.5, 2.0, "e4m3") == P_STEP_E4M3 * 4.0 * 0.5 * 2.0
+    assert p_flip_atol(4.0, 0.5, -2.0, "bf16") == P_STEP_BF16 * 4.0 * 0.5 * 2.0
+    assert P_STEP_E4M3 == 32 / 448  # the e4m3 code step in [256, 448], in p units
+
+
+def test_permuted_pages_hold_the_same_cache():
+    case = next(c for c in CASES if c.name == "varlen")
+    inputs = case.build("cpu")
+    cache = inputs.cache
+    moved = permute_pages(cache)
+    assert not torch.equal(moved.block_table, cache.block_table)
+    assert not torch.equal(moved.k_pool.view(torch.uint8), cache.k_pool.view(torch.uint8))
+    for s in range(len(case.seq_lens)):
+        for a, b in zip(cache.gather(s), moved.gather(s)):
+            assert torch.equal(a, b)
+    kw = inputs.emulator_kwargs()
+    o1, l1 = emulate_decode(inputs.q, cache, **kw)
+    o2, l2 = emulate_decode(inputs.q, moved, **kw)
+    assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(l1, l2)
