@@ -41,7 +41,9 @@ def select_hopper_config(
     max_splits: int = 16,
     ring_depth: int = 0,
 ):
-    """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU."""
+    """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints and strs as in
+    ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1).
+    Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement."""
     from .hopper.config import HopperConfig, can_implement_hopper
 
     cfg = HopperConfig(
