@@ -8,7 +8,11 @@ fraction of a read-only stream measured in the same run (``torch.sum`` over an i
 * ``sdpa``      ``torch.nn.functional.scaled_dot_product_attention`` on dense bf16 K/V (twice the bytes
                 of e4m3), GQA through ``enable_gqa``; bytes = bf16 K + V;
 * ``widen+sdpa`` an e4m3 cache widened to bf16, then SDPA: what a PyTorch user writes without a
-                kernel; reported against the e4m3 bytes.
+                kernel; reported against the e4m3 bytes;
+* ``flashinfer`` FlashInfer's fp8 paged decode (``BatchDecodeWithPagedKVCacheWrapper``, bf16 Q, e4m3
+                K/V, per-tensor scales) on the very pools and block table ours reads, CUDA-graph safe
+                buffers; its CUDA-core and tensor-core paths are both timed and the faster one is
+                reported (when ``import flashinfer`` works: carry its wheel to the device).
 
 The "x sdpa" column is SDPA's time over ours at equal work (same shape, same number of keys).
 
@@ -109,7 +113,50 @@ def build_pools(b, L, h_k, d, fmt, page_size, gen, layout="nhd"):
     return k_pool, v_pool, block_table, seq_lens, k_descale, v_descale, scales, nbytes
 
 
-def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd"):
+def bench_flashinfer(q, k_pool, v_pool, block_table, L, h_q, h_k, d, page_size, o_ref, iters):
+    """FlashInfer's fp8 paged decode on our pools: ``(ms, path, max |o - o_ours| / max |o_ours|)`` of the
+    faster of its two paths (CUDA cores / tensor cores), or a string saying why it did not run."""
+    try:
+        import flashinfer
+    except Exception as e:  # not carried, or it does not import on this machine
+        return f"not run ({type(e).__name__}: {e})".splitlines()[0][:120]
+    b, pages_per_seq = block_table.shape
+    dev = q.device
+    indptr = torch.arange(b + 1, dtype=torch.int32, device=dev) * pages_per_seq
+    indices = block_table.flatten().contiguous()
+    last = torch.full((b,), L - (pages_per_seq - 1) * page_size, dtype=torch.int32, device=dev)
+    workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
+    best = None
+    for tensor_cores in (False, True):
+        path = "tensor cores" if tensor_cores else "CUDA cores"
+        try:
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                workspace, "NHD", use_cuda_graph=True, use_tensor_cores=tensor_cores,
+                paged_kv_indptr_buffer=indptr.clone(), paged_kv_indices_buffer=indices.clone(),
+                paged_kv_last_page_len_buffer=last.clone(),
+            )  # fmt: skip
+            wrapper.plan(
+                indptr, indices, last, h_q, h_k, d, page_size, q_data_type=torch.bfloat16,
+                kv_data_type=torch.float8_e4m3fn,
+            )  # fmt: skip
+            out = torch.empty_like(q)
+
+            def run(wrapper=wrapper, out=out):
+                wrapper.run(q, (k_pool, v_pool), k_scale=0.02, v_scale=0.02, out=out)
+
+            ms = _time_ms(run, iters)
+        except Exception as e:
+            print(f"# flashinfer {path}: failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+            continue
+        err = ((out.float() - o_ref.float()).abs().max() / o_ref.float().abs().max().clamp_min(1e-30)).item()
+        print(f"# flashinfer {path}: {ms * 1e3:.1f} us, max |o - o_mjolnir| / max |o_mjolnir| = {err:.2e}")
+        if best is None or ms < best[0]:
+            best = (ms, path, err)
+    return best if best is not None else "not run (both paths failed)"
+
+
+def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
+                peers=True):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
@@ -122,16 +169,21 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     stream.wait_stream(torch.cuda.current_stream())  # the pools are written on the current stream
     with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
         prep = prepare_decode(
-            q, k_pool, v_pool, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, **scales
-        )
+            q, k_pool, v_pool, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
+            **scales,
+        )  # fmt: skip
     ms = _time_ms(prep.launch, iters, stream=stream)
+    fi = None
+    if peers and fmt == "e4m3" and q_dtype == "bf16" and layout == "nhd":
+        torch.cuda.synchronize()
+        fi = bench_flashinfer(q, k_pool, v_pool, bt, L, h_q, h_k, d, page_size, prep.outputs()[0], iters)
     del k_pool, v_pool, prep  # free the pools before the dense SDPA copies
     torch.cuda.empty_cache()
 
     key = (b, L, h_q, h_k, d)
     if key not in sdpa_cache:
-        sdpa_cache[key] = bench_sdpa(b, L, h_q, h_k, d, iters, gen)
-    return ms, nbytes, sdpa_cache[key]
+        sdpa_cache[key] = bench_sdpa(b, L, h_q, h_k, d, iters, gen) if peers else (math.nan,) * 4
+    return ms, nbytes, sdpa_cache[key], fi
 
 
 def bench_sdpa(b, L, h_q, h_k, d, iters, gen):
@@ -176,6 +228,8 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--stages", default="0", help="comma-separated KV ring depths to compare (0 = default)")
     ap.add_argument("--eager", action="store_true", help="time Python launches instead of CUDA-graph replays")
+    ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch of the reduction grid")
+    ap.add_argument("--no-peers", action="store_true", help="time the Hopper kernel only (no SDPA, no FlashInfer)")
     args = ap.parse_args(argv)
     global GRAPHS
     GRAPHS = not args.eager
@@ -204,6 +258,7 @@ def main(argv=None) -> int:
     print(head)
     sdpa_cache = {}
     rows = []
+    fi_note = None
     for h_q, h_k, d in SHAPES:
         for b in batches:
             for fmt in formats:
@@ -211,9 +266,9 @@ def main(argv=None) -> int:
                     for stages in stage_list:
                         shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
                         try:
-                            ms, nbytes, (ms_sdpa, b16, ms_widen, b8) = bench_shape(
+                            ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
-                                sdpa_cache, stages, args.layout,
+                                sdpa_cache, stages, args.layout, args.pdl, not args.no_peers,
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_dtype:<5} not run: {e}")
@@ -224,13 +279,25 @@ def main(argv=None) -> int:
                             f" {ms_sdpa / ms:>6.2f}x"
                         )
                         rows.append((shape, fmt, q_dtype, ms, tb))
+                        if isinstance(fi, str):
+                            fi_note = f"# FlashInfer: {fi}"
+                        elif fi is not None:
+                            fi_ms, path, _ = fi
+                            tb_f = x_bytes_tb(nbytes, fi_ms)
+                            print(
+                                f"{shape:<22} {fmt:<6} {'fi':<5} {fi_ms * 1e3:>9.1f} {tb_f:>6.2f} {tb_f / stream:>8.1%}"
+                                f" {ms_sdpa / fi_ms:>6.2f}x  FlashInfer ({path}); mjolnir {fi_ms / ms:.2f}x faster"
+                            )
+            if args.no_peers:
+                continue
             ms_sdpa, b16, ms_widen, b8 = sdpa_cache[(b, args.seqlen, h_q, h_k, d)]
             shape = f"b{b} {h_q}/{h_k} d{d}"
             tb_s = x_bytes_tb(b16, ms_sdpa)
             print(f"{shape:<22} {'bf16':<6} {'sdpa':<5} {ms_sdpa * 1e3:>9.1f} {tb_s:>6.2f} {tb_s / stream:>8.1%}")
             tb_w = x_bytes_tb(b8, ms_widen)
             print(f"{shape:<22} {'e4m3':<6} {'widen':<5} {ms_widen * 1e3:>9.1f} {tb_w:>6.2f} {tb_w / stream:>8.1%}")
-    print("# FlashInfer: not run (no wheel carried to the device in this run)")
+    if fi_note is not None:
+        print(fi_note)
     return 0
 
 

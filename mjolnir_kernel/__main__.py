@@ -141,15 +141,14 @@ def _bench_cmd(args) -> int:
 
 def _hopper_bench_config(args):
     """The HopperConfig ``decode()`` would compile for the bench arguments on a Hopper GPU (``--ring-depth``
-    is its ring stages; shared memory and registers set Hopper's occupancy, so ``--ctas-per-sm`` is a
-    Thor-only option). None, with the reason on stderr, when a Thor-only option is set or the config is
+    is its ring stages, ``--pdl`` its programmatic dependent launch; shared memory and registers set
+    Hopper's occupancy, so ``--ctas-per-sm`` is a Thor-only option). None, with the reason on stderr, when a Thor-only option is set or the config is
     invalid."""
     from .api import select_hopper_config
     from .bench import _q_dtype
     from .config import ConfigError
 
     thor_only = {
-        "--pdl": args.pdl,
         "--l2-prefetch": args.l2_prefetch,
         "--evict-first 1": args.evict_first == 1,
         "--ctas-per-sm": args.ctas_per_sm is not None,
@@ -162,7 +161,7 @@ def _hopper_bench_config(args):
         return select_hopper_config(
             head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
             q_dtype=_q_dtype(args), causal=not args.non_causal, max_splits=args.max_splits,
-            ring_depth=args.ring_depth,
+            ring_depth=args.ring_depth, pdl=args.pdl,
         )  # fmt: skip
     except ConfigError as e:
         print(f"bench: {e}", file=sys.stderr)

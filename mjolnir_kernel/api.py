@@ -27,7 +27,7 @@ class DeviceError(RuntimeError):
 
 
 HOPPER_MAX_SPLITS = 32  # H200: 132 SMs want more chunks per sequence at small batch than Thor's 20
-THOR_ONLY_OPTIONS = {"pdl": False, "l2_prefetch": 0, "evict_first": None}  # knobs the Hopper kernel lacks
+THOR_ONLY_OPTIONS = {"l2_prefetch": 0, "evict_first": None}  # knobs the Hopper kernel lacks
 
 
 def select_hopper_config(
@@ -40,15 +40,16 @@ def select_hopper_config(
     causal: bool = True,
     max_splits: int = 16,
     ring_depth: int = 0,
+    pdl: bool = False,
 ):
-    """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints and strs as in
+    """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints, strs and bools as in
     ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1).
     Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement."""
     from .hopper.config import HopperConfig, can_implement_hopper
 
     cfg = HopperConfig(
         head_dim=head_dim, page_size=page_size, q_len=q_len, kv_format=kv_format, q_dtype=q_dtype,
-        causal=bool(causal) if q_len > 1 else True, max_splits=max_splits, stages=ring_depth,
+        causal=bool(causal) if q_len > 1 else True, max_splits=max_splits, stages=ring_depth, pdl=pdl,
     )  # fmt: skip
     can_implement_hopper(cfg)
     return cfg
@@ -173,13 +174,13 @@ def prepare_decode(
     if max_splits is None:
         max_splits = HOPPER_MAX_SPLITS if backend == "hopper" else 16
     if backend == "hopper":
-        given = {"pdl": pdl, "l2_prefetch": l2_prefetch, "evict_first": evict_first}
+        given = {"l2_prefetch": l2_prefetch, "evict_first": evict_first}
         for name, value in given.items():
             if value != THOR_ONLY_OPTIONS[name]:
                 raise ValueError(f"{name}: a Thor-kernel option; the Hopper kernel has no such knob (got {value!r})")
         cfg = select_hopper_config(
             head_dim=problem.head_dim, page_size=problem.page_size, q_len=q_len, kv_format=kv_format,
-            q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth,
+            q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl,
         )  # fmt: skip
         if ctas_per_sm is None:
             ctas_per_sm = cfg.ctas_per_sm

@@ -54,6 +54,8 @@ class HopperConfig:
       causal      q_len > 1: query qi sees keys 0 .. L - q_len + qi (False: all L keys)
       max_splits  partial slots per sequence; 1 compiles the reduction out
       stages      KV tiles in the shared-memory ring; 0 = DEFAULT_STAGES
+      pdl         programmatic dependent launch: the reduction grid launches while the decode grid
+                  runs and waits for it (griddepcontrol), hiding its launch latency
     """
 
     head_dim: int = 128
@@ -64,6 +66,7 @@ class HopperConfig:
     causal: bool = True
     max_splits: int = 16
     stages: int = 0
+    pdl: bool = False
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -73,7 +76,7 @@ class HopperConfig:
         causal = "c" if self.causal else "n"
         return (
             f"sm90-{self.q_dtype}-{self.kv_format}-d{self.head_dim}-ps{self.page_size}-q{self.q_len}{causal}"
-            f"-s{self.max_splits}-r{self.ring_stages}"
+            f"-s{self.max_splits}-r{self.ring_stages}" + ("-pdl" if self.pdl else "")
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -150,5 +153,7 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(f"stages={c.stages!r} (0 = default, or >= 2)")
     elif not problems and c.smem_bytes > SMEM_PER_CTA_MAX:
         problems.append(f"stages={c.stages!r}: {c.smem_bytes} B of shared memory > {SMEM_PER_CTA_MAX} B per CTA")
+    if not isinstance(c.pdl, bool):
+        problems.append(f"pdl={c.pdl!r} (True or False)")
     if problems:
         raise ConfigError("HopperConfig cannot be implemented: " + "; ".join(problems))

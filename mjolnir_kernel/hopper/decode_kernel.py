@@ -105,7 +105,8 @@ class HopperDecodeKernel:
         self.ring_tile_bytes = TILE_KEYS * config.packed_row_bytes  # one K (or V) tile as stored
         self.scale_tile_bytes = TILE_KEYS * (config.head_dim // 16)  # NVFP4 scales of one K (or V) tile
         self.tile_bytes = config.tile_bytes
-        self.reduction = SplitReduction(config.max_splits, False) if config.max_splits > 1 else None
+        self.launch_extra = {"use_pdl": True} if config.pdl else {}
+        self.reduction = SplitReduction(config.max_splits, config.pdl) if config.max_splits > 1 else None
 
     @cute.jit
     def __call__(
@@ -160,6 +161,7 @@ class HopperDecodeKernel:
             block=[THREADS, 1, 1],
             stream=stream,
             min_blocks_per_mp=self.config.ctas_per_sm,  # the plan counts on this many CTAs per SM
+            **self.launch_extra,
         )  # fmt: skip
 
         if cutlass.const_expr(self.reduction is not None):
@@ -214,6 +216,12 @@ class HopperDecodeKernel:
         f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
         d = self.d
         bf16_mma = not cfg.fp8
+
+        # PDL: wait for the previous grid (Q / KV writes, an earlier reduction reading the partials)
+        # before the first global access; then let the reduction launch and wait for us in turn.
+        if cutlass.const_expr(cfg.pdl):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
 
         work_idx, q_tile_idx, head = cute.arch.block_idx()
         tid, _, _ = cute.arch.thread_idx()

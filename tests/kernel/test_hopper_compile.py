@@ -194,8 +194,8 @@ def test_cli_hopper_gate_fails_on_a_compile_error(monkeypatch, capsys, tmp_path)
 
 def test_cli_bench_compile_only_rejects_thor_options_for_hopper(monkeypatch, capsys):
     monkeypatch.setattr(kc, "compile_decode", _must_not_compile)
-    assert main(["bench", "--compile-only", "--arch", "sm_90a", "--pdl"]) == 2
-    assert "--pdl" in capsys.readouterr().err
+    assert main(["bench", "--compile-only", "--arch", "sm_90a", "--l2-prefetch", "2"]) == 2
+    assert "--l2-prefetch" in capsys.readouterr().err
     assert main(["bench", "--compile-only", "--arch", "sm_90a", "--ctas-per-sm", "1"]) == 2
     assert "--ctas-per-sm" in capsys.readouterr().err
     assert main(["bench", "--compile-only", "--arch", "sm_90a", "--head-dim", "96"]) == 2
@@ -218,6 +218,16 @@ def _compile_and_check(cfg):
 @pytest.mark.parametrize("cfg", kc.hopper_ci_slice(), ids=lambda c: c.short_name())
 def test_hopper_ci_slice_compiles(cfg):
     _compile_and_check(cfg)
+
+
+@needs_cutlass
+def test_hopper_pdl_config_compiles():
+    """PDL (griddepcontrol in both grids, launched with use_pdl) lowers for sm_90a without spills; the
+    device test (test_hopper_conformance) checks its bits."""
+    cfg = HopperConfig(head_dim=128, page_size=64, q_dtype="e4m3", max_splits=32, pdl=True)
+    assert cfg.short_name().endswith("-pdl")
+    r = _compile_and_check(cfg)
+    assert r.resources["decode"].spill_stores == 0 and r.resources["reduction"].spill_stores == 0
 
 
 @needs_cutlass

@@ -38,6 +38,7 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"kv_format": "int4"}, ["kv_format='int4'"]),
         ({"max_splits": 0}, ["max_splits=0"]),
         ({"stages": 1}, ["stages=1"]),
+        ({"pdl": "yes"}, ["pdl='yes'"]),
         ({"stages": 9, "head_dim": 256}, ["stages=9", "shared memory"]),
         ({"head_dim": 96, "page_size": 8}, ["head_dim=96", "page_size=8"]),
     ],
@@ -62,6 +63,7 @@ def test_resource_plan():
     assert nvfp4.smem_bytes - fp4.smem_bytes == 2 * nvfp4.ring_stages * 128 * (256 // 16)
     assert small.short_name() == "sm90-bf16-e4m3-d128-ps128-q1c-s16-r2"
     assert HopperConfig(q_len=4, causal=False).short_name() != HopperConfig(q_len=4).short_name()
+    assert HopperConfig(pdl=True).short_name() == small.short_name() + "-pdl"
 
 
 def test_p_scale_follows_the_q_path():
