@@ -142,8 +142,8 @@ def _bench_cmd(args) -> int:
 def _hopper_bench_config(args):
     """The HopperConfig ``decode()`` would compile for the bench arguments on a Hopper GPU (``--ring-depth``
     is its ring stages, ``--pdl`` its programmatic dependent launch; shared memory and registers set
-    Hopper's occupancy, so ``--ctas-per-sm`` is a Thor-only option). None, with the reason on stderr, when a Thor-only option is set or the config is
-    invalid."""
+    Hopper's occupancy, so ``--ctas-per-sm`` is a Thor-only option). None, with the reason on stderr, when
+    a Thor-only option is set or the config is invalid."""
     from .api import select_hopper_config
     from .bench import _q_dtype
     from .config import ConfigError
