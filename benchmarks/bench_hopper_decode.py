@@ -68,6 +68,13 @@ def stream_tbps(gib: float = 4.0, iters: int = 20) -> float:
     return x_bytes_tb(gib * GiB, _time_ms(x.sum, iters))
 
 
+def launch_floor_us(iters: int = 20) -> float:
+    """Microseconds of a one-element add timed the same way (graph replay between two events): the part
+    of any row's time that is launch and timing, not reading (it bounds the short, batch-1 rows)."""
+    x = torch.zeros(1, device="cuda")
+    return _time_ms(lambda: x.add_(1), iters) * 1e3
+
+
 def x_bytes_tb(nbytes: float, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e12
 
@@ -252,6 +259,7 @@ def main(argv=None) -> int:
         f" {args.page_size}, {args.layout} pools; median of {args.iters} {timing}"
     )
     print(f"# read-only stream (torch.sum over 4 GiB int64): {stream:.2f} TB/s")
+    print(f"# launch floor (a one-element add, timed the same way): {launch_floor_us():.1f} us")
     if skipped:
         print(f"# not run (the Hopper kernel does not read them yet): {', '.join(skipped)}")
     head = f"{'shape':<22} {'format':<6} {'Q':<5} {'us':>9} {'TB/s':>6} {'%stream':>8} {'x sdpa':>7}"
