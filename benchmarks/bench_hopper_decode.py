@@ -69,8 +69,10 @@ def stream_tbps(gib: float = 4.0, iters: int = 20) -> float:
 
 
 def launch_floor_us(iters: int = 20) -> float:
-    """Microseconds of a one-element add timed the same way (graph replay between two events): the part
-    of any row's time that is launch and timing, not reading (it bounds the short, batch-1 rows)."""
+    """Microseconds of a one-element add timed the same way (graph replay between two events): what a
+    kernel that reads nothing costs in this harness, for reading the short batch-1 rows. A reference, not
+    a bound: on the lent H200 it read 19-21 us while a one-tile decode (``--seqlen 128 --batches 1``)
+    read 11-17 us, so the floor of a graph of one small kernel varies with the kernel."""
     x = torch.zeros(1, device="cuda")
     return _time_ms(lambda: x.add_(1), iters) * 1e3
 
