@@ -21,8 +21,9 @@ tile). The head-dim order inside one MMA is a relabeling (the sum is order-free 
 2c, 2c + 1, 2c + 8, 2c + 9; Q is loaded in the same order.
 
 Sub-byte formats: the ring holds the packed rows (and NVFP4's block-scale rows); after a tile lands,
-all warps convert it to e4m3 bytes in one K and one V tile buffer (fp6 and NVFP4 by exact f16
-arithmetic, e2m1 by a byte-permute table; ``ptx.py``), which steps 1-4 then read like an e4m3 tile.
+all warps convert it to e4m3 bytes in one K and one V tile buffer (fp6 by exact f16 arithmetic, e2m1 by
+a byte-permute table, NVFP4 by a table of the block's eight e4m3(m * scale / 8) built per 16 codes;
+``ptx.py``), which steps 1-4 then read like an e4m3 tile.
 
 Row sums follow the Thor kernel's order exactly: one running sum per key slot of the tile (a TMEM lane
 there), combined at the end with the same butterfly tree over each 32 keys (key xor 16, 8, 4, 2, 1)
@@ -49,16 +50,14 @@ from ..kernel_views import shared_views
 from ..thor.reduction_kernel import LOG2_E, SplitReduction
 from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
 from .ptx import (
-    NVFP4_POW2,
     cp_async_8,
     cp_async_16,
     e2m1x8_to_e4m3x8,
-    e4m3_byte_to_f16x2,
-    f16x2_pow2,
-    fp4x8_to_e4m3x8,
+    nvfp4_block_table,
     fp6x16_to_e4m3x16,
     ld_shared_b32,
     ld_shared_u8,
+    ld_shared_v4_f32,
     st_shared_v4_b32,
     e4m3x4_to_pairs,
     e4m3x4_to_pairs_transposed,
@@ -256,8 +255,10 @@ class HopperDecodeKernel:
                     cutlass.Uint8, 2 * self.stages * self.scale_tile_bytes, byte_alignment=16
                 ).toint()
             p_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * P_ROW_BYTES, byte_alignment=128).toint()
-            s_max = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(Q_TILE, 1)), 16)
+            # (warp, row) at row * WARPS + warp: a row's eight warp maxima are two 16-byte vectors
+            s_max = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(1, WARPS)), 16)
             s_sum = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(Q_TILE, 1)), 16)
+            s_max_addr = s_max.iterator.toint()
 
             k_base = mK.iterator.toint()
             v_base = mV.iterator.toint()
@@ -316,6 +317,11 @@ class HopperDecodeKernel:
                     self._load_pages(pages, tile_begin + st + 1, seq, seq_len, mBT)
 
             p_scale = f32(cfg.p_scale)
+            # keys below mask_from are seen by every query row: key < seq_len, and with causal q_len > 1
+            # key <= seq_len - q_len + qi for every qi >= 0
+            mask_from = seq_len
+            if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
+                mask_from = seq_len - (cfg.q_len - 1)
             for it in cutlass.range(n_iters, unroll=1):
                 stage = it % self.stages
                 cute.arch.cp_async_wait_group(self.stages - 2)
@@ -358,16 +364,18 @@ class HopperDecodeKernel:
                                 sacc[j * 4 + e] = r[e]
 
                 # 2. mask, row max of the tile (warp, then the warps through smem)
-                key0 = (tile_begin + it) * TILE_KEYS + warp * KEYS_PER_WARP + 2 * c
-                for j in cutlass.range_constexpr(NB_S):
-                    for e in cutlass.range_constexpr(4):
-                        key = key0 + 8 * j + (e & 1)
-                        masked = key >= seq_len
-                        if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
-                            qi = (n_base + g + 8 * (e >> 1)) // h_r
-                            masked = masked or key > seq_len - cfg.q_len + qi
-                        if masked:
-                            sacc[j * 4 + e] = -f32.inf
+                # (a tile whose keys every row sees needs no mask: all but the last one or two)
+                if (tile_begin + it + 1) * TILE_KEYS > mask_from:
+                    key0 = (tile_begin + it) * TILE_KEYS + warp * KEYS_PER_WARP + 2 * c
+                    for j in cutlass.range_constexpr(NB_S):
+                        for e in cutlass.range_constexpr(4):
+                            key = key0 + 8 * j + (e & 1)
+                            masked = key >= seq_len
+                            if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
+                                qi = (n_base + g + 8 * (e >> 1)) // h_r
+                                masked = masked or key > seq_len - cfg.q_len + qi
+                            if masked:
+                                sacc[j * 4 + e] = -f32.inf
                 mx = cute.make_rmem_tensor((2,), f32)
                 for half in cutlass.range_constexpr(2):
                     x = sacc[2 * half]
@@ -389,8 +397,10 @@ class HopperDecodeKernel:
                 for half in cutlass.range_constexpr(2):
                     row = g + 8 * half
                     m_new = m_prev[half]
-                    for w in cutlass.range_constexpr(WARPS):  # max is exact: any order
-                        m_new = _fmax(m_new, s_max[w, row])
+                    for v4 in cutlass.range_constexpr(WARPS // 4):  # max is exact: any order
+                        w4 = ld_shared_v4_f32(s_max_addr + (row * WARPS + 4 * v4) * 4)
+                        for k in cutlass.range_constexpr(4):
+                            m_new = _fmax(m_new, w4[k])
                     ref = m_new
                     if m_new == -f32.inf:
                         ref = f32(0.0)
@@ -412,8 +422,10 @@ class HopperDecodeKernel:
                         prow = g + 8 * half
                         pcol = warp * KEYS_PER_WARP + 8 * j + 2 * c
                         st_shared_b32(p_buf + prow * P_ROW_BYTES + pcol * 2, pp)
-                for i in cutlass.range_constexpr(cute.size(o_acc)):
-                    o_acc[i] = o_acc[i] * corr[(i % 4) >> 1]
+                # O *= corr only where a row max moved (corr == 1 elsewhere: skipping is bit-identical)
+                if cute.arch.vote_any_sync(corr[0] != f32(1.0) or corr[1] != f32(1.0)):
+                    for i in cutlass.range_constexpr(cute.size(o_acc)):
+                        o_acc[i] = o_acc[i] * corr[(i % 4) >> 1]
                 cute.arch.sync_threads()
 
                 # 4. O += P.V on this warp's head-dim slice (d / 8: one or two 16-wide chunks)
@@ -502,7 +514,7 @@ class HopperDecodeKernel:
             if page < 0:
                 nbytes = cutlass.Int32(0)
                 page = cutlass.Int32(0)
-            row = i64((tile * TILE_KEYS + key) % ps)
+            row = i64(key % ps)  # TILE_KEYS is a multiple of the page size
             k_src = k_base + i64(page) * k_page_b + row * k_row_b + head_k_off + i64(chunk * CHUNK)
             v_src = v_base + i64(page) * v_page_b + row * v_row_b + head_v_off + i64(chunk * CHUNK)
             cp_async_16(k_dst + idx * CHUNK, k_src, nbytes)
@@ -514,7 +526,7 @@ class HopperDecodeKernel:
             if page < 0:
                 nbytes = cutlass.Int32(0)
                 page = cutlass.Int32(0)
-            row = i64((tile * TILE_KEYS + key) % ps)
+            row = i64(key % ps)  # TILE_KEYS is a multiple of the page size
             groups = self.d // 16
             dst = ks_ring + stage * 2 * self.scale_tile_bytes + key * groups
             src = sc.k_base + i64(page) * i64(sc.k_page) + row * i64(sc.k_row)
@@ -527,9 +539,9 @@ class HopperDecodeKernel:
     @cute.jit
     def _convert_tile(self, packed, conv, scales, tid):
         """Packed codes of one tile -> e4m3 bytes in the swizzled layout the MMAs read: thread t converts
-        the 16-element groups t + 256 i (key = group // (d / 16)) with exact f16 arithmetic (ptx.py):
-        fp6 / fp4 values are e4m3 values; NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block
-        scales of this ring stage (``scales``: (keys, d / 16) bytes)."""
+        the 16-element groups t + 256 i (key = group // (d / 16)) exactly (ptx.py): fp6 / fp4 values are
+        e4m3 values; NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block scales of this ring
+        stage (``scales``: (keys, d / 16) bytes), looked up in a table made once per group."""
         cfg = self.config
         fmt = cfg.kv_format
         bits = self.fmt.bits
@@ -546,9 +558,9 @@ class HopperDecodeKernel:
                 w2 = ld_shared_b32(src + 8)
                 o0, o1, o2, o3 = fp6x16_to_e4m3x16(w0, w1, w2, e3m2=fmt == "e3m2")
             elif cutlass.const_expr(fmt == "nvfp4"):
-                sc = e4m3_byte_to_f16x2(ld_shared_u8(scales + idx))  # scale byte of (key, grp) = idx
-                o0, o1 = fp4x8_to_e4m3x8(w0, cutlass.Int32(f16x2_pow2(NVFP4_POW2)), sc)
-                o2, o3 = fp4x8_to_e4m3x8(w1, cutlass.Int32(f16x2_pow2(NVFP4_POW2)), sc)
+                table = nvfp4_block_table(ld_shared_u8(scales + idx))  # scale byte of (key, grp) = idx
+                o0, o1 = e2m1x8_to_e4m3x8(w0, table)
+                o2, o3 = e2m1x8_to_e4m3x8(w1, table)
             else:
                 o0, o1 = e2m1x8_to_e4m3x8(w0)
                 o2, o3 = e2m1x8_to_e4m3x8(w1)
@@ -590,7 +602,7 @@ class HopperDecodeKernel:
             if page < 0:
                 nbytes = cutlass.Int32(0)
                 page = cutlass.Int32(0)
-            row = i64((tile * TILE_KEYS + key) % ps)
+            row = i64(key % ps)  # TILE_KEYS is a multiple of the page size: the row does not depend on the tile
             k_src = k_base + i64(page) * i64(k_page) + row * i64(k_row) + head_k_off + i64(chunk * CHUNK)
             v_src = v_base + i64(page) * i64(v_page) + row * i64(v_row) + head_v_off + i64(chunk * CHUNK)
             off = key * self.d + ((chunk ^ (key & 7)) * CHUNK)

@@ -204,6 +204,14 @@ def ld_shared_f32(smem_addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ld_shared_v4_f32(smem_addr, *, loc=None, ip=None):
+    """Four consecutive fp32 values at a 16-byte aligned shared-memory address."""
+    res = _asm(_struct(4, T.f32()), [_i32(smem_addr, loc, ip)], "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];",
+               "=f,=f,=f,=f,r", True)  # fmt: skip
+    return _unpack(res, 4, T.f32(), Float32)
+
+
+@dsl_user_op
 def st_shared_f32(smem_addr, value, *, loc=None, ip=None):
     _asm(None, [_i32(smem_addr, loc, ip), _f32(value, loc, ip)], "st.shared.f32 [$0], $1;", "r,f", side_effects=True)
 
@@ -220,21 +228,25 @@ def st_shared_v4_b32(smem_addr, v0, v1, v2, v3, *, loc=None, ip=None):
 
 
 # -- sub-byte codes -> e4m3 bytes (exact) ---------------------------------------------------------
-# A code's sign and magnitude bits are moved into f16 position (sign -> bit 15, exponent field into the
-# low exponent bits, mantissa into the top mantissa bits); that f16 is the code's value times 2^-k
-# (k = 15 - bias: 14 for e2m1 / e2m3, 12 for e3m2, subnormals included), so one exact f16 multiply by
-# 2^k gives the value and cvt.rn.satfinite.e4m3x2.f16x2 stores it (every fp6 / fp4 value is an e4m3
-# value). NVFP4 multiplies by 2^(k - 3) and then by the block scale instead: code * scale * 2^-3 is exact
-# in f16 (at most 6 significant bits, 2^-13 .. 336), so the e4m3 conversion rounds the exact product.
-_F16X2_POW2 = {11: 0x68006800, 12: 0x6C006C00, 14: 0x74007400}
+# fp6: a code's sign and magnitude bits are moved into f16 position (sign -> bit 15, exponent field into
+# the low exponent bits, mantissa into the top mantissa bits); that f16 is the code's value times 2^-k
+# (k = 15 - bias: 14 for e2m3, 12 for e3m2, subnormals included), so one exact f16 multiply by 2^k gives
+# the value and cvt.rn.satfinite.e4m3x2.f16x2 stores it (every fp6 value is an e4m3 value). e2m1 and
+# NVFP4: byte-permute tables (below).
+_F16X2_POW2 = {12: 0x6C006C00, 14: 0x74007400}
 # Where a code's bits go in an f16 (sign shift, magnitude shift, magnitude mask) and the power of two k
 # that makes the f16 the code's value (tests/kernel/test_hopper_ptx_recipes.py checks every code).
 F16_PLACEMENT = {
-    "e2m1": (12, 9, 0x0E00, 14),  # s ee m (bits 3 | 2-0) -> sign 15, exponent 11-10, mantissa 9
     "e3m2": (10, 8, 0x1F00, 12),  # s eee mm (bits 5 | 4-0) -> sign 15, exponent 12-10, mantissa 9-8
     "e2m3": (10, 7, 0x0F80, 14),  # s ee mmm (bits 5 | 4-0) -> sign 15, exponent 11-10, mantissa 9-7
 }
-NVFP4_POW2 = 11  # e2m1 placement (2^-14) times 2^11 = the code value times 2^-3; the block scale follows
+# NVFP4: per block of 16 codes, the e4m3 bytes of e4m3(m * scale * 2^-3) for the eight e2m1 magnitudes m
+# (0, 0.5, 1, 1.5 | 2, 3, 4, 6) are made once (four f16x2 products, exact: at most 6 significant bits,
+# 2^-13 .. 336; then one rounding each, the spec's)
+# into the two table words that e2m1's byte-permute lookup reads. Every entry carries the scale's sign
+# (m = 0 included: 0 * s is -0 for a negative s), and e4m3 rounding is sign-symmetric, so XOR-ing the
+# code's sign bit into the looked-up byte gives the product's sign, as IEEE multiplication does.
+NVFP4_MAG_F16X2 = (0x2C000000, 0x32003000, 0x36003400, 0x3A003800)  # (lo | hi << 16): m * 2^-3 as f16
 FP6_GROUP_SELECTORS = (0x0543, 0x0432)  # prmt: bytes 3-5 (w0.b3, w1.b0, w1.b1) and 6-8 (w1.b2, w1.b3, w2.b0)
 
 
@@ -243,7 +255,21 @@ def f16x2_pow2(k: int) -> int:
     return _F16X2_POW2[k]
 
 
-def _to_e4m3_pair(dst16, x, sign_shl, mag_shl, mag_mask, mul, mul2):
+@dsl_user_op
+def nvfp4_block_table(scale_byte, *, loc=None, ip=None):
+    """A block's e4m3 scale byte s -> the two table words of ``e2m1x8_to_e4m3x8``: the e4m3 bytes of
+    e4m3(m * s * 2^-3) for m = 0, 0.5, 1, 1.5 (word 0) and 2, 3, 4, 6 (word 1)."""
+    text = "{\n\t.reg .b32 a, t<4>;\n\t.reg .b16 lo, hi, e<4>;\n\t"
+    text += "prmt.b32 a, $2, $2, 0x0000;\n\tmov.b32 {lo, hi}, a;\n\t"
+    text += "cvt.rn.f16x2.e4m3x2 a, lo;\n\t"  # (s, s) as f16x2
+    for i, c in enumerate(NVFP4_MAG_F16X2):
+        text += f"mov.b32 t{i}, {c:#x};\n\tmul.rn.f16x2 t{i}, t{i}, a;\n\tcvt.rn.satfinite.e4m3x2.f16x2 e{i}, t{i};\n\t"
+    text += "mov.b32 $0, {e0, e1};\n\tmov.b32 $1, {e2, e3};\n\t}"
+    res = _asm(_struct(2, T.i32()), [_i32(scale_byte, loc, ip)], text, "=r,=r,r")
+    return _unpack(res, 2, T.i32(), Int32)
+
+
+def _to_e4m3_pair(dst16, x, sign_shl, mag_shl, mag_mask, mul):
     """PTX: x holds two codes at bits 0.. and 16..; -> two e4m3 bytes in the 16-bit dst16."""
     both = mag_mask | (mag_mask << 16)
     return (
@@ -253,28 +279,8 @@ def _to_e4m3_pair(dst16, x, sign_shl, mag_shl, mag_mask, mul, mul2):
         f"and.b32 t1, t1, {both:#x};\n\t"
         "or.b32 t0, t0, t1;\n\t"
         f"mul.rn.f16x2 t0, t0, {mul};\n\t"
-        + (f"mul.rn.f16x2 t0, t0, {mul2};\n\t" if mul2 else "")
-        + f"cvt.rn.satfinite.e4m3x2.f16x2 {dst16}, t0;\n\t"
+        f"cvt.rn.satfinite.e4m3x2.f16x2 {dst16}, t0;\n\t"
     )
-
-
-@dsl_user_op
-def fp4x8_to_e4m3x8(w, mul, mul2=None, *, loc=None, ip=None):
-    """Eight e2m1 codes (code i in bits 4i .. 4i + 3) -> two words of e4m3 bytes (codes 0-3, 4-7).
-    ``mul``: f16x2 2^14 (e2m1) or 2^11 (NVFP4, then ``mul2`` = the block scale as f16x2)."""
-    ops = [_i32(w, loc, ip), _i32(mul, loc, ip)] + ([_i32(mul2, loc, ip)] if mul2 is not None else [])
-    m2 = "$4" if mul2 is not None else None
-    text = "{\n\t.reg .b32 x<4>, t0, t1, q1, q2;\n\t.reg .b16 e<4>;\n\t"
-    text += "and.b32 x0, $2, 0x000F000F;\n\t"
-    for i in (1, 2, 3):
-        text += f"shr.b32 x{i}, $2, {4 * i};\n\tand.b32 x{i}, x{i}, 0x000F000F;\n\t"
-    for i in range(4):  # pair (code i, code i + 4): sign bit 3 -> 15, magnitude bits 0-2 -> 9-11
-        text += _to_e4m3_pair(f"e{i}", f"x{i}", *F16_PLACEMENT["e2m1"][:3], "$3", m2)
-    text += "mov.b32 q1, {e0, e1};\n\tmov.b32 q2, {e2, e3};\n\t"  # [c0 c4 c1 c5], [c2 c6 c3 c7]
-    text += "prmt.b32 $0, q1, q2, 0x6420;\n\tprmt.b32 $1, q1, q2, 0x7531;\n\t}"
-    cons = "=r,=r,r,r" + (",r" if mul2 is not None else "")
-    res = _asm(_struct(2, T.i32()), ops, text, cons)
-    return _unpack(res, 2, T.i32(), Int32)
 
 
 @dsl_user_op
@@ -293,20 +299,12 @@ def fp6x16_to_e4m3x16(w0, w1, w2, *, e3m2: bool, loc=None, ip=None):
             f"shr.b32 y, v{g}, 6;\n\tand.b32 y, y, 0x3F;\n\tshr.b32 t0, v{g}, 2;\n\tand.b32 t0, t0, 0x3F0000;\n\t"
             "or.b32 y, y, t0;\n\t"
         )
-        text += _to_e4m3_pair("ea", "x", sign_shl, mag_shl, mag_mask, "mul", None)  # (c0, c2)
-        text += _to_e4m3_pair("eb", "y", sign_shl, mag_shl, mag_mask, "mul", None)  # (c1, c3)
+        text += _to_e4m3_pair("ea", "x", sign_shl, mag_shl, mag_mask, "mul")  # (c0, c2)
+        text += _to_e4m3_pair("eb", "y", sign_shl, mag_shl, mag_mask, "mul")  # (c1, c3)
         text += f"mov.b32 q, {{ea, eb}};\n\tprmt.b32 ${g}, q, q, 0x3120;\n\t"  # [c0 c2 c1 c3] -> [c0 c1 c2 c3]
     text += "}"
     res = _asm(_struct(4, T.i32()), [_i32(x, loc, ip) for x in (w0, w1, w2)], text, "=r,=r,=r,=r,r,r,r")
     return _unpack(res, 4, T.i32(), Int32)
-
-
-@dsl_user_op
-def e4m3_byte_to_f16x2(x, *, loc=None, ip=None):
-    """The e4m3 value of the low byte of x, in both halves of an f16x2 register (exact)."""
-    text = "{\n\t.reg .b32 t;\n\t.reg .b16 lo, hi;\n\tprmt.b32 t, $1, $1, 0x0000;\n\tmov.b32 {lo, hi}, t;\n\t"
-    text += "cvt.rn.f16x2.e4m3x2 $0, lo;\n\t}"
-    return Int32(_asm(T.i32(), [_i32(x, loc, ip)], text, "=r,r"))
 
 
 E2M1_E4M3_LUT = (0x3C383000, 0x4C484440)  # e4m3 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6
@@ -314,22 +312,28 @@ E2M1_SIGN_SELECTORS = (0xD9C8, 0xFBEA)  # prmt(w << 4, w, sel), sign-replicate m
 
 
 @dsl_user_op
-def e2m1x8_to_e4m3x8(w, *, loc=None, ip=None):
+def e2m1x8_to_e4m3x8(w, table=None, *, loc=None, ip=None):
     """Eight e2m1 codes (code i in bits 4i .. 4i + 3) -> two words of e4m3 bytes by byte permutes: the
     magnitudes index an 8-byte table (prmt), the signs come from prmt's sign-replicate mode (w << 4 puts
-    the even codes' sign bits at byte msbs, w itself the odd codes')."""
-    lo, hi = E2M1_E4M3_LUT
+    the even codes' sign bits at byte msbs, w itself the odd codes', XOR-ed into the looked-up bytes).
+    ``table``: two words of e4m3 bytes for the magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6 (NVFP4's, signed
+    like the block scale, from ``nvfp4_block_table``); default e2m1's own."""
     sg0, sg1 = E2M1_SIGN_SELECTORS
+    ops = [_i32(w, loc, ip)]
+    if table is None:
+        lo, hi = E2M1_E4M3_LUT
+        setup = f"mov.b32 l0, {lo:#x};\n\tmov.b32 l1, {hi:#x};\n\t"
+    else:
+        ops += [_i32(x, loc, ip) for x in table]
+        setup = "mov.b32 l0, $3;\n\tmov.b32 l1, $4;\n\t"
     text = (
-        "{\n\t.reg .b32 w4, sel, mag, sgn, l0, l1;\n\t"
-        f"mov.b32 l0, {lo:#x};\n\tmov.b32 l1, {hi:#x};\n\t"
-        "shl.b32 w4, $2, 4;\n\t"
+        "{\n\t.reg .b32 w4, sel, mag, sgn, l0, l1;\n\t" + setup + "shl.b32 w4, $2, 4;\n\t"
         "and.b32 sel, $2, 0x7777;\n\tprmt.b32 mag, l0, l1, sel;\n\t"
-        f"prmt.b32 sgn, w4, $2, {sg0:#x};\n\tand.b32 sgn, sgn, 0x80808080;\n\tor.b32 $0, mag, sgn;\n\t"
+        f"prmt.b32 sgn, w4, $2, {sg0:#x};\n\tand.b32 sgn, sgn, 0x80808080;\n\txor.b32 $0, mag, sgn;\n\t"
         "shr.b32 sel, $2, 16;\n\tand.b32 sel, sel, 0x7777;\n\tprmt.b32 mag, l0, l1, sel;\n\t"
-        f"prmt.b32 sgn, w4, $2, {sg1:#x};\n\tand.b32 sgn, sgn, 0x80808080;\n\tor.b32 $1, mag, sgn;\n\t}}"
+        f"prmt.b32 sgn, w4, $2, {sg1:#x};\n\tand.b32 sgn, sgn, 0x80808080;\n\txor.b32 $1, mag, sgn;\n\t}}"
     )
-    res = _asm(_struct(2, T.i32()), [_i32(w, loc, ip)], text, "=r,=r,r")
+    res = _asm(_struct(2, T.i32()), ops, text, "=r,=r,r" + ",r,r" * (table is not None))
     return _unpack(res, 2, T.i32(), Int32)
 
 
@@ -348,18 +352,18 @@ __all__ = [
     "f32x2_to_e4m3_pair",
     "f32x2_to_bf16_pair",
     "ld_shared_b32",
+    "ld_shared_v4_f32",
     "ld_shared_u8",
     "ld_shared_f32",
     "st_shared_f32",
     "st_shared_v4_b32",
     "f16x2_pow2",
-    "fp4x8_to_e4m3x8",
+    "nvfp4_block_table",
     "e2m1x8_to_e4m3x8",
     "E2M1_E4M3_LUT",
     "E2M1_SIGN_SELECTORS",
     "FP6_GROUP_SELECTORS",
     "F16_PLACEMENT",
-    "NVFP4_POW2",
+    "NVFP4_MAG_F16X2",
     "fp6x16_to_e4m3x16",
-    "e4m3_byte_to_f16x2",
 ]

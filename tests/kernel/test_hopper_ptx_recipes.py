@@ -1,8 +1,8 @@
 """The bit recipes behind the Hopper kernel's sub-byte -> e4m3 conversions (mjolnir_kernel.hopper.ptx),
 replayed on the CPU for every code: where a code's bits go in an f16, the power of two that makes that
 f16 the code's value, the byte-permute table and sign selectors of e2m1, the byte selectors that gather
-fp6 code groups, and the exactness of NVFP4's f16 product. The PTX itself runs in the H200 conformance
-tests; these pin the constants it is built from to the formats' definitions."""
+fp6 code groups, and NVFP4's per-block table of e4m3(m * scale / 8). The PTX itself runs in the H200
+conformance tests; these pin the constants it is built from to the formats' definitions."""
 
 import numpy as np
 import pytest
@@ -13,7 +13,7 @@ from mjolnir_kernel.hopper.ptx import (
     E2M1_SIGN_SELECTORS,
     F16_PLACEMENT,
     FP6_GROUP_SELECTORS,
-    NVFP4_POW2,
+    NVFP4_MAG_F16X2,
     f16x2_pow2,
 )
 from mjolnir_numerics.formats import E4M3, get_format
@@ -63,8 +63,8 @@ def test_e2m1_table_and_sign_selectors():
     for w in [0, 0xFFFFFFFF, 0x88888888, 0x76543210, 0xFEDCBA98] + rng.integers(0, 2**32, 2000).tolist():
         w = int(w)
         w4 = (w << 4) & 0xFFFFFFFF
-        o0 = _prmt(lo, hi, w & 0x7777) | (_prmt(w4, w, sel0) & 0x80808080)
-        o1 = _prmt(lo, hi, (w >> 16) & 0x7777) | (_prmt(w4, w, sel1) & 0x80808080)
+        o0 = _prmt(lo, hi, w & 0x7777) ^ (_prmt(w4, w, sel0) & 0x80808080)
+        o1 = _prmt(lo, hi, (w >> 16) & 0x7777) ^ (_prmt(w4, w, sel1) & 0x80808080)
         got = [(o0 >> (8 * i)) & 0xFF for i in range(4)] + [(o1 >> (8 * i)) & 0xFF for i in range(4)]
         assert got == [want[(w >> (4 * j)) & 15] for j in range(8)], hex(w)
 
@@ -95,16 +95,33 @@ def test_fp6_group_gather_and_conversion(fmt):
         assert got == [want_byte[(stream >> (6 * i)) & 63] for i in range(16)]
 
 
-def test_nvfp4_product_is_exact_in_f16():
-    """code * 2^-3 * scale in f16 equals the exact product for every e2m1 code and every finite e4m3
-    scale, so cvt.rn.satfinite.e4m3x2.f16x2 rounds the exact value, as the spec's e4m3(code*scale/8)."""
-    sign_shl, mag_shl, mag_mask, k = F16_PLACEMENT["e2m1"]
-    codes = np.arange(16, dtype=np.uint32)
-    placed = (((codes << sign_shl) & 0x8000) | ((codes << mag_shl) & mag_mask)).astype(np.uint16).view(np.float16)
-    step1 = placed * np.float16(2.0**NVFP4_POW2)
-    scales = _values("e4m3")
-    scales = scales[np.isfinite(scales)]
-    prod16 = (step1[:, None] * scales.astype(np.float16)[None, :]).astype(np.float64)
-    exact = _values("e2m1")[:, None] * 2.0**-3 * scales[None, :]
-    np.testing.assert_array_equal(prod16, exact)
-    assert _e4m3_bytes(prod16.ravel()) == _e4m3_bytes(exact.ravel())
+def test_nvfp4_block_table_gives_e4m3_of_code_times_scale():
+    """For every finite e4m3 block scale s: the table nvfp4_block_table builds (f16 products of the halves
+    of NVFP4_MAG_F16X2 with s, rounded by cvt.rn.satfinite.e4m3x2.f16x2), looked up by e2m1's byte
+    permutes with the code's sign bit XOR-ed in, gives the spec's e4m3(code * fp32(s) * 2^-3) for all 16
+    codes, signed zeros included; the f16 products are exact, so that one rounding is the spec's."""
+    halves = np.array([[c & 0xFFFF, c >> 16] for c in NVFP4_MAG_F16X2], dtype=np.uint16).view(np.float16).ravel()
+    e2m1 = _values("e2m1")
+    np.testing.assert_array_equal(halves.astype(np.float64), e2m1[:8] * 2.0**-3)
+    sel0, sel1 = E2M1_SIGN_SELECTORS
+    scales = E4M3.values().double().numpy()
+    tested = 0
+    for sbyte in range(256):
+        if not np.isfinite(scales[sbyte]):
+            continue
+        scale = np.float16(scales[sbyte])
+        prod16 = halves * scale  # mul.rn.f16x2
+        np.testing.assert_array_equal(prod16.astype(np.float64), e2m1[:8] * 2.0**-3 * float(scale))
+        assert (np.signbit(prod16) == bool(sbyte & 0x80)).all()
+        table = _e4m3_bytes(prod16.astype(np.float64))
+        lo = table[0] | table[1] << 8 | table[2] << 16 | table[3] << 24
+        hi = table[4] | table[5] << 8 | table[6] << 16 | table[7] << 24
+        want = _e4m3_bytes(e2m1 * scales[sbyte] * 2.0**-3)
+        for w in (0x76543210, 0xFEDCBA98):
+            w4 = (w << 4) & 0xFFFFFFFF
+            o0 = _prmt(lo, hi, w & 0x7777) ^ (_prmt(w4, w, sel0) & 0x80808080)
+            o1 = _prmt(lo, hi, (w >> 16) & 0x7777) ^ (_prmt(w4, w, sel1) & 0x80808080)
+            got = [(o0 >> (8 * i)) & 0xFF for i in range(4)] + [(o1 >> (8 * i)) & 0xFF for i in range(4)]
+            assert got == [want[(w >> (4 * j)) & 15] for j in range(8)], (hex(sbyte), hex(w))
+        tested += 1
+    assert tested == 254  # every e4m3 byte but the two NaNs
