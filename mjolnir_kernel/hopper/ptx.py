@@ -228,14 +228,15 @@ def st_shared_v4_b32(smem_addr, v0, v1, v2, v3, *, loc=None, ip=None):
 
 
 # -- sub-byte codes -> e4m3 bytes (exact) ---------------------------------------------------------
-# fp6: a code's sign and magnitude bits are moved into f16 position (sign -> bit 15, exponent field into
-# the low exponent bits, mantissa into the top mantissa bits); that f16 is the code's value times 2^-k
-# (k = 15 - bias: 14 for e2m3, 12 for e3m2, subnormals included), so one exact f16 multiply by 2^k gives
-# the value and cvt.rn.satfinite.e4m3x2.f16x2 stores it (every fp6 value is an e4m3 value). e2m1 and
-# NVFP4: byte-permute tables (below).
+# fp6: a code's magnitude bits are moved into f16 position (exponent field into the low exponent bits,
+# mantissa into the top mantissa bits); that f16 is the magnitude times 2^-k (k = 15 - bias: 14 for
+# e2m3, 12 for e3m2, subnormals included), so one exact f16 multiply by 2^k gives it and
+# cvt.rn.satfinite.e4m3x2.f16x2 stores it (every fp6 value is an e4m3 value); e4m3 is sign-magnitude,
+# so the code's sign bit is OR-ed into the byte. e2m1 and NVFP4: byte-permute tables (below).
 _F16X2_POW2 = {12: 0x6C006C00, 14: 0x74007400}
 # Where a code's bits go in an f16 (sign shift, magnitude shift, magnitude mask) and the power of two k
-# that makes the f16 the code's value (tests/kernel/test_hopper_ptx_recipes.py checks every code).
+# that makes the f16 the code's value (tests/kernel/test_hopper_ptx_recipes.py checks every code); the
+# kernel places the magnitude and ORs the sign into the e4m3 byte, which is the same value.
 F16_PLACEMENT = {
     "e3m2": (10, 8, 0x1F00, 12),  # s eee mm (bits 5 | 4-0) -> sign 15, exponent 12-10, mantissa 9-8
     "e2m3": (10, 7, 0x0F80, 14),  # s ee mmm (bits 5 | 4-0) -> sign 15, exponent 11-10, mantissa 9-7
@@ -269,39 +270,32 @@ def nvfp4_block_table(scale_byte, *, loc=None, ip=None):
     return _unpack(res, 2, T.i32(), Int32)
 
 
-def _to_e4m3_pair(dst16, x, sign_shl, mag_shl, mag_mask, mul):
-    """PTX: x holds two codes at bits 0.. and 16..; -> two e4m3 bytes in the 16-bit dst16."""
-    both = mag_mask | (mag_mask << 16)
-    return (
-        f"shl.b32 t0, {x}, {sign_shl};\n\t"
-        f"shl.b32 t1, {x}, {mag_shl};\n\t"
-        "and.b32 t0, t0, 0x80008000;\n\t"
-        f"and.b32 t1, t1, {both:#x};\n\t"
-        "or.b32 t0, t0, t1;\n\t"
-        f"mul.rn.f16x2 t0, t0, {mul};\n\t"
-        f"cvt.rn.satfinite.e4m3x2.f16x2 {dst16}, t0;\n\t"
-    )
+FP6_PAIR_SELECTORS = (0x1404, 0x3424)  # prmt(r, 0, sel): [0, c0, 0, c1] and [0, c2, 0, c3] from byte lanes
 
 
 @dsl_user_op
 def fp6x16_to_e4m3x16(w0, w1, w2, *, e3m2: bool, loc=None, ip=None):
     """Sixteen fp6 codes (a little-endian bitstream: code i at bits 6i .. 6i + 5 of the 12 bytes
-    w0 | w1 | w2) -> four words of e4m3 bytes (codes 4k .. 4k + 3 in word k)."""
-    sign_shl, mag_shl, mag_mask, k = F16_PLACEMENT["e3m2" if e3m2 else "e2m3"]
-    text = "{\n\t.reg .b32 v<4>, x, y, t0, t1, q, mul;\n\t.reg .b16 ea, eb;\n\t"
+    w0 | w1 | w2) -> four words of e4m3 bytes (codes 4k .. 4k + 3 in word k). Per 3-byte group: the four
+    codes into byte lanes, their magnitudes paired into f16x2 halves at bit 8 (e3m2) or 7 (e2m3) by byte
+    permutes, times 2^k, to e4m3, and the sign bits (code bit 5 -> byte bit 7) OR-ed in."""
+    _, mag_shl, _, k = F16_PLACEMENT["e3m2" if e3m2 else "e2m3"]
+    text = "{\n\t.reg .b32 v<4>, r, m, sg, x, t0, q, mul;\n\t.reg .b16 ea, eb;\n\t"
     text += f"mov.b32 mul, {_F16X2_POW2[k]:#x};\n\t"
     s1, s2 = FP6_GROUP_SELECTORS
     text += f"mov.b32 v0, $4;\n\tprmt.b32 v1, $4, $5, {s1:#x};\n\tprmt.b32 v2, $5, $6, {s2:#x};\n\t"
     text += "shr.b32 v3, $6, 8;\n\t"
     for g in range(4):  # 3 bytes = codes c0 (bits 0-5), c1 (6-11), c2 (12-17), c3 (18-23)
-        text += (
-            f"and.b32 x, v{g}, 0x3F;\n\tshl.b32 t0, v{g}, 4;\n\tand.b32 t0, t0, 0x3F0000;\n\tor.b32 x, x, t0;\n\t"
-            f"shr.b32 y, v{g}, 6;\n\tand.b32 y, y, 0x3F;\n\tshr.b32 t0, v{g}, 2;\n\tand.b32 t0, t0, 0x3F0000;\n\t"
-            "or.b32 y, y, t0;\n\t"
-        )
-        text += _to_e4m3_pair("ea", "x", sign_shl, mag_shl, mag_mask, "mul")  # (c0, c2)
-        text += _to_e4m3_pair("eb", "y", sign_shl, mag_shl, mag_mask, "mul")  # (c1, c3)
-        text += f"mov.b32 q, {{ea, eb}};\n\tprmt.b32 ${g}, q, q, 0x3120;\n\t"  # [c0 c2 c1 c3] -> [c0 c1 c2 c3]
+        text += f"and.b32 r, v{g}, 0x3F;\n\t"
+        for i in (1, 2, 3):  # code i -> byte i
+            text += f"shl.b32 t0, v{g}, {2 * i};\n\tand.b32 t0, t0, {0x3F << (8 * i):#x};\n\tor.b32 r, r, t0;\n\t"
+        text += "and.b32 m, r, 0x1F1F1F1F;\n\tshl.b32 sg, r, 2;\n\tand.b32 sg, sg, 0x80808080;\n\t"
+        for name, sel in zip(("ea", "eb"), FP6_PAIR_SELECTORS):
+            text += f"prmt.b32 x, m, 0, {sel:#x};\n\t"
+            if mag_shl != 8:
+                text += f"shr.b32 x, x, {8 - mag_shl};\n\t"
+            text += f"mul.rn.f16x2 x, x, mul;\n\tcvt.rn.satfinite.e4m3x2.f16x2 {name}, x;\n\t"
+        text += f"mov.b32 q, {{ea, eb}};\n\tor.b32 ${g}, q, sg;\n\t"
     text += "}"
     res = _asm(_struct(4, T.i32()), [_i32(x, loc, ip) for x in (w0, w1, w2)], text, "=r,=r,=r,=r,r,r,r")
     return _unpack(res, 4, T.i32(), Int32)
@@ -363,6 +357,7 @@ __all__ = [
     "E2M1_E4M3_LUT",
     "E2M1_SIGN_SELECTORS",
     "FP6_GROUP_SELECTORS",
+    "FP6_PAIR_SELECTORS",
     "F16_PLACEMENT",
     "NVFP4_MAG_F16X2",
     "fp6x16_to_e4m3x16",

@@ -13,6 +13,7 @@ from mjolnir_kernel.hopper.ptx import (
     E2M1_SIGN_SELECTORS,
     F16_PLACEMENT,
     FP6_GROUP_SELECTORS,
+    FP6_PAIR_SELECTORS,
     NVFP4_MAG_F16X2,
     f16x2_pow2,
 )
@@ -71,27 +72,31 @@ def test_e2m1_table_and_sign_selectors():
 
 @pytest.mark.parametrize("fmt", ["e3m2", "e2m3"])
 def test_fp6_group_gather_and_conversion(fmt):
-    """16 codes in 12 bytes (a little-endian bitstream) -> four 3-byte groups by the selectors, codes
-    (c0, c2) and (c1, c3) of each group paired in f16x2 halves, -> the e4m3 bytes of every code."""
-    sign_shl, mag_shl, mag_mask, k = F16_PLACEMENT[fmt]
+    """16 codes in 12 bytes (a little-endian bitstream) -> four 3-byte groups by the selectors; per group
+    the codes into byte lanes, magnitudes (c0, c1) and (c2, c3) paired in f16x2 halves by the pair
+    selectors (shifted to the format's magnitude position), times 2^k, to e4m3, and the sign bits OR-ed in
+    -> the e4m3 bytes of every code (-0 included)."""
+    _, mag_shl, _, k = F16_PLACEMENT[fmt]
     want_byte = _e4m3_bytes(_values(fmt))
     sel1, sel2 = FP6_GROUP_SELECTORS
     rng = np.random.default_rng(1)
-    for _ in range(500):
-        raw = rng.integers(0, 256, 12, dtype=np.uint8)
+    for trial in range(600):
+        raw = rng.integers(0, 256, 12, dtype=np.uint8) if trial else np.full(12, 0xFF, dtype=np.uint8)
         w0, w1, w2 = (int(x) for x in raw.view("<u4"))
         stream = int.from_bytes(raw.tobytes(), "little")
         groups = [w0, _prmt(w0, w1, sel1), _prmt(w1, w2, sel2), w2 >> 8]
         got = []
         for v in groups:
-            x = (v & 0x3F) | ((v << 4) & 0x3F0000)  # c0 | c2 << 16
-            y = ((v >> 6) & 0x3F) | ((v >> 2) & 0x3F0000)  # c1 | c3 << 16
-            pair = {}
-            for name, t in (("x", x), ("y", y)):
-                bits = (((t << sign_shl) & 0x80008000) | ((t << mag_shl) & (mag_mask * 0x10001))) & 0xFFFFFFFF
-                halves = np.array([bits & 0xFFFF, bits >> 16], dtype=np.uint16).view(np.float16).astype(np.float64)
-                pair[name] = _e4m3_bytes(halves * 2.0**k)
-            got += [pair["x"][0], pair["y"][0], pair["x"][1], pair["y"][1]]
+            r = v & 0x3F
+            for i in (1, 2, 3):
+                r |= (v << (2 * i)) & (0x3F << (8 * i))
+            m, sg = r & 0x1F1F1F1F, (r << 2) & 0x80808080
+            word = []
+            for sel in FP6_PAIR_SELECTORS:
+                x = _prmt(m, 0, sel) >> (8 - mag_shl)
+                halves = np.array([x & 0xFFFF, x >> 16], dtype=np.uint16).view(np.float16).astype(np.float64)
+                word += _e4m3_bytes(halves * 2.0**k)
+            got += [b | ((sg >> (8 * i)) & 0xFF) for i, b in enumerate(word)]
         assert got == [want_byte[(stream >> (6 * i)) & 63] for i in range(16)]
 
 
