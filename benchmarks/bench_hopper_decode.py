@@ -71,8 +71,8 @@ def stream_tbps(gib: float = 4.0, iters: int = 20) -> float:
 def launch_floor_us(iters: int = 20) -> float:
     """Microseconds of a one-element add timed the same way (graph replay between two events): what a
     kernel that reads nothing costs in this harness, for reading the short batch-1 rows. A reference, not
-    a bound: on the lent H200 it read 19-21 us while a one-tile decode (``--seqlen 128 --batches 1``)
-    read 11-17 us, so the floor of a graph of one small kernel varies with the kernel."""
+    a bound: on the lent H200 it read 10-21 us from run to run, and a one-tile decode (``--seqlen 128
+    --batches 1``) 11-17 us."""
     x = torch.zeros(1, device="cuda")
     return _time_ms(lambda: x.add_(1), iters) * 1e3
 
