@@ -241,12 +241,12 @@ F16_PLACEMENT = {
     "e3m2": (10, 8, 0x1F00, 12),  # s eee mm (bits 5 | 4-0) -> sign 15, exponent 12-10, mantissa 9-8
     "e2m3": (10, 7, 0x0F80, 14),  # s ee mmm (bits 5 | 4-0) -> sign 15, exponent 11-10, mantissa 9-7
 }
-# NVFP4: per block of 16 codes, the e4m3 bytes of e4m3(m * scale * 2^-3) for the eight e2m1 magnitudes m
-# (0, 0.5, 1, 1.5 | 2, 3, 4, 6) are made once (four f16x2 products, exact: at most 6 significant bits,
-# 2^-13 .. 336; then one rounding each, the spec's)
-# into the two table words that e2m1's byte-permute lookup reads. Every entry carries the scale's sign
-# (m = 0 included: 0 * s is -0 for a negative s), and e4m3 rounding is sign-symmetric, so XOR-ing the
-# code's sign bit into the looked-up byte gives the product's sign, as IEEE multiplication does.
+# NVFP4: per block of 16 codes, e4m3(m * scale * 2^-3) for the eight e2m1 magnitudes m (0, 0.5, 1, 1.5 |
+# 2, 3, 4, 6) is made once, by four f16x2 products (exact: at most 6 significant bits, 2^-13 .. 336) and
+# one rounding each (the spec's), into the two table words that e2m1's byte-permute lookup reads. Every
+# entry carries the scale's sign (m = 0 included: 0 * s is -0 for a negative s), and e4m3 rounding is
+# sign-symmetric, so XOR-ing the code's sign bit into the looked-up byte gives the product's sign, as
+# IEEE multiplication does.
 NVFP4_MAG_F16X2 = (0x2C000000, 0x32003000, 0x36003400, 0x3A003800)  # (lo | hi << 16): m * 2^-3 as f16
 FP6_GROUP_SELECTORS = (0x0543, 0x0432)  # prmt: bytes 3-5 (w0.b3, w1.b0, w1.b1) and 6-8 (w1.b2, w1.b3, w2.b0)
 
