@@ -6,7 +6,8 @@ on a compile error or when a config spills more than its entry in ``spill_baseli
 sm_90a`` builds the Hopper kernel's matrix (``compile.hopper_matrix``), a tcgen05 arch the Thor kernel's.
 bench: checks the kernel against ``mjolnir_numerics.emulate_decode`` on the chosen problem, then
 times it (median us, GB/s). Needs a tcgen05 GPU; ``--compile-only`` works anywhere, for the Hopper
-kernel too (``--arch sm_90a``).
+kernel too (``--arch sm_90a``); ``--sass`` (compile only) also prints the decode kernel's loops and their
+instruction mix from the machine code (``mjolnir_kernel.sass``: cuobjdump, no GPU).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def _bench_cmd(args) -> int:
     from .arch import tcgen05_device_reason
     from .bench import bench_config, run_bench
 
-    if args.compile_only:
+    if args.compile_only or args.sass:
         os.environ.setdefault("CUTE_DSL_ARCH", args.arch)
         from .compile import HOPPER_ARCH, compile_decode, cutlass_available
 
@@ -127,6 +128,17 @@ def _bench_cmd(args) -> int:
                 f"{cfg.short_name()} [{kind}] {args.arch}: {r.seconds:.1f} s, {res.registers} registers, "
                 f"stack {res.stack_frame} B, spills {res.spill_stores}/{res.spill_loads} B"
             )
+        if args.sass:
+            from .sass import kernel_loops, sass_tools
+
+            if sass_tools()[0] is None:
+                print(f"bench: --sass: {sass_tools()[1]}", file=sys.stderr)
+                return 2
+            loops = kernel_loops(cfg, args.arch)
+            name = f"{cfg.short_name()} [decode] {args.arch}"
+            print(f"{name}: {len(loops)} innermost loops, largest first (static counts)")
+            for lp in loops[: args.sass]:
+                print("  " + lp.summary(top=16))
         return 0
     reason = tcgen05_device_reason()
     if reason is not None:
@@ -215,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--skip-check", action="store_true", help="skip the check against emulate_decode")
     b.add_argument("--compile-only", action="store_true", help="only compile this config (works anywhere)")
+    b.add_argument(
+        "--sass", type=int, nargs="?", const=3, default=0, metavar="N",
+        help="compile only; print the decode kernel's N largest innermost loops (default 3) and their instruction mix",
+    )  # fmt: skip
     b.add_argument("--arch", default="sm_110a", type=_arch_arg, help="--compile-only target (sm_90a: Hopper kernel)")
     b.add_argument("--smem-per-sm", type=int, default=None)
     return p

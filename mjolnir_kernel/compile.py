@@ -191,11 +191,13 @@ def compile_decode(
     smem_per_sm: int | None = None,
     report: bool = True,
     use_cache: bool = True,
+    cubin_dir: str | None = None,
 ) -> CompileResult:
     """Compile (or fetch from the in-process cache) the decode kernel of ``config`` for ``arch``.
 
     ``can_implement`` runs first and raises ``ConfigError`` before anything compiles. With
     ``report=True`` ptxas resources are collected (the DSL's file cache is bypassed so ptxas runs).
+    ``cubin_dir``: compile afresh and keep the cubin there (for ``mjolnir_kernel.sass``).
     Raises the DSL's compile error unchanged.
     """
     from .hopper.config import HopperConfig, can_implement_hopper
@@ -209,6 +211,8 @@ def compile_decode(
         can_implement(config)
         check_tcgen05_arch(arch)
     key = (type(config).__name__, config.key(), arch, cutlass_version())
+    if cubin_dir is not None:
+        report, use_cache = True, False  # ptxas must run, so the DSL's file cache is bypassed
     with _lock:
         hit = _cache.get(key)
         if hit is not None and use_cache and (hit.resources or not report):
@@ -226,6 +230,8 @@ def compile_decode(
             kernel = ThorDecodeKernel(config)
         args = compile_only_args(config)
         options = f"{COMPILE_OPTIONS} --gpu-arch {arch}" + (" remarks{ptx}" if report else "")
+        if cubin_dir is not None:
+            options += f" --keep-cubin --dump-dir {cubin_dir}"
         log = io.StringIO()
         t0 = time.perf_counter()
         with _shared_memory_supply(arch, smem_per_sm), _file_cache(not report), contextlib.redirect_stderr(log):
