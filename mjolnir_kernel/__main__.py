@@ -131,8 +131,9 @@ def _bench_cmd(args) -> int:
         if args.sass:
             from .sass import kernel_loops, sass_tools
 
-            if sass_tools()[0] is None:
-                print(f"bench: --sass: {sass_tools()[1]}", file=sys.stderr)
+            tool, reason = sass_tools()
+            if tool is None:
+                print(f"bench: --sass: {reason}", file=sys.stderr)
                 return 2
             loops = kernel_loops(cfg, args.arch)
             name = f"{cfg.short_name()} [decode] {args.arch}"

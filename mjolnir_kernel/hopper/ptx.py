@@ -64,28 +64,26 @@ def mma_m16n8k16(a, b, c, *, bf16: bool, loc=None, ip=None):
     return _unpack(res, 4, T.f32(), Float32)
 
 
-@dsl_user_op
-def cp_async_16(smem_addr, gmem_addr, src_bytes, *, loc=None, ip=None):
-    """``cp.async.cg.shared.global`` of 16 bytes; ``src_bytes`` 0 zero-fills the destination (nothing is read)."""
+def _cp_async(cache: str, nbytes: int, smem_addr, gmem_addr, src_bytes, loc, ip):
     _asm(
         None,
         [_i32(smem_addr, loc, ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(src_bytes, loc, ip)],
-        "cp.async.cg.shared.global [$0], [$1], 16, $2;",
+        f"cp.async.{cache}.shared.global [$0], [$1], {nbytes}, $2;",
         "r,l,r",
         side_effects=True,
     )
+
+
+@dsl_user_op
+def cp_async_16(smem_addr, gmem_addr, src_bytes, *, loc=None, ip=None):
+    """``cp.async.cg.shared.global`` of 16 bytes; ``src_bytes`` 0 zero-fills the destination (nothing is read)."""
+    _cp_async("cg", 16, smem_addr, gmem_addr, src_bytes, loc, ip)
 
 
 @dsl_user_op
 def cp_async_8(smem_addr, gmem_addr, src_bytes, *, loc=None, ip=None):
     """``cp.async.ca.shared.global`` of 8 bytes (zero-fill when ``src_bytes`` is 0)."""
-    _asm(
-        None,
-        [_i32(smem_addr, loc, ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(src_bytes, loc, ip)],
-        "cp.async.ca.shared.global [$0], [$1], 8, $2;",
-        "r,l,r",
-        side_effects=True,
-    )
+    _cp_async("ca", 8, smem_addr, gmem_addr, src_bytes, loc, ip)
 
 
 @dsl_user_op
