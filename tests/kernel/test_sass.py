@@ -59,6 +59,12 @@ def test_missing_tools_are_named(monkeypatch):
         sass.disassemble(HopperConfig(), kc.HOPPER_ARCH)
 
 
+# Instruction budgets of the Hopper tile loop at d = 128, as multiples of the e4m3 loop (measured 2026-11-29
+# with nvidia-cutlass-dsl 4.8.1: NVFP4 663 / 374 = 1.77, e2m1 566 / 374 = 1.51; NVFP4's earlier
+# f16-arithmetic conversion took 1069 / 379 = 2.8)
+NVFP4_LOOP_BUDGET = 1.9
+E2M1_LOOP_BUDGET = 1.6
+
 _REASON = kc.cutlass_available() or sass.sass_tools()[1]
 needs_tools = pytest.mark.skipif(_REASON is not None, reason=f"SASS checks need the DSL and cuobjdump: {_REASON}")
 
@@ -73,15 +79,14 @@ def _tile_loop(fmt: str) -> sass.Loop:
 @needs_tools
 def test_hopper_tile_loop_and_its_instruction_budgets():
     """The e4m3 tile loop at d = 128 holds its 32 MMAs (16 for S, 16 for P.V per warp) and 8 cp.async;
-    NVFP4's loop, which converts each tile through a per-block table, stays within 1.9x of e4m3's
-    (measured 663 / 374 instructions; the earlier f16-arithmetic conversion took 1069, 2.8x) and e2m1's
-    within 1.6x (566)."""
+    NVFP4's loop, which converts each tile through a per-block table, and e2m1's stay within their
+    budgets (NVFP4_LOOP_BUDGET, E2M1_LOOP_BUDGET times the e4m3 loop)."""
     e4m3, nvfp4, e2m1 = (_tile_loop(f) for f in ("e4m3", "nvfp4", "e2m1"))
     mix = dict(e4m3.opcodes)
     assert mix["HMMA"] == 32 and mix["LDGSTS"] == 8
     assert dict(nvfp4.opcodes)["HMMA"] == 32
-    assert nvfp4.instructions <= 1.9 * e4m3.instructions, (nvfp4.summary(), e4m3.summary())
-    assert e2m1.instructions <= 1.6 * e4m3.instructions, (e2m1.summary(), e4m3.summary())
+    assert nvfp4.instructions <= NVFP4_LOOP_BUDGET * e4m3.instructions, (nvfp4.summary(), e4m3.summary())
+    assert e2m1.instructions <= E2M1_LOOP_BUDGET * e4m3.instructions, (e2m1.summary(), e4m3.summary())
 
 
 @needs_tools
