@@ -166,7 +166,7 @@ def bench_flashinfer(q, k_pool, v_pool, block_table, L, h_q, h_k, d, page_size, 
 
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
-                peers=True):  # fmt: skip
+                peers=True, mma=None):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
@@ -180,7 +180,7 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
         prep = prepare_decode(
             q, k_pool, v_pool, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
-            **scales,
+            mma=mma, **scales,
         )  # fmt: skip
     ms = _time_ms(prep.launch, iters, stream=stream)
     fi = None
@@ -239,11 +239,14 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", default="0", help="comma-separated KV ring depths to compare (0 = default)")
     ap.add_argument("--eager", action="store_true", help="time Python launches instead of CUDA-graph replays")
     ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch of the reduction grid")
+    ap.add_argument("--mma", default="sync",
+                    help="comma-separated Hopper MMA kinds for the e4m3-Q rows: sync, wgmma")  # fmt: skip
     ap.add_argument("--no-peers", action="store_true", help="time the Hopper kernel only (no SDPA, no FlashInfer)")
     args = ap.parse_args(argv)
     global GRAPHS
     GRAPHS = not args.eager
     stage_list = [int(x) for x in args.stages.split(",")]
+    mma_list = [m for m in args.mma.split(",") if m]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -265,7 +268,7 @@ def main(argv=None) -> int:
     print(f"# launch floor (a one-element add, timed the same way): {launch_floor_us():.1f} us")
     if skipped:
         print(f"# not run (the Hopper kernel does not read them yet): {', '.join(skipped)}")
-    head = f"{'shape':<22} {'format':<6} {'Q':<5} {'us':>9} {'TB/s':>6} {'%stream':>8} {'x sdpa':>7}"
+    head = f"{'shape':<22} {'format':<6} {'Q':<7} {'us':>9} {'TB/s':>6} {'%stream':>8} {'x sdpa':>7}"
     print(head)
     sdpa_cache = {}
     rows = []
@@ -273,30 +276,34 @@ def main(argv=None) -> int:
     for h_q, h_k, d in SHAPES:
         for b in batches:
             for fmt in formats:
-                for q_dtype in ("bf16", "e4m3") if fmt == "e4m3" else ("e4m3",):
+                variants = [("e4m3", m) for m in mma_list]
+                if fmt == "e4m3":
+                    variants.insert(0, ("bf16", "sync"))
+                for q_dtype, mma in variants:
+                    q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
                     for stages in stage_list:
                         shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
                         try:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
-                                sdpa_cache, stages, args.layout, args.pdl, not args.no_peers,
+                                sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma,
                             )  # fmt: skip
                         except ConfigError as e:
-                            print(f"{shape:<22} {fmt:<6} {q_dtype:<5} not run: {e}")
+                            print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")
                             continue
                         tb = x_bytes_tb(nbytes, ms)
                         print(
-                            f"{shape:<22} {fmt:<6} {q_dtype:<5} {ms * 1e3:>9.1f} {tb:>6.2f} {tb / stream:>8.1%}"
+                            f"{shape:<22} {fmt:<6} {q_label:<7} {ms * 1e3:>9.1f} {tb:>6.2f} {tb / stream:>8.1%}"
                             f" {ms_sdpa / ms:>6.2f}x"
                         )
-                        rows.append((shape, fmt, q_dtype, ms, tb))
+                        rows.append((shape, fmt, q_label, ms, tb))
                         if isinstance(fi, str):
                             fi_note = f"# FlashInfer: {fi}"
                         elif fi is not None:
                             fi_ms, path, _ = fi
                             tb_f = x_bytes_tb(nbytes, fi_ms)
                             print(
-                                f"{shape:<22} {fmt:<6} {'fi':<5} {fi_ms * 1e3:>9.1f} {tb_f:>6.2f} {tb_f / stream:>8.1%}"
+                                f"{shape:<22} {fmt:<6} {'fi':<7} {fi_ms * 1e3:>9.1f} {tb_f:>6.2f} {tb_f / stream:>8.1%}"
                                 f" {ms_sdpa / fi_ms:>6.2f}x  FlashInfer ({path}); mjolnir {fi_ms / ms:.2f}x faster"
                             )
             if args.no_peers:
@@ -304,9 +311,9 @@ def main(argv=None) -> int:
             ms_sdpa, b16, ms_widen, b8 = sdpa_cache[(b, args.seqlen, h_q, h_k, d)]
             shape = f"b{b} {h_q}/{h_k} d{d}"
             tb_s = x_bytes_tb(b16, ms_sdpa)
-            print(f"{shape:<22} {'bf16':<6} {'sdpa':<5} {ms_sdpa * 1e3:>9.1f} {tb_s:>6.2f} {tb_s / stream:>8.1%}")
+            print(f"{shape:<22} {'bf16':<6} {'sdpa':<7} {ms_sdpa * 1e3:>9.1f} {tb_s:>6.2f} {tb_s / stream:>8.1%}")
             tb_w = x_bytes_tb(b8, ms_widen)
-            print(f"{shape:<22} {'e4m3':<6} {'widen':<5} {ms_widen * 1e3:>9.1f} {tb_w:>6.2f} {tb_w / stream:>8.1%}")
+            print(f"{shape:<22} {'e4m3':<6} {'widen':<7} {ms_widen * 1e3:>9.1f} {tb_w:>6.2f} {tb_w / stream:>8.1%}")
     if fi_note is not None:
         print(fi_note)
     return 0

@@ -174,7 +174,7 @@ def _hopper_bench_config(args):
         return select_hopper_config(
             head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
             q_dtype=_q_dtype(args), causal=not args.non_causal, max_splits=args.max_splits,
-            ring_depth=args.ring_depth, pdl=args.pdl,
+            ring_depth=args.ring_depth, pdl=args.pdl, mma=args.mma,
         )  # fmt: skip
     except ConfigError as e:
         print(f"bench: {e}", file=sys.stderr)
@@ -218,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--q-dtype", default=None, choices=("bf16", "e4m3"), help="default: bf16 for e4m3 KV, else e4m3")
     b.add_argument("--descale", default="per_tensor", choices=("per_tensor", "per_head", "per_seq_head"))
     b.add_argument("--pdl", action="store_true")
+    b.add_argument("--mma", choices=("sync", "wgmma"), default=None,
+                   help="Hopper only: mma.sync on widened values, or fp8 warpgroup MMAs (e4m3 Q)")  # fmt: skip
     b.add_argument("--l2-prefetch", type=int, default=0)
     b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1), help="-1: on for e4m3 Q")
     b.add_argument("--non-causal", action="store_true")

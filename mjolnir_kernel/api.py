@@ -28,6 +28,8 @@ class DeviceError(RuntimeError):
 
 HOPPER_MAX_SPLITS = 32  # H200: 132 SMs want more chunks per sequence at small batch than Thor's 20
 THOR_ONLY_OPTIONS = {"l2_prefetch": 0, "evict_first": None}  # knobs the Hopper kernel lacks
+HOPPER_ONLY_OPTIONS = {"mma": None}  # knobs the Thor kernel lacks
+HOPPER_DEFAULT_MMA = "sync"  # HopperConfig.mma when decode() is not given one
 
 
 def select_hopper_config(
@@ -41,15 +43,18 @@ def select_hopper_config(
     max_splits: int = 16,
     ring_depth: int = 0,
     pdl: bool = False,
+    mma: Optional[str] = None,
 ):
     """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints, strs and bools as in
-    ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1).
+    ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1;
+    ``mma`` None = :data:`HOPPER_DEFAULT_MMA`).
     Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement."""
     from .hopper.config import HopperConfig, can_implement_hopper
 
     cfg = HopperConfig(
         head_dim=head_dim, page_size=page_size, q_len=q_len, kv_format=kv_format, q_dtype=q_dtype,
         causal=bool(causal) if q_len > 1 else True, max_splits=max_splits, stages=ring_depth, pdl=pdl,
+        mma=HOPPER_DEFAULT_MMA if mma is None else mma,
     )  # fmt: skip
     can_implement_hopper(cfg)
     return cfg
@@ -149,6 +154,7 @@ def prepare_decode(
     pdl: bool = False,
     l2_prefetch: int = 0,
     evict_first: Optional[bool] = None,
+    mma: Optional[str] = None,
     out: Optional[torch.Tensor] = None,
     check_values: bool = True,
 ) -> PreparedDecode:
@@ -180,11 +186,13 @@ def prepare_decode(
                 raise ValueError(f"{name}: a Thor-kernel option; the Hopper kernel has no such knob (got {value!r})")
         cfg = select_hopper_config(
             head_dim=problem.head_dim, page_size=problem.page_size, q_len=q_len, kv_format=kv_format,
-            q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl,
+            q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl, mma=mma,
         )  # fmt: skip
         if ctas_per_sm is None:
             ctas_per_sm = cfg.ctas_per_sm
     else:
+        if mma != HOPPER_ONLY_OPTIONS["mma"]:
+            raise ValueError(f"mma: a Hopper-kernel option; the Thor kernel has no such knob (got {mma!r})")
         cfg = select_config(
             head_dim=problem.head_dim, n_q=problem.n_q, page_size=problem.page_size, q_len=q_len,
             kv_format=kv_format, q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits,
@@ -269,6 +277,8 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
         default: plan_split_kv for this device (emulator.kernel_plan's tiling, this device's SMs).
       max_splits, force_splits, pad_to, sm_count: planning knobs when no plan is given.
       ctas_per_sm, ring_depth, pdl, l2_prefetch, evict_first: kernel config knobs (DecodeConfig).
+      mma: Hopper only: "sync" (mma.sync on widened values) or "wgmma" (fp8 warpgroup MMAs, e4m3 Q);
+        None = HOPPER_DEFAULT_MMA.
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).
       check_values: read seq_lens on the host to check the block table and plan (a device sync).
 
@@ -302,7 +312,7 @@ def decode(
         sequence lengths, K/V descales and NVFP4 scales come from it).
       q_descale, softmax_scale, scale_o, q_len, causal, plan, chunk_tiles: as ``emulate_decode``.
       kernel_options: ``decode_paged`` knobs (max_splits, force_splits, pad_to, sm_count, ctas_per_sm,
-        ring_depth, pdl, l2_prefetch, evict_first, out, check_values).
+        ring_depth, pdl, l2_prefetch, evict_first, mma, out, check_values).
 
     Returns:
       (o, lse): bfloat16 (num_seqs * q_len, h_q, d) and float32 (num_seqs, h_k, q_len * h_r), natural

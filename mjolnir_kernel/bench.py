@@ -84,6 +84,8 @@ def run_bench(args) -> int:
         ring_depth=args.ring_depth, max_splits=args.max_splits, pdl=args.pdl, l2_prefetch=args.l2_prefetch,
         evict_first=None if args.evict_first < 0 else bool(args.evict_first),
     )  # fmt: skip
+    if args.mma is not None:
+        opts["mma"] = args.mma
     print(f"config {cfg.short_name()}  plan {plan}  seq_lens {lens[:8]}{' ...' if len(lens) > 8 else ''}")
     o, lse = decode(q, cache, **opts)
     torch.cuda.synchronize()

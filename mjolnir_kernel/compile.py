@@ -221,7 +221,10 @@ def compile_decode(
         import cutlass.cute as cute
 
         if hopper:
-            from .hopper.decode_kernel import HopperDecodeKernel
+            if config.mma == "wgmma":
+                from .hopper.wgmma_kernel import HopperWgmmaDecodeKernel as HopperDecodeKernel
+            else:
+                from .hopper.decode_kernel import HopperDecodeKernel
 
             kernel = HopperDecodeKernel(config)
         else:

@@ -36,6 +36,37 @@ P_STEP_E4M3 = 32.0 / 448.0
 P_STEP_BF16 = 2.0**-8
 
 
+# The experimental fp8 wgmma path (HopperConfig(mma="wgmma")) is not held to the spec: Hopper's fp8
+# tensor cores do not return the exact dot product rounded once. python -m benchmarks.probe_fp8_accumulation
+# measured on the H200 a worst |result - exact| of 15283 * 2^-24 (~2^-10.1) times sum_i |a_i b_i| over
+# contraction lengths 32 .. 256 and all finite e4m3 codes (and only 0.03 % of results exact at K = 32
+# for arbitrary codes). The bound below doubles that worst case.
+FP8_MMA_REL_ERROR = 2.0**-9
+
+
+def score_magnitude_max(q: torch.Tensor, cache, q_descale, softmax_scale: float, q_len: int) -> torch.Tensor:
+    """``softmax_scale * max_j sum_d |q_d| |k_jd|`` in real units over each sequence's keys, in LSE layout
+    ``(num_seqs, h_k, q_len * h_r)`` float64 (0 for an empty sequence).
+
+    An error of at most ``eps * sum_d |q_d k_jd|`` in every score moves the LSE by at most ``eps`` times
+    this (logsumexp is 1-Lipschitz in the max norm): the LSE bound of the fp8 wgmma path."""
+    from mjolnir_numerics.cache import descale_table
+    from mjolnir_numerics.scales import check_q_rows
+
+    num_seqs, h_k = cache.num_seqs, cache.heads_k
+    _, h_r, d = check_q_rows(q, num_seqs, q_len, h_k)
+    qd = descale_table(q_descale, num_seqs, h_k) if q_descale is not None else torch.ones(num_seqs, h_k)
+    qf = q.double().cpu().view(num_seqs, q_len, h_k, h_r, d) * qd.double().cpu().view(num_seqs, 1, h_k, 1, 1)
+    out = torch.zeros(num_seqs, h_k, q_len * h_r, dtype=torch.float64)
+    for s in range(num_seqs):
+        k, _ = cache.gather(s)
+        if k.shape[0] == 0:
+            continue
+        mag = torch.einsum("qkrd,lkd->kqrl", qf[s].abs(), k.double().cpu().abs())
+        out[s] = softmax_scale * mag.amax(-1).reshape(h_k, q_len * h_r)
+    return out
+
+
 def p_flip_atol(v_values_absmax: float, v_descale_max: float, scale_o: float, q_dtype: str) -> float:
     """Absolute bound on |O_kernel - O_spec| from one P-code flip (see P_STEP_E4M3).
 

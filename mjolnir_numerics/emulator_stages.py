@@ -28,7 +28,10 @@ representable data, so the emulator is bit-identical on CPU and CUDA.
    core adds in an unspecified order with its own intermediate precision; for an ``n``-term fp32
    accumulation that differs from the model by at most ``n * 2^-24 * sum(|a_i b_i|)``
    (:data:`TENSOR_CORE_REL_BOUND`, the classical recursive-summation bound), per tile (n = d for S,
-   n = 128 keys + the accumulator for O).
+   n = 128 keys + the accumulator for O). Hopper's fp8 tensor cores do not meet it: their e4m3 products
+   were off by up to ~2^-10 of ``sum(|a_i b_i|)`` already at 32 terms
+   (``python -m benchmarks.probe_fp8_accumulation``), so the Hopper kernel multiplies exactly widened
+   f16 / bf16 values (its fp8 wgmma variant is an experimental, non-conformant option).
 2. **ex2.approx.ftz.f32** (p, the correction, the split weights): modelled as the correctly rounded
    fp32 exp2 with subnormal results flushed to +0. Hardware differs by at most 2 ulp (NUMERICS.md
    section 4; measured 0 e4m3(p * 448) code differences, 12 bf16 ones over 4M points).

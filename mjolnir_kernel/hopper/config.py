@@ -3,11 +3,12 @@
 No cutlass import: configs are validated before anything compiles (CI, ``decode()``).
 
 The Hopper kernel computes what the Thor kernel computes (NUMERICS.md section 5) with warp-level
-``mma.sync`` instead of tcgen05: Hopper's wgmma needs 64 query rows per warpgroup where decode has
-4-16, and decode is bound by the KV stream, not by the tensor cores. Every KV value enters the MMA as
-an exact 16-bit value (f16 on the e4m3-Q path: e4m3 Q, K, V and P = e4m3(p * 448) are all f16 values;
-bf16 on the bf16-Q path), and each 128-key tile's products are added to fp32 accumulators, so no
-contraction is longer than one tile (NUMERICS.md section 4).
+``mma.sync`` instead of tcgen05. Every KV value enters the MMA as an exact 16-bit value (f16 on the
+e4m3-Q path: e4m3 Q, K, V and P = e4m3(p * 448) are all f16 values; bf16 on the bf16-Q path), and each
+128-key tile's products are added to fp32 accumulators, so no contraction is longer than one tile
+(NUMERICS.md section 4). Hopper's native fp8 MMA (wgmma, with the keys on M since decode has 4-16 query
+rows) was built too (``mma="wgmma"``): its sums are not exact (about 2^-10 of sum |a b|) and it was not
+faster, so it stays an experimental option.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ MAX_CTAS_PER_SM = 2  # register budget: 2 CTAs of 256 threads at <= 128 register
 KV_FORMATS = tuple(FORMATS)  # e4m3 read directly; fp6 / fp4 / nvfp4 converted to e4m3 in shared memory
 Q_DTYPES = ("bf16", "e4m3")
 HEAD_DIMS = (128, 256)
+MMA_KINDS = ("sync", "wgmma")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,10 @@ class HopperConfig:
       stages      KV tiles in the shared-memory ring; 0 = DEFAULT_STAGES
       pdl         programmatic dependent launch: the reduction grid launches while the decode grid
                   runs and waits for it (griddepcontrol), hiding its launch latency
+      mma         "sync" (default): warp-level mma.sync on exactly widened f16 / bf16 values; "wgmma":
+                  EXPERIMENTAL warpgroup fp8 MMAs with the keys on M (e4m3 Q only; e4m3 bytes straight
+                  into the tensor cores), not bit-faithful: Hopper's fp8 MMAs do not add exactly
+                  (``wgmma_kernel.py``)
     """
 
     head_dim: int = 128
@@ -67,6 +73,7 @@ class HopperConfig:
     max_splits: int = 16
     stages: int = 0
     pdl: bool = False
+    mma: str = "sync"
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -76,7 +83,9 @@ class HopperConfig:
         causal = "c" if self.causal else "n"
         return (
             f"sm90-{self.q_dtype}-{self.kv_format}-d{self.head_dim}-ps{self.page_size}-q{self.q_len}{causal}"
-            f"-s{self.max_splits}-r{self.ring_stages}" + ("-pdl" if self.pdl else "")
+            f"-s{self.max_splits}-r{self.ring_stages}"
+            + ("-pdl" if self.pdl else "")
+            + ("-wg" if self.mma == "wgmma" else "")
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -114,6 +123,8 @@ class HopperConfig:
     @property
     def smem_bytes(self) -> int:
         p = Q_TILE * (TILE_KEYS + P_ROW_PAD) * 2
+        if self.mma == "wgmma":  # e4m3 P and Q tiles in the wgmma operand layout
+            p = Q_TILE * TILE_KEYS + Q_TILE * self.head_dim
         stats = 2 * WARPS * Q_TILE * 4
         if self.packed:  # packed ring + one converted K and V tile
             ring = 2 * self.ring_stages * TILE_KEYS * self.packed_row_bytes + 2 * self.tile_bytes
@@ -153,6 +164,10 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(f"stages={c.stages!r} (0 = default, or >= 2)")
     elif not problems and c.smem_bytes > SMEM_PER_CTA_MAX:
         problems.append(f"stages={c.stages!r}: {c.smem_bytes} B of shared memory > {SMEM_PER_CTA_MAX} B per CTA")
+    if c.mma not in MMA_KINDS:
+        problems.append(f"mma={c.mma!r} (allowed {MMA_KINDS})")
+    elif c.mma == "wgmma" and c.q_dtype != "e4m3":
+        problems.append(f"mma='wgmma' with q_dtype={c.q_dtype!r} (the fp8 warpgroup MMA needs e4m3 Q)")
     if not isinstance(c.pdl, bool):
         problems.append(f"pdl={c.pdl!r} (True or False)")
     if problems:

@@ -329,7 +329,103 @@ def e2m1x8_to_e4m3x8(w, table=None, *, loc=None, ip=None):
     return _unpack(res, 2, T.i32(), Int32)
 
 
+# -- warpgroup MMA (keys on M: the fp8 path without conversions) ----------------------------------
+
+GMMA_CORE_BYTES = 128  # a no-swizzle core matrix: 8 rows x 16 bytes, contiguous
+
+
+def gmma_desc_bits(lbo: int, sbo: int) -> int:
+    """The constant part of a wgmma shared-memory descriptor for a K-major, no-swizzle (interleaved)
+    operand: ``lbo`` bytes between the two 16-byte K halves of a core-matrix row, ``sbo`` bytes between
+    8-row groups (bits 16-29 and 32-45, in 16-byte units; layout type 0 in bits 62-63). The start address
+    (bits 0-13, in 16-byte units) is OR-ed in by the kernel."""
+    for name, v in (("lbo", lbo), ("sbo", sbo)):
+        if v % 16 or not 0 <= v >> 4 < 1 << 14:
+            raise ValueError(f"{name}={v}: a multiple of 16 below 2^18 bytes")
+    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32)
+
+
+@dsl_user_op
+def wgmma_e4m3_rs(a, descs, *, n: int, loc=None, ip=None):
+    """D = A . B over ``len(descs)`` k-steps of ``wgmma.mma_async.m64n{n}k32.f32.e4m3.e4m3`` into fresh
+    fp32 accumulators, waited for before returning (fence, issue, commit, wait in one asm block, so the
+    compiler cannot touch the registers while the MMA is in flight).
+
+    a: 4 Int32 per k-step (this thread's A fragment: row g / g + 8 of the warp's 16 rows, k 4c .. 4c + 3
+    and 16 + 4c .. 16 + 4c + 3, four e4m3 bytes each); descs: one Int64 shared-memory descriptor of B
+    (n x 32 bytes, K-major) per k-step. Returns n / 2 Float32: (row g, col 2c), (g, 2c + 1), (g + 8, 2c),
+    (g + 8, 2c + 1), then the same for cols + 8, ...; all 128 threads of the warpgroup must call it."""
+    steps = len(descs)
+    if len(a) != 4 * steps or n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"wgmma_e4m3_rs: {len(a)} A registers for {steps} k-steps, n={n}")
+    nd = n // 2
+    d_regs = ", ".join(f"${i}" for i in range(nd))
+    z = f"${nd + 5 * steps}"
+    lines = ["{", ".reg .pred fresh, acc;", f"setp.ne.b32 fresh, {z}, 0;", f"setp.eq.b32 acc, {z}, 0;",
+             "wgmma.fence.sync.aligned;"]  # fmt: skip
+    for s in range(steps):
+        a_regs = ", ".join(f"${nd + 4 * s + i}" for i in range(4))
+        scale_d = "fresh" if s == 0 else "acc"  # scale-d false: D = A.B; true: D += A.B
+        lines.append(
+            f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{d_regs}}}, {{{a_regs}}}, "
+            f"${nd + 4 * steps + s}, {scale_d}, 1, 1;"
+        )
+    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+    operands = [_i32(x, loc, ip) for x in a] + [Int64(x).ir_value(loc=loc, ip=ip) for x in descs]
+    operands.append(_i32(0, loc, ip))  # a zero, for the two predicates
+    constraints = ",".join(["=f"] * nd + ["r"] * (4 * steps) + ["l"] * steps + ["r"])
+    res = _asm(_struct(nd, T.f32()), operands, "\n\t".join(lines), constraints, side_effects=True)
+    return _unpack(res, nd, T.f32(), Float32)
+
+
+@dsl_user_op
+def prmt(a, b, selector: int, *, loc=None, ip=None):
+    """``prmt.b32``: byte i of the result is byte ``(selector >> 4 i) & 7`` of (b:a), a's bytes 0-3."""
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)], f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r"))
+
+
+@dsl_user_op
+def fence_proxy_async_shared(*, loc=None, ip=None):
+    """Make this thread's shared-memory stores visible to wgmma (the async proxy); a barrier follows."""
+    _asm(None, [], "fence.proxy.async.shared::cta;", "", side_effects=True)
+
+
+@dsl_user_op
+def st_shared_b16(smem_addr, value, *, loc=None, ip=None):
+    """Store the low 16 bits of ``value``."""
+    text = "{\n\t.reg .b16 t;\n\tcvt.u16.u32 t, $1;\n\tst.shared.b16 [$0], t;\n\t}"
+    _asm(None, [_i32(smem_addr, loc, ip), _i32(value, loc, ip)], text, "r,r", side_effects=True)
+
+
+@dsl_user_op
+def st_global_b32(gmem_addr, value, *, loc=None, ip=None):
+    _asm(None, [Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(value, loc, ip)], "st.global.b32 [$0], $1;", "l,r",
+         side_effects=True)  # fmt: skip
+
+
+@dsl_user_op
+def st_global_v2_f32(gmem_addr, v0, v1, *, loc=None, ip=None):
+    _asm(None, [Int64(gmem_addr).ir_value(loc=loc, ip=ip), _f32(v0, loc, ip), _f32(v1, loc, ip)],
+         "st.global.v2.f32 [$0], {$1, $2};", "l,f,f", side_effects=True)  # fmt: skip
+
+
+@dsl_user_op
+def f32x2_to_e4m3x2(lo, hi, *, loc=None, ip=None):
+    """(lo, hi) fp32 -> two e4m3 bytes (lo in bits 0-7) with cvt.rn.satfinite (the spec's P rounding)."""
+    text = "{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.e4m3x2.f32 t, $2, $1;\n\tcvt.u32.u16 $0, t;\n\t}"
+    return Int32(_asm(T.i32(), [_f32(lo, loc, ip), _f32(hi, loc, ip)], text, "=r,f,f"))
+
+
 __all__ = [
+    "GMMA_CORE_BYTES",
+    "gmma_desc_bits",
+    "wgmma_e4m3_rs",
+    "prmt",
+    "fence_proxy_async_shared",
+    "st_shared_b16",
+    "st_global_b32",
+    "st_global_v2_f32",
+    "f32x2_to_e4m3x2",
     "ldmatrix_x4",
     "mma_m16n8k16",
     "cp_async_16",

@@ -208,7 +208,7 @@ def _compile_and_check(cfg):
     assert "decode" in r.resources, f"no ptxas report for {cfg.short_name()}"
     assert ("reduction" in r.resources) == (cfg.max_splits > 1)
     assert "for 'sm_90a'" in r.log, "ptxas did not compile for sm_90a"
-    assert "HopperDecodeKernel" in r.log
+    assert ("HopperWgmmaDecodeKernel" if cfg.mma == "wgmma" else "HopperDecodeKernel") in r.log
     problems = kc.spill_regressions(r, kc.load_spill_baseline())
     assert not problems, "\n".join(problems)
     return r
@@ -228,6 +228,17 @@ def test_hopper_pdl_config_compiles():
     assert cfg.short_name().endswith("-pdl")
     r = _compile_and_check(cfg)
     assert r.resources["decode"].spill_stores == 0 and r.resources["reduction"].spill_stores == 0
+
+
+@needs_cutlass
+@pytest.mark.parametrize("fmt, d", [("e4m3", 256), ("nvfp4", 128)])
+def test_hopper_wgmma_configs_compile(fmt, d):
+    """The experimental fp8 wgmma path lowers for sm_90a without spills (the device test checks it
+    against the fp8 MMA bound)."""
+    cfg = HopperConfig(head_dim=d, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, mma="wgmma")
+    assert cfg.short_name().endswith("-wg")
+    r = _compile_and_check(cfg)
+    assert r.resources["decode"].spill_stores == 0
 
 
 @needs_cutlass

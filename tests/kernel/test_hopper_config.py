@@ -39,6 +39,8 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"max_splits": 0}, ["max_splits=0"]),
         ({"stages": 1}, ["stages=1"]),
         ({"pdl": "yes"}, ["pdl='yes'"]),
+        ({"mma": "hmma"}, ["mma='hmma'"]),
+        ({"mma": "wgmma", "q_dtype": "bf16"}, ["mma='wgmma'", "needs e4m3 Q"]),
         ({"stages": 9, "head_dim": 256}, ["stages=9", "shared memory"]),
         ({"head_dim": 96, "page_size": 8}, ["head_dim=96", "page_size=8"]),
     ],

@@ -90,6 +90,17 @@ def test_hopper_tile_loop_and_its_instruction_budgets():
 
 
 @needs_tools
+def test_wgmma_tile_loop_feeds_e4m3_bytes_straight_to_the_tensor_cores():
+    """The experimental fp8 wgmma path (keys on M): per warp and tile 4 S and 4 P.V wgmma k-steps at d = 128
+    and no widening: no HMMA, and F2FP only for P's four e4m3 pairs (the mma.sync loop has 72)."""
+    cfg = HopperConfig(head_dim=128, page_size=64, kv_format="e4m3", q_dtype="e4m3", max_splits=16, mma="wgmma")
+    loops = sass.kernel_loops(cfg, kc.HOPPER_ARCH)
+    assert len(loops) == 1, [lp.summary() for lp in loops]
+    mix = dict(loops[0].opcodes)
+    assert mix.get("QGMMA") == 8 and "HMMA" not in mix and mix.get("F2FP") == 4, loops[0].summary()
+
+
+@needs_tools
 def test_cli_sass_prints_the_loops(capsys):
     rc = main(["bench", "--arch", "sm_90a", "--format", "e4m3", "--q-dtype", "e4m3", "--head-dim", "128", "--sass"])
     out = capsys.readouterr().out

@@ -1,0 +1,400 @@
+"""EXPERIMENTAL: the Hopper decode kernel's fp8 path on warpgroup MMAs (``HopperConfig(mma="wgmma")``,
+e4m3 Q). Not bit-faithful to the spec, and not faster; kept as a research backend and as the record of
+the experiment (measured on the H200; README "Hopper's fp8 tensor cores, and the experimental wgmma path"):
+
+  * Hopper's fp8 tensor cores do not return the exact dot product rounded once: over contraction
+    lengths 32 .. 256 their error reaches ~2^-10 of sum |a_i b_i| (``benchmarks/probe_fp8_accumulation``),
+    so S moves by up to a few 1e-3 and P codes flip. Against the spec, 1 of 33 conformance cases passes
+    (54-98 % of bf16 outputs bit-identical, LSE off by up to 7e-3); the GPU test holds it to the bound
+    that error implies instead (``mjolnir_kernel.conformance.FP8_MMA_REL_ERROR``).
+  * Its tile loop has fewer instructions than mma.sync's (317 vs 362 at d = 128, e4m3), yet it ran within
+    1-2 % of it for e4m3 KV (either way) and 4-11 % slower for the sub-byte formats (each tile waits for
+    its two wgmma groups).
+
+Same CTA, work list, cp.async ring, sub-byte conversion, masks, softmax order and epilogue as
+``decode_kernel.py``; what changes is who multiplies. Hopper's wgmma multiplies e4m3 by e4m3 natively
+but wants 64 rows on M, and decode has 4-16 query rows, so the keys go on M (swap AB):
+
+  S^T (keys x rows) = K (keys x d) . Q^T        warpgroup w: keys 64 w .. 64 w + 63, k-steps over d
+  O^T (d x rows)    = V^T (d x keys) . P^T      warpgroup w: d in [w d/2, (w+1) d/2), k-steps over keys
+
+N = 16 query rows (the CTA's query tile). K and V are A operands from registers: K by ``ldmatrix``
+(its fragment is exactly wgmma's 8-bit A layout), V^T by ``ldmatrix.trans`` and two byte permutes per
+register (a transpose in registers: fp8 wgmma reads shared-memory operands only K-major, and V is
+stored d-contiguous). Q and P are B operands in shared memory, K-major, no swizzle. No KV value is
+widened: e4m3 bytes go straight into the tensor cores, which on the e4m3-Q path multiply exactly the
+values the spec multiplies.
+
+Orderings that are relabelings (the spec sums are order-free; masks and softmax see true indices):
+  * V^T's M rows: warp row g holds d = 16 chunk + 2g, row g + 8 holds d = 16 chunk + 2g + 1;
+  * P^T's K positions inside a 32-key step: slot 4c + {0, 1, 2, 3} holds key 2c, 8 + 2c, 2c + 1, 9 + 2c
+    (and + 16 for the second half), which is the order ``ldmatrix.trans`` + ``prmt`` gives V; S's keys
+    g and g + 8 of a warp land on adjacent slots, so P goes to shared memory as one 16-bit store per row.
+
+Each tile's P.V goes into fresh accumulators and is added to the fp32 O registers (no tensor-core
+accumulation longer than one tile: NUMERICS.md section 4).
+"""
+
+from types import SimpleNamespace
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils as utils
+
+from .config import Q_TILE, THREADS, TILE_KEYS, WARPS
+from .decode_kernel import CHUNK, HopperDecodeKernel, _fmax
+from .ptx import (
+    GMMA_CORE_BYTES,
+    f32x2_to_bf16_pair,
+    f32x2_to_e4m3x2,
+    fence_proxy_async_shared,
+    gmma_desc_bits,
+    ld_global_b32,
+    ld_shared_f32,
+    ld_shared_v4_f32,
+    ldmatrix_x4,
+    prmt,
+    st_global_b32,
+    st_global_v2_f32,
+    st_shared_b16,
+    st_shared_b32,
+    st_shared_f32,
+    wgmma_e4m3_rs,
+)
+
+WG_KEYS = TILE_KEYS // 2  # keys per warpgroup in S (M = 64)
+WARP_ROWS = 16  # M rows per warp inside a warpgroup
+K_STEP = 32  # k of one fp8 wgmma
+P_GROUP_BYTES = 8 * TILE_KEYS  # one 8-row group of P^T (K-major, no swizzle): 8 core matrices along K
+SEL_EVEN = 0x6240  # prmt: bytes 0, 2 of r0 and r1 -> (r0.b0, r1.b0, r0.b2, r1.b2)
+SEL_ODD = 0x7351  # (r0.b1, r1.b1, r0.b3, r1.b3)
+
+
+def p_slot(key_in_step: int) -> int:
+    """Position of a key (0 .. 31 inside a 32-key k-step) along P^T's K axis (see the module docstring)."""
+    half, k = divmod(key_in_step, 16)
+    lo = k % 8
+    return 16 * half + 4 * (lo // 2) + 2 * (lo % 2) + k // 8
+
+
+def b_operand_offset(row: int, k: int, group_bytes: int) -> int:
+    """Byte offset of (row, k) in a K-major, no-swizzle wgmma B operand with ``group_bytes`` between
+    8-row groups and 16-byte core-matrix columns 128 bytes apart."""
+    return (k // 16) * GMMA_CORE_BYTES + (row // 8) * group_bytes + (row % 8) * 16 + k % 16
+
+
+class HopperWgmmaDecodeKernel(HopperDecodeKernel):
+    """``HopperDecodeKernel`` with S and P.V on fp8 wgmma (keys on M); e4m3 Q only."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        if config.mma != "wgmma" or not config.fp8:
+            raise ValueError(f"HopperWgmmaDecodeKernel: needs mma='wgmma' and e4m3 Q, got {config.short_name()}")
+        d = self.d
+        self.q_group_bytes = 8 * d  # 8-row groups of Q (K-major: d / 16 core matrices each)
+        self.s_steps = d // K_STEP
+        self.pv_steps = TILE_KEYS // K_STEP
+        self.m_blocks = (d // 2) // 64  # 64-row M blocks of O^T per warpgroup
+
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mKS: cute.Tensor, mVS: cute.Tensor,
+        mBT: cute.Tensor, mSeqLens: cute.Tensor, mWork: cute.Tensor, mNSplits: cute.Tensor, mQD: cute.Tensor,
+        mKD: cute.Tensor, mVD: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, mOp: cute.Tensor,
+        mMp: cute.Tensor, mLp: cute.Tensor, b: cutlass.Int32, h_k: cutlass.Int32, n_q: cutlass.Int32,
+        q_seq: cutlass.Int32, o_seq: cutlass.Int32, k_page: cutlass.Int32, k_row: cutlass.Int32,
+        k_head: cutlass.Int32, v_page: cutlass.Int32, v_row: cutlass.Int32, v_head: cutlass.Int32,
+        ks_page: cutlass.Int32, ks_row: cutlass.Int32, ks_head: cutlass.Int32, vs_page: cutlass.Int32,
+        vs_row: cutlass.Int32, vs_head: cutlass.Int32, scale_qs: cutlass.Float32,
+        scale_qs_log2_e: cutlass.Float32, scale_o: cutlass.Float32,
+    ):  # fmt: skip
+        cfg = self.config
+        f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
+        d = self.d
+
+        if cutlass.const_expr(cfg.pdl):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+
+        work_idx, q_tile_idx, head = cute.arch.block_idx()
+        tid, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(tid // 32)
+        wg = warp // 4
+        wq = warp % 4
+        lane = tid % 32
+        g = lane // 4
+        c = lane % 4
+
+        seq = mWork[work_idx, 0]
+        tile_begin = mWork[work_idx, 1]
+        tile_end = mWork[work_idx, 2]
+        slot = mWork[work_idx, 3]
+        n_iters = tile_end - tile_begin
+        if n_iters > 0:
+            seq_len = mSeqLens[seq]
+            hb = head + h_k * seq
+            n_base = q_tile_idx * Q_TILE
+            h_r = n_q // cfg.q_len
+
+            smem = utils.SmemAllocator()
+            ring_bytes = self.stages * self.ring_tile_bytes
+            k_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
+            v_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
+            k_conv = k_ring
+            v_conv = v_ring
+            if cutlass.const_expr(cfg.packed):
+                k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
+                v_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
+            ks_ring = k_ring
+            if cutlass.const_expr(cfg.kv_format == "nvfp4"):
+                ks_ring = smem.allocate_array(
+                    cutlass.Uint8, 2 * self.stages * self.scale_tile_bytes, byte_alignment=16
+                ).toint()
+            q_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * d, byte_alignment=128).toint()
+            p_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * TILE_KEYS, byte_alignment=128).toint()
+            s_max = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(1, WARPS)), 16)
+            s_sum = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(Q_TILE, 1)), 16)
+            s_max_addr = s_max.iterator.toint()
+
+            k_base = mK.iterator.toint()
+            v_base = mV.iterator.toint()
+            head_k_off = i64(head) * i64(k_head) * self.fmt.bits // 8
+            head_v_off = i64(head) * i64(v_head) * self.fmt.bits // 8
+
+            # -- Q (once): e4m3 rows n_base .. n_base + 15 into the B-operand layout; absent rows are 0
+            q_row0 = i64(seq) * i64(q_seq) + (i64(head) * i64(n_q) + i64(n_base)) * i64(d)
+            q_base = mQ.iterator.toint()
+            words = d // 4
+            for i in cutlass.range_constexpr(Q_TILE * words // THREADS):
+                idx = tid + i * THREADS
+                row = idx // words
+                kb = (idx % words) * 4
+                w = i32(0)
+                if n_base + row < n_q:
+                    w = ld_global_b32(q_base + q_row0 + i64(row * d + kb))
+                off = (kb // 16) * GMMA_CORE_BYTES + (row // 8) * self.q_group_bytes + (row % 8) * 16 + kb % 16
+                st_shared_b32(q_buf + off, w)
+            fence_proxy_async_shared()  # the first tile's barrier publishes Q to the warpgroups
+            q_desc = i64((q_buf >> 4) & 0x3FFF) | i64(gmma_desc_bits(GMMA_CORE_BYTES, self.q_group_bytes))
+            p_desc = i64((p_buf >> 4) & 0x3FFF) | i64(gmma_desc_bits(GMMA_CORE_BYTES, P_GROUP_BYTES))
+            step_desc = 2 * GMMA_CORE_BYTES >> 4  # one k-step = two core matrices along K
+
+            qk_descale = mQD[hb] * mKD[hb]
+            exp_scale = scale_qs_log2_e * qk_descale
+            lse_scale = scale_qs * qk_descale
+            v_descale = mVD[hb]
+
+            # -- running state; element e of an accumulator: M row g + 8 ((e >> 1) & 1),
+            #    query row 2c + (e & 1) + 8 (e >> 2); rr(e) = (e & 1) + 2 (e >> 2) indexes this thread's rows
+            m_prev = cute.make_rmem_tensor((4,), f32)
+            m_prev.fill(-f32.inf)
+            row_sum = cute.make_rmem_tensor((8,), f32)
+            row_sum.fill(f32(0))
+            o_acc = cute.make_rmem_tensor((8 * self.m_blocks,), f32)
+            o_acc.fill(f32(0))
+
+            sc = SimpleNamespace(
+                k_base=mKS.iterator.toint() + i64(head) * i64(ks_head), k_page=ks_page, k_row=ks_row,
+                v_base=mVS.iterator.toint() + i64(head) * i64(vs_head), v_page=vs_page, v_row=vs_row,
+            )  # fmt: skip
+
+            pages = cute.make_rmem_tensor((self.pages_per_tile,), i32)
+            self._load_pages(pages, tile_begin, seq, seq_len, mBT)
+            for st in cutlass.range_constexpr(self.stages - 1):
+                if st < n_iters:
+                    self._load(k_ring, v_ring, st, tile_begin + st, pages, k_base, v_base, head_k_off, head_v_off,
+                               k_page, k_row, v_page, v_row, tid, ks_ring, sc)  # fmt: skip
+                cute.arch.cp_async_commit_group()
+                if st + 1 < n_iters:
+                    self._load_pages(pages, tile_begin + st + 1, seq, seq_len, mBT)
+
+            p_scale = f32(cfg.p_scale)
+            mask_from = seq_len
+            if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
+                mask_from = seq_len - (cfg.q_len - 1)
+            key_warp = wg * WG_KEYS + wq * WARP_ROWS  # this warp's 16 keys in the tile (S's M rows)
+            for it in cutlass.range(n_iters, unroll=1):
+                stage = it % self.stages
+                cute.arch.cp_async_wait_group(self.stages - 2)
+                cute.arch.sync_threads()
+                nxt = it + self.stages - 1
+                if nxt < n_iters:
+                    self._load(k_ring, v_ring, nxt % self.stages, tile_begin + nxt, pages, k_base, v_base, head_k_off,
+                               head_v_off, k_page, k_row, v_page, v_row, tid, ks_ring, sc)  # fmt: skip
+                cute.arch.cp_async_commit_group()
+                if nxt + 1 < n_iters:
+                    self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)
+                k_stage = k_ring + stage * self.tile_bytes
+                v_stage = v_ring + stage * self.tile_bytes
+                if cutlass.const_expr(cfg.packed):
+                    k_scales = ks_ring + stage * 2 * self.scale_tile_bytes
+                    v_scales = k_scales + self.scale_tile_bytes
+                    self._convert_tile(k_ring + stage * self.ring_tile_bytes, k_conv, k_scales, tid)
+                    self._convert_tile(v_ring + stage * self.ring_tile_bytes, v_conv, v_scales, tid)
+                    k_stage = k_conv
+                    v_stage = v_conv
+                    cute.arch.sync_threads()
+
+                # 1. S^T for this warpgroup's 64 keys: K fragments by ldmatrix (no conversion)
+                key_ld = key_warp + (lane % 8) + 8 * ((lane // 8) % 2)
+                ka = []
+                descs = []
+                for s in cutlass.range_constexpr(self.s_steps):
+                    chunk = 2 * s + lane // 16
+                    kr = ldmatrix_x4(k_stage + key_ld * d + ((chunk ^ (key_ld & 7)) * CHUNK))
+                    ka.extend(kr)
+                    descs.append(q_desc + i64(s * step_desc))
+                sv = wgmma_e4m3_rs(ka, descs, n=Q_TILE)
+                sacc = cute.make_rmem_tensor((8,), f32)
+                for e in cutlass.range_constexpr(8):
+                    sacc[e] = sv[e]
+
+                # 2. mask; row max over this warp's keys (in-thread pair, then lanes xor 4, 8, 16)
+                if (tile_begin + it + 1) * TILE_KEYS > mask_from:
+                    key0 = (tile_begin + it) * TILE_KEYS + key_warp + g
+                    for e in cutlass.range_constexpr(8):
+                        key = key0 + 8 * ((e >> 1) & 1)
+                        masked = key >= seq_len
+                        if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
+                            qi = (n_base + 2 * c + (e & 1) + 8 * (e >> 2)) // h_r
+                            masked = masked or key > seq_len - cfg.q_len + qi
+                        if masked:
+                            sacc[e] = -f32.inf
+                mx = cute.make_rmem_tensor((4,), f32)
+                for r in cutlass.range_constexpr(4):
+                    e = (r & 1) + 4 * (r >> 1)
+                    x = _fmax(sacc[e], sacc[e + 2])
+                    for off in (4, 8, 16):
+                        x = _fmax(x, cute.arch.shuffle_sync_bfly(x, offset=off, mask=0xFFFFFFFF))
+                    mx[r] = x
+                if g == 0:
+                    for r in cutlass.range_constexpr(4):
+                        s_max[warp, 2 * c + (r & 1) + 8 * (r >> 1)] = mx[r]
+                cute.arch.sync_threads()
+
+                # 3. running max, p, corr, row sums per key slot, P (e4m3(p * 448)) to shared memory
+                m_use = cute.make_rmem_tensor((4,), f32)
+                corr = cute.make_rmem_tensor((4,), f32)
+                for r in cutlass.range_constexpr(4):
+                    row = 2 * c + (r & 1) + 8 * (r >> 1)
+                    m_new = m_prev[r]
+                    for v4 in cutlass.range_constexpr(WARPS // 4):
+                        w4 = ld_shared_v4_f32(s_max_addr + (row * WARPS + 4 * v4) * 4)
+                        for k in cutlass.range_constexpr(4):
+                            m_new = _fmax(m_new, w4[k])
+                    ref = m_new
+                    if m_new == -f32.inf:
+                        ref = f32(0.0)
+                    m_use[r] = ref
+                    corr[r] = cute.math.exp2((m_prev[r] - ref) * exp_scale, fastmath=True)
+                    m_prev[r] = m_new
+                for e in cutlass.range_constexpr(8):
+                    rr = (e & 1) + 2 * (e >> 2)
+                    p = cute.math.exp2((sacc[e] - m_use[rr]) * exp_scale, fastmath=True)
+                    sacc[e] = p
+                    row_sum[e] = cute.math.fma(corr[rr], row_sum[e], p)
+                # keys g and g + 8 of this warp sit on adjacent P^T slots: one 16-bit store per row
+                step = key_warp // K_STEP
+                slot0 = step * K_STEP + 16 * (wq % 2) + 4 * (g // 2) + 2 * (g % 2)
+                for r in cutlass.range_constexpr(4):
+                    e = (r & 1) + 4 * (r >> 1)
+                    row = 2 * c + (r & 1) + 8 * (r >> 1)
+                    pp = f32x2_to_e4m3x2(sacc[e] * p_scale, sacc[e + 2] * p_scale)
+                    off = (slot0 // 16) * GMMA_CORE_BYTES + (row // 8) * P_GROUP_BYTES + (row % 8) * 16 + slot0 % 16
+                    st_shared_b16(p_buf + off, pp)
+                fence_proxy_async_shared()
+                if cute.arch.vote_any_sync(corr[0] != f32(1.0) or corr[1] != f32(1.0) or corr[2] != f32(1.0)
+                                           or corr[3] != f32(1.0)):  # fmt: skip
+                    for i in cutlass.range_constexpr(cute.size(o_acc)):
+                        e = i % 8
+                        o_acc[i] = o_acc[i] * corr[(e & 1) + 2 * (e >> 2)]
+                cute.arch.sync_threads()
+
+                # 4. O^T += V^T.P^T on this warpgroup's d half: V^T fragments by ldmatrix.trans + prmt
+                for mb in cutlass.range_constexpr(self.m_blocks):
+                    dch = wg * (d // 2 // CHUNK) + mb * (64 // CHUNK) + wq  # this warp's 16-wide d chunk
+                    va = []
+                    pdescs = []
+                    for s in cutlass.range_constexpr(self.pv_steps):
+                        key = s * K_STEP + lane  # matrices: keys +0-7, +8-15, +16-23, +24-31
+                        vr = ldmatrix_x4(v_stage + key * d + ((dch ^ (key & 7)) * CHUNK), trans=True)
+                        va.append(prmt(vr[0], vr[1], SEL_EVEN))  # M row g (d 2g), keys 0-15 of the step
+                        va.append(prmt(vr[0], vr[1], SEL_ODD))  # M row g + 8 (d 2g + 1)
+                        va.append(prmt(vr[2], vr[3], SEL_EVEN))  # keys 16-31
+                        va.append(prmt(vr[2], vr[3], SEL_ODD))
+                        pdescs.append(p_desc + i64(s * step_desc))
+                    pv = wgmma_e4m3_rs(va, pdescs, n=Q_TILE)
+                    for e in cutlass.range_constexpr(8):
+                        o_acc[8 * mb + e] = o_acc[8 * mb + e] + pv[e]
+
+            cute.arch.cp_async_wait_group(0)
+            self._wg_epilogue(
+                row_sum, m_prev, o_acc, s_sum, k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b,
+                h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, wg, wq, g, c, key_warp,
+            )  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def _wg_epilogue(self, row_sum, m_prev, o_acc, s_sum, l_buf, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb,
+                     head, b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, wg, wq, g, c,
+                     key_warp):  # fmt: skip
+        """Row sums in the Thor kernel's order (as ``HopperDecodeKernel._epilogue``), then O and LSE or
+        the fp32 partials; this thread holds O^T at d = 16 chunk + 2g, + 1 for rows 2c, 2c + 1, 8 + 2c,
+        9 + 2c."""
+        cfg = self.config
+        f32, i64 = cutlass.Float32, cutlass.Int64
+        single = cfg.max_splits == 1
+        lane = cute.arch.lane_idx()
+        cute.arch.sync_threads()
+        for e in cutlass.range_constexpr(8):
+            row = 2 * c + (e & 1) + 8 * (e >> 2)
+            key = key_warp + g + 8 * ((e >> 1) & 1)
+            st_shared_f32(l_buf + (row * TILE_KEYS + key) * 4, row_sum[e])
+        cute.arch.sync_threads()
+        tid = warp * 32 + lane
+        if tid < 4 * Q_TILE:
+            row = tid % Q_TILE
+            tw = tid // Q_TILE
+            v = cute.make_rmem_tensor((32,), f32)
+            for k in cutlass.range_constexpr(32):
+                v[k] = ld_shared_f32(l_buf + (row * TILE_KEYS + 32 * tw + k) * 4)
+            for width in (16, 8, 4, 2, 1):
+                for k in cutlass.range_constexpr(width):
+                    v[k] = v[k] + v[k + width]
+            s_sum[tw, row] = v[0]
+        cute.arch.sync_threads()
+
+        inv_p_scale = f32(1.0 / cfg.p_scale)
+        out_scale = scale_o * v_descale * inv_p_scale
+        part_scale = v_descale * inv_p_scale
+        n_splits = 1
+        if cutlass.const_expr(not single):
+            n_splits = mNSplits[seq]
+        o_base = mO.iterator.toint()
+        op_base = mOp.iterator.toint()
+        d = self.d
+        for r in cutlass.range_constexpr(4):
+            row = 2 * c + (r & 1) + 8 * (r >> 1)
+            n = n_base + row
+            if n < n_q:
+                l_total = s_sum[0, row] + s_sum[1, row] + s_sum[2, row] + s_sum[3, row]
+                m_out = m_prev[r] * lse_scale
+                if warp == 0 and g == 0:
+                    if n_splits == 1:
+                        mLSE[n, hb] = m_out + cute.math.log(l_total, fastmath=False)
+                    else:
+                        mMp[n, hb, slot] = m_out
+                        mLp[n, hb, slot] = l_total
+                norm = out_scale / (l_total + f32(1e-30))
+                row_off = i64(seq) * i64(o_seq) + (i64(head) * i64(n_q) + i64(n)) * i64(d)
+                e = (r & 1) + 4 * (r >> 1)
+                for mb in cutlass.range_constexpr(self.m_blocks):
+                    dd = (wg * (d // 2 // CHUNK) + mb * (64 // CHUNK) + wq) * CHUNK + 2 * g
+                    v0 = o_acc[8 * mb + e]  # d = dd
+                    v1 = o_acc[8 * mb + e + 2]  # d = dd + 1
+                    if n_splits == 1:
+                        st_global_b32(o_base + (row_off + i64(dd)) * 2, f32x2_to_bf16_pair(v0 * norm, v1 * norm))
+                    else:
+                        p_off = (((i64(slot) * i64(b) + i64(seq)) * i64(h_k) + i64(head)) * i64(n_q) + i64(n)) * i64(d)
+                        st_global_v2_f32(op_base + (p_off + i64(dd)) * 4, v0 * part_scale, v1 * part_scale)
