@@ -166,7 +166,7 @@ def bench_flashinfer(q, k_pool, v_pool, block_table, L, h_q, h_k, d, page_size, 
 
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
-                peers=True, mma=None):  # fmt: skip
+                peers=True, mma=None, q_rows=None):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
@@ -180,7 +180,7 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
         prep = prepare_decode(
             q, k_pool, v_pool, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
-            mma=mma, **scales,
+            mma=mma, q_rows=q_rows, **scales,
         )  # fmt: skip
     ms = _time_ms(prep.launch, iters, stream=stream)
     fi = None
@@ -241,12 +241,15 @@ def main(argv=None) -> int:
     ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch of the reduction grid")
     ap.add_argument("--mma", default="sync",
                     help="comma-separated Hopper MMA kinds for the e4m3-Q rows: sync, wgmma")  # fmt: skip
+    ap.add_argument("--q-rows", default="auto",
+                    help="comma-separated softmax rows per CTA to compare: auto (8 when n_q <= 8), 8, 16")  # fmt: skip
     ap.add_argument("--no-peers", action="store_true", help="time the Hopper kernel only (no SDPA, no FlashInfer)")
     args = ap.parse_args(argv)
     global GRAPHS
     GRAPHS = not args.eager
     stage_list = [int(x) for x in args.stages.split(",")]
     mma_list = [m for m in args.mma.split(",") if m]
+    rows_list = [None if r == "auto" else int(r) for r in args.q_rows.split(",") if r]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -281,12 +284,13 @@ def main(argv=None) -> int:
                     variants.insert(0, ("bf16", "sync"))
                 for q_dtype, mma in variants:
                     q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
-                    for stages in stage_list:
+                    for stages, q_rows in [(st, qr) for st in stage_list for qr in rows_list]:
                         shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
+                        shape += f" q{q_rows or 'auto'}" if len(rows_list) > 1 else ""
                         try:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
-                                sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma,
+                                sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows,
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")

@@ -174,7 +174,7 @@ def _hopper_bench_config(args):
         return select_hopper_config(
             head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
             q_dtype=_q_dtype(args), causal=not args.non_causal, max_splits=args.max_splits,
-            ring_depth=args.ring_depth, pdl=args.pdl, mma=args.mma,
+            ring_depth=args.ring_depth, pdl=args.pdl, mma=args.mma, n_q=args.q_len * (args.heads_q // args.heads_k),
         )  # fmt: skip
     except ConfigError as e:
         print(f"bench: {e}", file=sys.stderr)

@@ -28,7 +28,7 @@ class DeviceError(RuntimeError):
 
 HOPPER_MAX_SPLITS = 32  # H200: 132 SMs want more chunks per sequence at small batch than Thor's 20
 THOR_ONLY_OPTIONS = {"l2_prefetch": 0, "evict_first": None}  # knobs the Hopper kernel lacks
-HOPPER_ONLY_OPTIONS = {"mma": None}  # knobs the Thor kernel lacks
+HOPPER_ONLY_OPTIONS = {"mma": None, "q_rows": None}  # knobs the Thor kernel lacks
 HOPPER_DEFAULT_MMA = "sync"  # HopperConfig.mma when decode() is not given one
 
 
@@ -44,10 +44,13 @@ def select_hopper_config(
     ring_depth: int = 0,
     pdl: bool = False,
     mma: Optional[str] = None,
+    n_q: Optional[int] = None,
+    q_rows: Optional[int] = None,
 ):
     """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints, strs and bools as in
     ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1;
-    ``mma`` None = :data:`HOPPER_DEFAULT_MMA`).
+    ``mma`` None = :data:`HOPPER_DEFAULT_MMA`; ``n_q`` = q_len * h_r query rows per KV head, when known:
+    at most 8 selects ``q_rows=8`` on the mma.sync path; ``q_rows`` 8 or 16 overrides that choice).
     Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement."""
     from .hopper.config import HopperConfig, can_implement_hopper
 
@@ -56,6 +59,11 @@ def select_hopper_config(
         causal=bool(causal) if q_len > 1 else True, max_splits=max_splits, stages=ring_depth, pdl=pdl,
         mma=HOPPER_DEFAULT_MMA if mma is None else mma,
     )  # fmt: skip
+    if q_rows is None:
+        q_rows = 8 if n_q is not None and n_q <= 8 and cfg.mma == "sync" else cfg.q_rows
+    elif q_rows == 8 and n_q is not None and n_q > 8:
+        raise ValueError(f"q_rows: 8 covers at most 8 query rows per KV head; this problem has n_q = {n_q}")
+    cfg = replace(cfg, q_rows=q_rows)
     can_implement_hopper(cfg)
     return cfg
 
@@ -155,6 +163,7 @@ def prepare_decode(
     l2_prefetch: int = 0,
     evict_first: Optional[bool] = None,
     mma: Optional[str] = None,
+    q_rows: Optional[int] = None,
     out: Optional[torch.Tensor] = None,
     check_values: bool = True,
 ) -> PreparedDecode:
@@ -187,12 +196,14 @@ def prepare_decode(
         cfg = select_hopper_config(
             head_dim=problem.head_dim, page_size=problem.page_size, q_len=q_len, kv_format=kv_format,
             q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl, mma=mma,
+            n_q=problem.n_q, q_rows=q_rows,
         )  # fmt: skip
         if ctas_per_sm is None:
             ctas_per_sm = cfg.ctas_per_sm
     else:
-        if mma != HOPPER_ONLY_OPTIONS["mma"]:
-            raise ValueError(f"mma: a Hopper-kernel option; the Thor kernel has no such knob (got {mma!r})")
+        for name, value in {"mma": mma, "q_rows": q_rows}.items():
+            if value != HOPPER_ONLY_OPTIONS[name]:
+                raise ValueError(f"{name}: a Hopper-kernel option; the Thor kernel has no such knob (got {value!r})")
         cfg = select_config(
             head_dim=problem.head_dim, n_q=problem.n_q, page_size=problem.page_size, q_len=q_len,
             kv_format=kv_format, q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits,
@@ -278,7 +289,8 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
       max_splits, force_splits, pad_to, sm_count: planning knobs when no plan is given.
       ctas_per_sm, ring_depth, pdl, l2_prefetch, evict_first: kernel config knobs (DecodeConfig).
       mma: Hopper only: "sync" (mma.sync on widened values) or "wgmma" (fp8 warpgroup MMAs, e4m3 Q);
-        None = HOPPER_DEFAULT_MMA.
+        None = HOPPER_DEFAULT_MMA. q_rows: Hopper only: 8 or 16 softmax rows per CTA (None: 8 when
+        n_q <= 8 on the mma.sync path).
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).
       check_values: read seq_lens on the host to check the block table and plan (a device sync).
 
@@ -312,7 +324,7 @@ def decode(
         sequence lengths, K/V descales and NVFP4 scales come from it).
       q_descale, softmax_scale, scale_o, q_len, causal, plan, chunk_tiles: as ``emulate_decode``.
       kernel_options: ``decode_paged`` knobs (max_splits, force_splits, pad_to, sm_count, ctas_per_sm,
-        ring_depth, pdl, l2_prefetch, evict_first, mma, out, check_values).
+        ring_depth, pdl, l2_prefetch, evict_first, mma, q_rows, out, check_values).
 
     Returns:
       (o, lse): bfloat16 (num_seqs * q_len, h_q, d) and float32 (num_seqs, h_k, q_len * h_r), natural

@@ -342,8 +342,9 @@ def spill_regressions(result: CompileResult, baseline: dict) -> list[str]:
 def hopper_matrix() -> list:
     """The Hopper kernel's compile matrix: {bf16 Q, e4m3 Q} x every format of ``hopper.config.KV_FORMATS``
     x page size {16, 128} x q_len {1, 4 causal, 4 non-causal} x max_splits {1, 16} x head dim {128, 256},
-    default stages. ``can_implement_hopper`` decides which (Q dtype, format) pairs exist (non-e4m3 KV needs
-    e4m3 Q), so the matrix grows by itself when the kernel learns a format."""
+    default stages; q_len 1 with ``q_rows=8`` (what ``decode()`` compiles for h_q / h_k <= 8).
+    ``can_implement_hopper`` decides which (Q dtype, format) pairs exist (non-e4m3 KV needs e4m3 Q), so
+    the matrix grows by itself when the kernel learns a format."""
     from .hopper import config as hc
 
     configs = []
@@ -355,7 +356,7 @@ def hopper_matrix() -> list:
                         for d in (128, 256):
                             cfg = hc.HopperConfig(
                                 head_dim=d, page_size=ps, q_len=q_len, kv_format=fmt, q_dtype=q_dtype,
-                                causal=causal, max_splits=splits,
+                                causal=causal, max_splits=splits, q_rows=8 if q_len == 1 else hc.Q_TILE,
                             )  # fmt: skip
                             try:
                                 hc.can_implement_hopper(cfg)
@@ -375,10 +376,12 @@ def hopper_ci_slice() -> list:
         return name if name in hc.KV_FORMATS else "e4m3"
 
     return [
-        hc.HopperConfig(head_dim=128, page_size=128, q_len=1, q_dtype="bf16", max_splits=16),
+        hc.HopperConfig(head_dim=128, page_size=128, q_len=1, q_dtype="bf16", max_splits=16, q_rows=8),
         hc.HopperConfig(head_dim=256, page_size=16, q_len=4, q_dtype="e4m3", causal=False, max_splits=1),
         hc.HopperConfig(head_dim=256, page_size=128, q_len=4, q_dtype="bf16", causal=True, max_splits=16),
-        hc.HopperConfig(head_dim=256, page_size=16, q_len=1, kv_format=fmt("nvfp4"), q_dtype="e4m3", max_splits=16),
+        hc.HopperConfig(
+            head_dim=256, page_size=16, q_len=1, kv_format=fmt("nvfp4"), q_dtype="e4m3", max_splits=16, q_rows=8
+        ),
         hc.HopperConfig(
             head_dim=128, page_size=128, q_len=4, kv_format=fmt("e2m3"), q_dtype="e4m3", causal=True, max_splits=16
         ),

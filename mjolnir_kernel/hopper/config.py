@@ -58,6 +58,9 @@ class HopperConfig:
       stages      KV tiles in the shared-memory ring; 0 = DEFAULT_STAGES
       pdl         programmatic dependent launch: the reduction grid launches while the decode grid
                   runs and waits for it (griddepcontrol), hiding its launch latency
+      q_rows      16, or 8 when the problem has n_q = q_len * h_r <= 8 query rows per KV head (GQA decode
+                  at h_q / h_k <= 8): rows 8-15 of the 16-row tile are padding, so the softmax, row sums
+                  and O rescale skip them (``decode()`` picks it; mma.sync only)
       mma         "sync" (default): warp-level mma.sync on exactly widened f16 / bf16 values; "wgmma":
                   EXPERIMENTAL warpgroup fp8 MMAs with the keys on M (e4m3 Q only; e4m3 bytes straight
                   into the tensor cores), not bit-faithful: Hopper's fp8 MMAs do not add exactly
@@ -74,6 +77,7 @@ class HopperConfig:
     stages: int = 0
     pdl: bool = False
     mma: str = "sync"
+    q_rows: int = Q_TILE
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -86,6 +90,7 @@ class HopperConfig:
             f"-s{self.max_splits}-r{self.ring_stages}"
             + ("-pdl" if self.pdl else "")
             + ("-wg" if self.mma == "wgmma" else "")
+            + ("-h8" if self.q_rows == 8 else "")
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -168,6 +173,10 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(f"mma={c.mma!r} (allowed {MMA_KINDS})")
     elif c.mma == "wgmma" and c.q_dtype != "e4m3":
         problems.append(f"mma='wgmma' with q_dtype={c.q_dtype!r} (the fp8 warpgroup MMA needs e4m3 Q)")
+    if c.q_rows not in (8, Q_TILE):
+        problems.append(f"q_rows={c.q_rows!r} (8 or {Q_TILE})")
+    elif c.q_rows == 8 and c.mma == "wgmma":
+        problems.append("q_rows=8 with mma='wgmma' (the wgmma path computes all 16 rows)")
     if not isinstance(c.pdl, bool):
         problems.append(f"pdl={c.pdl!r} (True or False)")
     if problems:

@@ -105,6 +105,9 @@ class HopperDecodeKernel:
         self.scale_tile_bytes = TILE_KEYS * (config.head_dim // 16)  # NVFP4 scales of one K (or V) tile
         self.tile_bytes = config.tile_bytes
         self.launch_extra = {"use_pdl": True} if config.pdl else {}
+        # q_rows 8: the MMA tile's rows 8-15 are padding (n_q <= 8); each thread's softmax, row sums and
+        # O rescale cover its row g only, and P's rows 8-15 stay zero
+        self.halves = 1 if config.q_rows == 8 else 2
         self.reduction = SplitReduction(config.max_splits, config.pdl) if config.max_splits > 1 else None
 
     @cute.jit
@@ -259,6 +262,11 @@ class HopperDecodeKernel:
             s_max = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(1, WARPS)), 16)
             s_sum = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(Q_TILE, 1)), 16)
             s_max_addr = s_max.iterator.toint()
+            if cutlass.const_expr(self.halves == 1):  # P rows 8-15 (padding) are zero for every tile
+                pad_words = 8 * P_ROW_BYTES // 4
+                for i in cutlass.range_constexpr((pad_words + THREADS - 1) // THREADS):
+                    if tid + i * THREADS < pad_words:
+                        st_shared_b32(p_buf + 8 * P_ROW_BYTES + 4 * (tid + i * THREADS), i32(0))
 
             k_base = mK.iterator.toint()
             v_base = mV.iterator.toint()
@@ -368,7 +376,7 @@ class HopperDecodeKernel:
                 if (tile_begin + it + 1) * TILE_KEYS > mask_from:
                     key0 = (tile_begin + it) * TILE_KEYS + warp * KEYS_PER_WARP + 2 * c
                     for j in cutlass.range_constexpr(NB_S):
-                        for e in cutlass.range_constexpr(4):
+                        for e in cutlass.range_constexpr(2 * self.halves):
                             key = key0 + 8 * j + (e & 1)
                             masked = key >= seq_len
                             if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
@@ -377,7 +385,7 @@ class HopperDecodeKernel:
                             if masked:
                                 sacc[j * 4 + e] = -f32.inf
                 mx = cute.make_rmem_tensor((2,), f32)
-                for half in cutlass.range_constexpr(2):
+                for half in cutlass.range_constexpr(self.halves):
                     x = sacc[2 * half]
                     x = _fmax(x, sacc[2 * half + 1])
                     for j in cutlass.range_constexpr(1, NB_S):
@@ -388,13 +396,15 @@ class HopperDecodeKernel:
                     mx[half] = x
                 if c == 0:
                     s_max[warp, g] = mx[0]
-                    s_max[warp, g + 8] = mx[1]
+                    if cutlass.const_expr(self.halves == 2):
+                        s_max[warp, g + 8] = mx[1]
                 cute.arch.sync_threads()
 
                 # 3. running max, p, corr, row sums, P to smem
                 m_use = cute.make_rmem_tensor((2,), f32)
                 corr = cute.make_rmem_tensor((2,), f32)
-                for half in cutlass.range_constexpr(2):
+                corr.fill(f32(1.0))
+                for half in cutlass.range_constexpr(self.halves):
                     row = g + 8 * half
                     m_new = m_prev[half]
                     for v4 in cutlass.range_constexpr(WARPS // 4):  # max is exact: any order
@@ -408,11 +418,11 @@ class HopperDecodeKernel:
                     corr[half] = cute.math.exp2((m_prev[half] - ref) * exp_scale, fastmath=True)
                     m_prev[half] = m_new
                 for j in cutlass.range_constexpr(NB_S):
-                    for e in cutlass.range_constexpr(4):
+                    for e in cutlass.range_constexpr(2 * self.halves):
                         p = cute.math.exp2((sacc[j * 4 + e] - m_use[e >> 1]) * exp_scale, fastmath=True)
                         sacc[j * 4 + e] = p
                         row_sum[j * 4 + e] = cute.math.fma(corr[e >> 1], row_sum[j * 4 + e], p)
-                    for half in cutlass.range_constexpr(2):
+                    for half in cutlass.range_constexpr(self.halves):
                         p_lo = sacc[j * 4 + 2 * half]
                         p_hi = sacc[j * 4 + 2 * half + 1]
                         if cutlass.const_expr(cfg.fp8):
@@ -425,7 +435,8 @@ class HopperDecodeKernel:
                 # O *= corr only where a row max moved (corr == 1 elsewhere: skipping is bit-identical)
                 if cute.arch.vote_any_sync(corr[0] != f32(1.0) or corr[1] != f32(1.0)):
                     for i in cutlass.range_constexpr(cute.size(o_acc)):
-                        o_acc[i] = o_acc[i] * corr[(i % 4) >> 1]
+                        if cutlass.const_expr((i % 4) >> 1 < self.halves):
+                            o_acc[i] = o_acc[i] * corr[(i % 4) >> 1]
                 cute.arch.sync_threads()
 
                 # 4. O += P.V on this warp's head-dim slice (d / 8: one or two 16-wide chunks)
@@ -624,7 +635,7 @@ class HopperDecodeKernel:
         lane = cute.arch.lane_idx()
         cute.arch.sync_threads()  # every warp is past the last tile: the K ring is free
         for j in cutlass.range_constexpr(NB_S):
-            for e in cutlass.range_constexpr(4):
+            for e in cutlass.range_constexpr(2 * self.halves):
                 row = g + 8 * (e >> 1)
                 key = warp * KEYS_PER_WARP + 8 * j + 2 * c + (e & 1)
                 st_shared_f32(l_buf + (row * TILE_KEYS + key) * 4, row_sum[j * 4 + e])
@@ -651,7 +662,7 @@ class HopperDecodeKernel:
         o_base = mO.iterator.toint()
         op_base = mOp.iterator.toint()
         d = self.d
-        for half in cutlass.range_constexpr(2):
+        for half in cutlass.range_constexpr(self.halves):
             row = g + 8 * half
             n = n_base + row
             if n < n_q:

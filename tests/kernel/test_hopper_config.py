@@ -40,6 +40,8 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"stages": 1}, ["stages=1"]),
         ({"pdl": "yes"}, ["pdl='yes'"]),
         ({"mma": "hmma"}, ["mma='hmma'"]),
+        ({"q_rows": 4}, ["q_rows=4"]),
+        ({"q_rows": 8, "mma": "wgmma", "q_dtype": "e4m3"}, ["q_rows=8 with mma='wgmma'"]),
         ({"mma": "wgmma", "q_dtype": "bf16"}, ["mma='wgmma'", "needs e4m3 Q"]),
         ({"stages": 9, "head_dim": 256}, ["stages=9", "shared memory"]),
         ({"head_dim": 96, "page_size": 8}, ["head_dim=96", "page_size=8"]),
@@ -71,3 +73,18 @@ def test_resource_plan():
 def test_p_scale_follows_the_q_path():
     assert HopperConfig(q_dtype="e4m3").p_scale == 448.0
     assert HopperConfig(q_dtype="bf16").p_scale == 1.0
+
+
+def test_decode_picks_eight_rows_when_the_problem_has_at_most_eight():
+    from mjolnir_kernel.api import select_hopper_config
+
+    kw = dict(head_dim=128, page_size=64, q_len=1, kv_format="e4m3", q_dtype="bf16")
+    assert select_hopper_config(**kw, n_q=4).q_rows == 8
+    assert select_hopper_config(**kw, n_q=8).q_rows == 8
+    assert select_hopper_config(**kw, n_q=9).q_rows == 16
+    assert select_hopper_config(**kw).q_rows == 16  # n_q unknown: all 16 rows
+    assert select_hopper_config(**{**kw, "q_dtype": "e4m3"}, n_q=4, mma="wgmma").q_rows == 16
+    assert select_hopper_config(**kw, n_q=4).short_name().endswith("-h8")
+    assert select_hopper_config(**kw, n_q=4, q_rows=16).q_rows == 16  # an explicit choice wins
+    with pytest.raises(ValueError, match="q_rows: 8 covers at most 8"):
+        select_hopper_config(**kw, n_q=12, q_rows=8)
