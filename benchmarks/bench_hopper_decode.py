@@ -166,7 +166,7 @@ def bench_flashinfer(q, k_pool, v_pool, block_table, L, h_q, h_k, d, page_size, 
 
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
-                peers=True, mma=None, q_rows=None):  # fmt: skip
+                peers=True, mma=None, q_rows=None, ctas=None):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
@@ -180,7 +180,7 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
         prep = prepare_decode(
             q, k_pool, v_pool, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
-            mma=mma, q_rows=q_rows, **scales,
+            mma=mma, q_rows=q_rows, ctas_per_sm=ctas, **scales,
         )  # fmt: skip
     ms = _time_ms(prep.launch, iters, stream=stream)
     fi = None
@@ -243,6 +243,7 @@ def main(argv=None) -> int:
                     help="comma-separated Hopper MMA kinds for the e4m3-Q rows: sync, wgmma")  # fmt: skip
     ap.add_argument("--q-rows", default="auto",
                     help="comma-separated softmax rows per CTA to compare: auto (8 when n_q <= 8), 8, 16")  # fmt: skip
+    ap.add_argument("--ctas", default="auto", help="comma-separated CTAs per SM to compare: auto, 1, 2, 3")
     ap.add_argument("--no-peers", action="store_true", help="time the Hopper kernel only (no SDPA, no FlashInfer)")
     args = ap.parse_args(argv)
     global GRAPHS
@@ -250,6 +251,7 @@ def main(argv=None) -> int:
     stage_list = [int(x) for x in args.stages.split(",")]
     mma_list = [m for m in args.mma.split(",") if m]
     rows_list = [None if r == "auto" else int(r) for r in args.q_rows.split(",") if r]
+    ctas_list = [None if c == "auto" else int(c) for c in args.ctas.split(",") if c]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -284,13 +286,14 @@ def main(argv=None) -> int:
                     variants.insert(0, ("bf16", "sync"))
                 for q_dtype, mma in variants:
                     q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
-                    for stages, q_rows in [(st, qr) for st in stage_list for qr in rows_list]:
+                    for stages, q_rows, ctas in [(s, r, c) for s in stage_list for r in rows_list for c in ctas_list]:
                         shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
                         shape += f" q{q_rows or 'auto'}" if len(rows_list) > 1 else ""
+                        shape += f" c{ctas or 'auto'}" if len(ctas_list) > 1 else ""
                         try:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
-                                sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows,
+                                sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows, ctas,
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")

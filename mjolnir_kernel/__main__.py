@@ -155,7 +155,7 @@ def _bench_cmd(args) -> int:
 def _hopper_bench_config(args):
     """The HopperConfig ``decode()`` would compile for the bench arguments on a Hopper GPU (``--ring-depth``
     is its ring stages, ``--pdl`` its programmatic dependent launch; shared memory and registers set
-    Hopper's occupancy, so ``--ctas-per-sm`` is a Thor-only option). None, with the reason on stderr, when
+    Hopper's occupancy unless ``--ctas-per-sm`` asks for a number). None, with the reason on stderr, when
     a Thor-only option is set or the config is invalid."""
     from .api import select_hopper_config
     from .bench import _q_dtype
@@ -164,7 +164,6 @@ def _hopper_bench_config(args):
     thor_only = {
         "--l2-prefetch": args.l2_prefetch,
         "--evict-first 1": args.evict_first == 1,
-        "--ctas-per-sm": args.ctas_per_sm is not None,
     }
     given = [name for name, value in thor_only.items() if value]
     if given:
@@ -175,6 +174,7 @@ def _hopper_bench_config(args):
             head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
             q_dtype=_q_dtype(args), causal=not args.non_causal, max_splits=args.max_splits,
             ring_depth=args.ring_depth, pdl=args.pdl, mma=args.mma, n_q=args.q_len * (args.heads_q // args.heads_k),
+            ctas_per_sm=args.ctas_per_sm,
         )  # fmt: skip
     except ConfigError as e:
         print(f"bench: {e}", file=sys.stderr)
@@ -208,7 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--heads-k", type=int, default=4)
     b.add_argument("--head-dim", type=int, default=256)
     b.add_argument("--page-size", type=int, default=128)
-    b.add_argument("--ctas-per-sm", type=int, default=None, choices=(1, 2), help="Thor only (default 2)")
+    b.add_argument(
+        "--ctas-per-sm", type=int, default=None, choices=(1, 2, 3),
+        help="Thor: 1 or 2 (default 2); Hopper: 1-3 (default: what shared memory allows, at most 2)",
+    )  # fmt: skip
     b.add_argument("--ring-depth", type=int, default=0, help="KV ring stages (0 = tuned default)")
     b.add_argument("--splits", type=int, default=0, help="force N chunks per sequence (0 = occupancy plan)")
     b.add_argument("--max-splits", type=int, default=16)

@@ -46,11 +46,13 @@ def select_hopper_config(
     mma: Optional[str] = None,
     n_q: Optional[int] = None,
     q_rows: Optional[int] = None,
+    ctas_per_sm: Optional[int] = None,
 ):
     """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints, strs and bools as in
     ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1;
     ``mma`` None = :data:`HOPPER_DEFAULT_MMA`; ``n_q`` = q_len * h_r query rows per KV head, when known:
-    at most 8 selects ``q_rows=8`` on the mma.sync path; ``q_rows`` 8 or 16 overrides that choice).
+    at most 8 selects ``q_rows=8`` on the mma.sync path; ``q_rows`` 8 or 16 overrides that choice;
+    ``ctas_per_sm`` None = what shared memory and the register budget allow, else ``HopperConfig.ctas``).
     Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement."""
     from .hopper.config import HopperConfig, can_implement_hopper
 
@@ -63,7 +65,7 @@ def select_hopper_config(
         q_rows = 8 if n_q is not None and n_q <= 8 and cfg.mma == "sync" else cfg.q_rows
     elif q_rows == 8 and n_q is not None and n_q > 8:
         raise ValueError(f"q_rows: 8 covers at most 8 query rows per KV head; this problem has n_q = {n_q}")
-    cfg = replace(cfg, q_rows=q_rows)
+    cfg = replace(cfg, q_rows=q_rows, ctas=ctas_per_sm or 0)
     can_implement_hopper(cfg)
     return cfg
 
@@ -196,10 +198,9 @@ def prepare_decode(
         cfg = select_hopper_config(
             head_dim=problem.head_dim, page_size=problem.page_size, q_len=q_len, kv_format=kv_format,
             q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl, mma=mma,
-            n_q=problem.n_q, q_rows=q_rows,
+            n_q=problem.n_q, q_rows=q_rows, ctas_per_sm=ctas_per_sm,
         )  # fmt: skip
-        if ctas_per_sm is None:
-            ctas_per_sm = cfg.ctas_per_sm
+        ctas_per_sm = cfg.ctas_per_sm
     else:
         for name, value in {"mma": mma, "q_rows": q_rows}.items():
             if value != HOPPER_ONLY_OPTIONS[name]:

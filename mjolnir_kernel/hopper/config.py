@@ -34,6 +34,7 @@ P_ROW_PAD = 8  # 16-bit elements of padding per P row in smem (ldmatrix rows on 
 # (python -m benchmarks.bench_hopper_decode --stages 2,3)
 DEFAULT_STAGES = 2
 MAX_SPLITS_LIMIT = 64
+MAX_CTAS_LIMIT = 4  # ctas= at most this (4 x 256 threads leave 64 registers per thread)
 MAX_CTAS_PER_SM = 2  # register budget: 2 CTAs of 256 threads at <= 128 registers (d = 128 needs ~125)
 # ---------------------------------------------------------------------------------------------
 
@@ -61,6 +62,8 @@ class HopperConfig:
       q_rows      16, or 8 when the problem has n_q = q_len * h_r <= 8 query rows per KV head (GQA decode
                   at h_q / h_k <= 8): rows 8-15 of the 16-row tile are padding, so the softmax, row sums
                   and O rescale skip them (``decode()`` picks it; mma.sync only)
+      ctas        co-resident CTAs per SM to compile for (min_blocks_per_mp, and the plan's occupancy):
+                  0 = what shared memory allows, at most MAX_CTAS_PER_SM; 3 caps registers at 85 per thread
       mma         "sync" (default): warp-level mma.sync on exactly widened f16 / bf16 values; "wgmma":
                   EXPERIMENTAL warpgroup fp8 MMAs with the keys on M (e4m3 Q only; e4m3 bytes straight
                   into the tensor cores), not bit-faithful: Hopper's fp8 MMAs do not add exactly
@@ -78,6 +81,7 @@ class HopperConfig:
     pdl: bool = False
     mma: str = "sync"
     q_rows: int = Q_TILE
+    ctas: int = 0
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -91,6 +95,7 @@ class HopperConfig:
             + ("-pdl" if self.pdl else "")
             + ("-wg" if self.mma == "wgmma" else "")
             + ("-h8" if self.q_rows == 8 else "")
+            + (f"-c{self.ctas}" if self.ctas else "")
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -143,7 +148,14 @@ class HopperConfig:
     def ctas_per_sm(self) -> int:
         """Co-resident CTAs (the plan's occupancy and the launch's min_blocks_per_mp): what shared memory
         allows, at most MAX_CTAS_PER_SM (which caps registers at 65536 / (256 * 2) = 128 per thread)."""
-        return max(1, min(MAX_CTAS_PER_SM, SMEM_PER_SM // (self.smem_bytes + SMEM_RESERVED_PER_CTA)))
+        if self.ctas:
+            return self.ctas
+        return max(1, min(MAX_CTAS_PER_SM, self.smem_ctas_limit))
+
+    @property
+    def smem_ctas_limit(self) -> int:
+        """CTAs of this config that shared memory can hold on one SM."""
+        return SMEM_PER_SM // (self.smem_bytes + SMEM_RESERVED_PER_CTA)
 
 
 def can_implement_hopper(c: HopperConfig) -> None:
@@ -173,6 +185,10 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(f"mma={c.mma!r} (allowed {MMA_KINDS})")
     elif c.mma == "wgmma" and c.q_dtype != "e4m3":
         problems.append(f"mma='wgmma' with q_dtype={c.q_dtype!r} (the fp8 warpgroup MMA needs e4m3 Q)")
+    if not isinstance(c.ctas, int) or isinstance(c.ctas, bool) or not 0 <= c.ctas <= MAX_CTAS_LIMIT:
+        problems.append(f"ctas={c.ctas!r} (0 = auto, or 1 .. {MAX_CTAS_LIMIT})")
+    elif not problems and c.ctas > c.smem_ctas_limit:
+        problems.append(f"ctas={c.ctas}: {c.ctas} x {c.smem_bytes} B of shared memory do not fit one SM")
     if c.q_rows not in (8, Q_TILE):
         problems.append(f"q_rows={c.q_rows!r} (8 or {Q_TILE})")
     elif c.q_rows == 8 and c.mma == "wgmma":

@@ -192,6 +192,12 @@ def ld_shared_b32(smem_addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ld_shared_v2_b32(smem_addr, *, loc=None, ip=None):
+    res = _asm(_struct(2, T.i32()), [_i32(smem_addr, loc, ip)], "ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r", True)
+    return _unpack(res, 2, T.i32(), Int32)
+
+
+@dsl_user_op
 def ld_shared_u8(smem_addr, *, loc=None, ip=None):
     return Int32(_asm(T.i32(), [_i32(smem_addr, loc, ip)], "ld.shared.u8 $0, [$1];", "=r,r", True))
 
@@ -442,6 +448,7 @@ __all__ = [
     "ld_shared_b32",
     "ld_shared_v4_f32",
     "ld_shared_u8",
+    "ld_shared_v2_b32",
     "ld_shared_f32",
     "st_shared_f32",
     "st_shared_v4_b32",

@@ -230,8 +230,8 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                 if cutlass.const_expr(cfg.packed):
                     k_scales = ks_ring + stage * 2 * self.scale_tile_bytes
                     v_scales = k_scales + self.scale_tile_bytes
-                    self._convert_tile(k_ring + stage * self.ring_tile_bytes, k_conv, k_scales, tid)
-                    self._convert_tile(v_ring + stage * self.ring_tile_bytes, v_conv, v_scales, tid)
+                    self._convert_tiles(k_ring + stage * self.ring_tile_bytes, v_ring + stage * self.ring_tile_bytes,
+                                        k_conv, v_conv, k_scales, v_scales, tid, batch_loads=False)  # fmt: skip
                     k_stage = k_conv
                     v_stage = v_conv
                     cute.arch.sync_threads()

@@ -41,6 +41,8 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"pdl": "yes"}, ["pdl='yes'"]),
         ({"mma": "hmma"}, ["mma='hmma'"]),
         ({"q_rows": 4}, ["q_rows=4"]),
+        ({"ctas": 5}, ["ctas=5"]),
+        ({"ctas": 3, "head_dim": 256, "stages": 3}, ["ctas=3", "do not fit one SM"]),
         ({"q_rows": 8, "mma": "wgmma", "q_dtype": "e4m3"}, ["q_rows=8 with mma='wgmma'"]),
         ({"mma": "wgmma", "q_dtype": "bf16"}, ["mma='wgmma'", "needs e4m3 Q"]),
         ({"stages": 9, "head_dim": 256}, ["stages=9", "shared memory"]),
@@ -86,5 +88,6 @@ def test_decode_picks_eight_rows_when_the_problem_has_at_most_eight():
     assert select_hopper_config(**{**kw, "q_dtype": "e4m3"}, n_q=4, mma="wgmma").q_rows == 16
     assert select_hopper_config(**kw, n_q=4).short_name().endswith("-h8")
     assert select_hopper_config(**kw, n_q=4, q_rows=16).q_rows == 16  # an explicit choice wins
+    assert select_hopper_config(**kw).ctas_per_sm == 2 and select_hopper_config(**kw, ctas_per_sm=3).ctas_per_sm == 3
     with pytest.raises(ValueError, match="q_rows: 8 covers at most 8"):
         select_hopper_config(**kw, n_q=12, q_rows=8)
