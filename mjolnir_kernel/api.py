@@ -288,7 +288,9 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
       plan: a mjolnir_numerics SplitPlan; or chunk_tiles: chunks of that many tiles (0: no split);
         default: plan_split_kv for this device (emulator.kernel_plan's tiling, this device's SMs).
       max_splits, force_splits, pad_to, sm_count: planning knobs when no plan is given.
-      ctas_per_sm, ring_depth, pdl, l2_prefetch, evict_first: kernel config knobs (DecodeConfig).
+      ctas_per_sm, ring_depth, pdl, l2_prefetch, evict_first: kernel config knobs (DecodeConfig; on
+        Hopper ctas_per_sm is HopperConfig.ctas, ring_depth its stages, and l2_prefetch / evict_first
+        do not exist).
       mma: Hopper only: "sync" (mma.sync on widened values) or "wgmma" (fp8 warpgroup MMAs, e4m3 Q);
         None = HOPPER_DEFAULT_MMA. q_rows: Hopper only: 8 or 16 softmax rows per CTA (None: 8 when
         n_q <= 8 on the mma.sync path).

@@ -146,8 +146,9 @@ class HopperConfig:
 
     @property
     def ctas_per_sm(self) -> int:
-        """Co-resident CTAs (the plan's occupancy and the launch's min_blocks_per_mp): what shared memory
-        allows, at most MAX_CTAS_PER_SM (which caps registers at 65536 / (256 * 2) = 128 per thread)."""
+        """Co-resident CTAs (the plan's occupancy and the launch's min_blocks_per_mp): ``ctas`` when set,
+        else what shared memory allows, at most MAX_CTAS_PER_SM (which caps registers at 65536 / (256 * 2)
+        = 128 per thread)."""
         if self.ctas:
             return self.ctas
         return max(1, min(MAX_CTAS_PER_SM, self.smem_ctas_limit))

@@ -1,0 +1,60 @@
+"""One Hopper decode shape, launched eagerly a few times: a target for Nsight Compute.
+
+The README's profile of the Hopper kernel (DRAM / L2 busy, issue rate, stall reasons) came from:
+
+    ncu --target-processes all -k regex:Hopper --launch-skip 3 --launch-count 1 \\
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
+        --section Occupancy --section SchedulerStats \\
+        python -m benchmarks.profile_hopper_decode --format e2m1 --q-dtype e4m3 --batch 32
+
+(stall reasons: ``--metrics smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio``). The
+pools are the bench's (``benchmarks.bench_hopper_decode.build_pools``: L = 32768, page size 64,
+shuffled pages, 32/8 heads at d = 128 or 24/4 at d = 256).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--format", default="e4m3", help="KV format (e4m3, e3m2, e2m3, e2m1, nvfp4)")
+    ap.add_argument("--q-dtype", default="bf16", choices=("bf16", "e4m3"))
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seqlen", type=int, default=32768)
+    ap.add_argument("--head-dim", type=int, default=128, choices=(128, 256))
+    ap.add_argument("--launches", type=int, default=5)
+    ap.add_argument("--mma", default=None, choices=("sync", "wgmma"))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_hopper_decode: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from benchmarks.bench_hopper_decode import build_pools
+    from mjolnir_kernel.api import prepare_decode
+    from mjolnir_numerics.scales import quantize_q
+
+    h_q, h_k = (32, 8) if args.head_dim == 128 else (24, 4)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(
+        args.batch, args.seqlen, h_k, args.head_dim, args.format, 64, gen, "nhd"
+    )
+    q = torch.randn(args.batch, h_q, args.head_dim, generator=gen, device="cuda").to(torch.bfloat16)
+    q_descale = None
+    if args.q_dtype == "e4m3":
+        q, q_descale = quantize_q(q, args.batch, 1, h_k)
+    prep = prepare_decode(
+        q, k_pool, v_pool, bt, lens, kd, vd, kv_format=args.format, q_descale=q_descale, mma=args.mma, **scales
+    )
+    for _ in range(args.launches):
+        prep.launch()
+    torch.cuda.synchronize()
+    print(f"profile_hopper_decode: {args.launches} launches of {prep.config.short_name()}, {nbytes / 1e9:.2f} GB of KV")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
