@@ -245,19 +245,8 @@ class HopperDecodeKernel:
             h_r = n_q // cfg.q_len
 
             smem = utils.SmemAllocator()
-            ring_bytes = self.stages * self.ring_tile_bytes
-            k_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
-            v_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
-            k_conv = k_ring  # the e4m3 tile the MMAs read (the ring stage itself for e4m3)
-            v_conv = v_ring
-            if cutlass.const_expr(cfg.packed):
-                k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
-                v_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
-            ks_ring = k_ring  # NVFP4 block scales of each ring stage: (keys, d / 16) bytes for K, then V
-            if cutlass.const_expr(cfg.kv_format == "nvfp4"):
-                ks_ring = smem.allocate_array(
-                    cutlass.Uint8, 2 * self.stages * self.scale_tile_bytes, byte_alignment=16
-                ).toint()
+            ring = self._ring(smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page,
+                              ks_row, ks_head, vs_page, vs_row, vs_head)  # fmt: skip
             p_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * P_ROW_BYTES, byte_alignment=128).toint()
             # (warp, row) at row * WARPS + warp: a row's eight warp maxima are two 16-byte vectors
             s_max = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(1, WARPS)), 16)
@@ -268,11 +257,6 @@ class HopperDecodeKernel:
                 for i in cutlass.range_constexpr((pad_words + THREADS - 1) // THREADS):
                     if tid + i * THREADS < pad_words:
                         st_shared_b32(p_buf + 8 * P_ROW_BYTES + 4 * (tid + i * THREADS), i32(0))
-
-            k_base = mK.iterator.toint()
-            v_base = mV.iterator.toint()
-            head_k_off = i64(head) * i64(k_head) * self.fmt.bits // 8  # element strides -> bytes
-            head_v_off = i64(head) * i64(v_head) * self.fmt.bits // 8
 
             # -- Q fragments (once): row g / g + 8 of this tile, head-dim order 4c .. 4c + 3 per k-step.
             qf = cute.make_rmem_tensor((self.s_ksteps * 4,), i32)
@@ -308,52 +292,13 @@ class HopperDecodeKernel:
             o_acc = cute.make_rmem_tensor((self.pv_chunks * 2 * 4,), f32)
             o_acc.fill(f32(0))
 
-            # NVFP4 scale tensors: base addresses and (page, row) strides, the head folded in
-            sc = SimpleNamespace(
-                k_base=mKS.iterator.toint() + i64(head) * i64(ks_head), k_page=ks_page, k_row=ks_row,
-                v_base=mVS.iterator.toint() + i64(head) * i64(vs_head), v_page=vs_page, v_row=vs_row,
-            )  # fmt: skip
-
-            # -- prologue: tiles 0 .. stages - 2 in flight; `pages` always holds the next tile to issue
             pages = cute.make_rmem_tensor((self.pages_per_tile,), i32)
-            self._load_pages(pages, tile_begin, seq, seq_len, mBT)
-            for st in cutlass.range_constexpr(self.stages - 1):
-                if st < n_iters:
-                    self._load(k_ring, v_ring, st, tile_begin + st, pages, k_base, v_base, head_k_off, head_v_off,
-                               k_page, k_row, v_page, v_row, tid, ks_ring, sc)  # fmt: skip
-                cute.arch.cp_async_commit_group()
-                if st + 1 < n_iters:
-                    self._load_pages(pages, tile_begin + st + 1, seq, seq_len, mBT)
+            self._ring_prologue(ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid)
 
             p_scale = f32(cfg.p_scale)
-            # keys below mask_from are seen by every query row: key < seq_len, and with causal q_len > 1
-            # key <= seq_len - q_len + qi for every qi >= 0
-            mask_from = seq_len
-            if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
-                mask_from = seq_len - (cfg.q_len - 1)
+            mask_from = self._mask_from(seq_len)
             for it in cutlass.range(n_iters, unroll=1):
-                stage = it % self.stages
-                cute.arch.cp_async_wait_group(self.stages - 2)
-                # Tile `it` landed for every thread, and every warp is done with tile it - 1 (its ring
-                # stage, P, the row maxima): refill that stage with tile it + stages - 1.
-                cute.arch.sync_threads()
-                nxt = it + self.stages - 1
-                if nxt < n_iters:
-                    self._load(k_ring, v_ring, nxt % self.stages, tile_begin + nxt, pages, k_base, v_base, head_k_off,
-                               head_v_off, k_page, k_row, v_page, v_row, tid, ks_ring, sc)  # fmt: skip
-                cute.arch.cp_async_commit_group()
-                if nxt + 1 < n_iters:
-                    self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)  # latency hidden by tile it
-                k_stage = k_ring + stage * self.tile_bytes
-                v_stage = v_ring + stage * self.tile_bytes
-                if cutlass.const_expr(cfg.packed):
-                    k_scales = ks_ring + stage * 2 * self.scale_tile_bytes
-                    v_scales = k_scales + self.scale_tile_bytes
-                    self._convert_tiles(k_ring + stage * self.ring_tile_bytes, v_ring + stage * self.ring_tile_bytes,
-                                        k_conv, v_conv, k_scales, v_scales, tid)  # fmt: skip
-                    k_stage = k_conv
-                    v_stage = v_conv
-                    cute.arch.sync_threads()  # the e4m3 tile is complete
+                k_stage, v_stage = self._ring_next(ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid)
 
                 # 1. S for keys 16 warp + 0..15 of the tile (two n = 8 blocks; one ldmatrix per two k-steps)
                 sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
@@ -463,7 +408,7 @@ class HopperDecodeKernel:
 
             cute.arch.cp_async_wait_group(0)
             self._epilogue(
-                row_sum, m_prev, o_acc, s_sum, k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b,
+                row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b,
                 h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
             )  # fmt: skip
 
@@ -482,15 +427,109 @@ class HopperDecodeKernel:
             for e in cutlass.range_constexpr(4):
                 o_acc[base + e] = r[e]
 
+    # -- the KV ring, shared with the wgmma variant (wgmma_kernel.py) --------------------------------
+    def _ring(self, smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page, ks_row,
+              ks_head, vs_page, vs_row, vs_head) -> SimpleNamespace:  # fmt: skip
+        """Allocate the KV ring's shared memory (stages of K and V; for packed formats the converted e4m3
+        K and V tiles, and NVFP4's block-scale rows) and bundle it with this CTA's global addressing: what
+        ``_ring_prologue`` and ``_ring_next`` use. Trace-time only (no runtime control flow)."""
+        i64 = cutlass.Int64
+        ring_bytes = self.stages * self.ring_tile_bytes
+        k_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
+        v_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
+        k_conv = k_ring  # the e4m3 tile the MMAs read (the ring stage itself for e4m3)
+        v_conv = v_ring
+        if self.config.packed:
+            k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
+            v_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
+        ks_ring = k_ring  # NVFP4 block scales of each ring stage: (keys, d / 16) bytes for K, then V
+        if self.config.kv_format == "nvfp4":
+            ks_ring = smem.allocate_array(cutlass.Uint8, 2 * self.stages * self.scale_tile_bytes, byte_alignment=16)
+            ks_ring = ks_ring.toint()
+        return SimpleNamespace(
+            k_ring=k_ring, v_ring=v_ring, k_conv=k_conv, v_conv=v_conv, ks_ring=ks_ring,
+            k_base=mK.iterator.toint(), v_base=mV.iterator.toint(),
+            head_k_off=i64(head) * i64(k_head) * self.fmt.bits // 8,  # element strides -> bytes
+            head_v_off=i64(head) * i64(v_head) * self.fmt.bits // 8,
+            k_page=k_page, k_row=k_row, v_page=v_page, v_row=v_row,
+            # NVFP4 scale tensors: base addresses and (page, row) strides, the head folded in
+            sc=SimpleNamespace(
+                k_base=mKS.iterator.toint() + i64(head) * i64(ks_head), k_page=ks_page, k_row=ks_row,
+                v_base=mVS.iterator.toint() + i64(head) * i64(vs_head), v_page=vs_page, v_row=vs_row,
+            ),
+        )  # fmt: skip
+
     @cute.jit
-    def _load(self, k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page, k_row,
-              v_page, v_row, tid, ks_ring, sc):  # fmt: skip
+    def _ring_prologue(self, ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid):
+        """Tiles 0 .. stages - 2 in flight; ``pages`` then holds the block-table entries of the next tile."""
+        self._load_pages(pages, tile_begin, seq, seq_len, mBT)
+        for st in cutlass.range_constexpr(self.stages - 1):
+            if st < n_iters:
+                self._load(ring, st, tile_begin + st, pages, tid)
+            cute.arch.cp_async_commit_group()
+            if st + 1 < n_iters:
+                self._load_pages(pages, tile_begin + st + 1, seq, seq_len, mBT)
+
+    @cute.jit
+    def _ring_next(self, ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid, batch_loads=True):
+        """Tile ``it``: wait until it landed, refill the stage tile it - 1 used with tile it + stages - 1,
+        and for packed formats convert it to e4m3 (``_convert_tiles``). Returns the shared-memory addresses
+        of the e4m3 K and V tiles the MMAs read."""
+        stage = it % self.stages
+        cute.arch.cp_async_wait_group(self.stages - 2)
+        # Tile `it` landed for every thread, and every warp is done with tile it - 1 (its ring
+        # stage, P, the row maxima): refill that stage with tile it + stages - 1.
+        cute.arch.sync_threads()
+        nxt = it + self.stages - 1
+        if nxt < n_iters:
+            self._load(ring, nxt % self.stages, tile_begin + nxt, pages, tid)
+        cute.arch.cp_async_commit_group()
+        if nxt + 1 < n_iters:
+            self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)  # latency hidden by tile it
+        k_stage = ring.k_ring + stage * self.tile_bytes
+        v_stage = ring.v_ring + stage * self.tile_bytes
         if cutlass.const_expr(self.config.packed):
-            self._load_packed(k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page,
-                              k_row, v_page, v_row, tid, ks_ring, sc)  # fmt: skip
+            k_scales = ring.ks_ring + stage * 2 * self.scale_tile_bytes
+            v_scales = k_scales + self.scale_tile_bytes
+            self._convert_tiles(ring.k_ring + stage * self.ring_tile_bytes, ring.v_ring + stage * self.ring_tile_bytes,
+                                ring.k_conv, ring.v_conv, k_scales, v_scales, tid, batch_loads)  # fmt: skip
+            k_stage = ring.k_conv
+            v_stage = ring.v_conv
+            cute.arch.sync_threads()  # the e4m3 tile is complete
+        return k_stage, v_stage
+
+    def _mask_from(self, seq_len):
+        """Keys below this are seen by every query row (no mask needed): key < seq_len, and with causal
+        q_len > 1, key <= seq_len - q_len + qi for every qi >= 0."""
+        if self.config.q_len > 1 and self.config.causal:
+            return seq_len - (self.config.q_len - 1)
+        return seq_len
+
+    @cute.jit
+    def _row_sum_tree(self, l_buf, s_sum, tid):
+        """The per-key-slot row sums, stored in ``l_buf`` as (row, key) fp32, reduced in the Thor kernel's
+        order into ``s_sum[tw, row]``: 64 threads add each 32-key slice by the butterfly (key xor 16, 8,
+        4, 2, 1; IEEE addition is commutative, so the tree is the same)."""
+        cute.arch.sync_threads()
+        if tid < 4 * Q_TILE:
+            row = tid % Q_TILE
+            tw = tid // Q_TILE  # Thor's warp: keys 32 tw .. 32 tw + 31
+            v = cute.make_rmem_tensor((32,), cutlass.Float32)
+            for k in cutlass.range_constexpr(32):
+                v[k] = ld_shared_f32(l_buf + (row * TILE_KEYS + 32 * tw + k) * 4)
+            for width in (16, 8, 4, 2, 1):  # xor 16 first
+                for k in cutlass.range_constexpr(width):
+                    v[k] = v[k] + v[k + width]
+            s_sum[tw, row] = v[0]
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def _load(self, ring, stage, tile, pages, tid):
+        """cp.async tile ``tile`` of K and V (``ring``: see ``_ring``) into ring stage ``stage``."""
+        if cutlass.const_expr(self.config.packed):
+            self._load_packed(ring, stage, tile, pages, tid)
         else:
-            self._load_tile(k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page, k_row,
-                            v_page, v_row, tid)  # fmt: skip
+            self._load_tile(ring, stage, tile, pages, tid)
 
     @cute.jit
     def _page_of(self, pages, slot_in_tile):
@@ -502,8 +541,7 @@ class HopperDecodeKernel:
         return page
 
     @cute.jit
-    def _load_packed(self, k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page, k_row,
-                     v_page, v_row, tid, ks_ring, sc):  # fmt: skip
+    def _load_packed(self, r, stage, tile, pages, tid):
         """cp.async one tile of packed rows (d * bits / 8 bytes per key, unswizzled) into ring stage
         ``stage``, and for NVFP4 the tile's block-scale rows (d / 16 bytes per key); pages marked -1 are
         zero-filled (code 0 and scale 0: value 0)."""
@@ -511,12 +549,12 @@ class HopperDecodeKernel:
         ps = self.config.page_size
         row_bytes = self.config.packed_row_bytes
         cpk = row_bytes // CHUNK  # 16-byte chunks per packed key row
-        k_dst = k_ring + stage * self.ring_tile_bytes
-        v_dst = v_ring + stage * self.ring_tile_bytes
+        k_dst = r.k_ring + stage * self.ring_tile_bytes
+        v_dst = r.v_ring + stage * self.ring_tile_bytes
         # The host passes strides in elements (codes); the packed rows are addressed in bytes.
         bits = self.fmt.bits
-        k_page_b, k_row_b = i64(k_page) * bits // 8, i64(k_row) * bits // 8
-        v_page_b, v_row_b = i64(v_page) * bits // 8, i64(v_row) * bits // 8
+        k_page_b, k_row_b = i64(r.k_page) * bits // 8, i64(r.k_row) * bits // 8
+        v_page_b, v_row_b = i64(r.v_page) * bits // 8, i64(r.v_row) * bits // 8
         for i in cutlass.range_constexpr(TILE_KEYS * cpk // THREADS):
             idx = tid + i * THREADS
             key = idx // cpk
@@ -527,8 +565,8 @@ class HopperDecodeKernel:
                 nbytes = cutlass.Int32(0)
                 page = cutlass.Int32(0)
             row = i64(key % ps)  # TILE_KEYS is a multiple of the page size
-            k_src = k_base + i64(page) * k_page_b + row * k_row_b + head_k_off + i64(chunk * CHUNK)
-            v_src = v_base + i64(page) * v_page_b + row * v_row_b + head_v_off + i64(chunk * CHUNK)
+            k_src = r.k_base + i64(page) * k_page_b + row * k_row_b + r.head_k_off + i64(chunk * CHUNK)
+            v_src = r.v_base + i64(page) * v_page_b + row * v_row_b + r.head_v_off + i64(chunk * CHUNK)
             cp_async_16(k_dst + idx * CHUNK, k_src, nbytes)
             cp_async_16(v_dst + idx * CHUNK, v_src, nbytes)
         if cutlass.const_expr(self.config.kv_format == "nvfp4"):
@@ -540,7 +578,8 @@ class HopperDecodeKernel:
                 page = cutlass.Int32(0)
             row = i64(key % ps)  # TILE_KEYS is a multiple of the page size
             groups = self.d // 16
-            dst = ks_ring + stage * 2 * self.scale_tile_bytes + key * groups
+            dst = r.ks_ring + stage * 2 * self.scale_tile_bytes + key * groups
+            sc = r.sc
             src = sc.k_base + i64(page) * i64(sc.k_page) + row * i64(sc.k_row)
             if tid >= TILE_KEYS:
                 dst = dst + self.scale_tile_bytes
@@ -621,8 +660,7 @@ class HopperDecodeKernel:
             pages[p] = page
 
     @cute.jit
-    def _load_tile(self, k_ring, v_ring, stage, tile, pages, k_base, v_base, head_k_off, head_v_off, k_page, k_row,
-                   v_page, v_row, tid):  # fmt: skip
+    def _load_tile(self, r, stage, tile, pages, tid):
         """cp.async one 128-key tile of K and V into ring stage ``stage``: thread t copies 16-byte chunk
         t % chunks of keys t // chunks + i * (256 / chunks). A chunk lands at (key, chunk ^ (key & 7))
         (the XOR swizzle that puts ldmatrix's eight rows on distinct banks). Pages marked -1 (at or past
@@ -632,8 +670,8 @@ class HopperDecodeKernel:
         chunks = self.chunks
         keys_per_pass = THREADS // chunks  # 16 (d = 256) or 32 (d = 128) keys per pass
         chunk = tid % chunks
-        k_dst = k_ring + stage * self.tile_bytes
-        v_dst = v_ring + stage * self.tile_bytes
+        k_dst = r.k_ring + stage * self.tile_bytes
+        v_dst = r.v_ring + stage * self.tile_bytes
         for i in cutlass.range_constexpr(TILE_KEYS // keys_per_pass):
             key = tid // chunks + i * keys_per_pass
             if cutlass.const_expr(keys_per_pass <= ps):  # the pass lies inside one page
@@ -645,8 +683,8 @@ class HopperDecodeKernel:
                 nbytes = cutlass.Int32(0)
                 page = cutlass.Int32(0)
             row = i64(key % ps)  # TILE_KEYS is a multiple of the page size: the row does not depend on the tile
-            k_src = k_base + i64(page) * i64(k_page) + row * i64(k_row) + head_k_off + i64(chunk * CHUNK)
-            v_src = v_base + i64(page) * i64(v_page) + row * i64(v_row) + head_v_off + i64(chunk * CHUNK)
+            k_src = r.k_base + i64(page) * i64(r.k_page) + row * i64(r.k_row) + r.head_k_off + i64(chunk * CHUNK)
+            v_src = r.v_base + i64(page) * i64(r.v_page) + row * i64(r.v_row) + r.head_v_off + i64(chunk * CHUNK)
             off = key * self.d + ((chunk ^ (key & 7)) * CHUNK)
             cp_async_16(k_dst + off, k_src, nbytes)
             cp_async_16(v_dst + off, v_src, nbytes)
@@ -670,19 +708,7 @@ class HopperDecodeKernel:
                 row = g + 8 * (e >> 1)
                 key = warp * KEYS_PER_WARP + 8 * j + 2 * c + (e & 1)
                 st_shared_f32(l_buf + (row * TILE_KEYS + key) * 4, row_sum[j * 4 + e])
-        cute.arch.sync_threads()
-        tid = warp * 32 + lane
-        if tid < 4 * Q_TILE:
-            row = tid % Q_TILE
-            tw = tid // Q_TILE  # Thor's warp: keys 32 tw .. 32 tw + 31
-            v = cute.make_rmem_tensor((32,), f32)
-            for k in cutlass.range_constexpr(32):
-                v[k] = ld_shared_f32(l_buf + (row * TILE_KEYS + 32 * tw + k) * 4)
-            for width in (16, 8, 4, 2, 1):  # xor 16 first
-                for k in cutlass.range_constexpr(width):
-                    v[k] = v[k] + v[k + width]
-            s_sum[tw, row] = v[0]
-        cute.arch.sync_threads()
+        self._row_sum_tree(l_buf, s_sum, warp * 32 + lane)
 
         inv_p_scale = f32(1.0 / cfg.p_scale)
         out_scale = scale_o * v_descale * inv_p_scale

@@ -35,8 +35,6 @@ Each tile's P.V goes into fresh accumulators and is added to the fp32 O register
 accumulation longer than one tile: NUMERICS.md section 4).
 """
 
-from types import SimpleNamespace
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils as utils
@@ -50,7 +48,6 @@ from .ptx import (
     fence_proxy_async_shared,
     gmma_desc_bits,
     ld_global_b32,
-    ld_shared_f32,
     ld_shared_v4_f32,
     ldmatrix_x4,
     prmt,
@@ -138,29 +135,13 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
             h_r = n_q // cfg.q_len
 
             smem = utils.SmemAllocator()
-            ring_bytes = self.stages * self.ring_tile_bytes
-            k_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
-            v_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
-            k_conv = k_ring
-            v_conv = v_ring
-            if cutlass.const_expr(cfg.packed):
-                k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
-                v_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
-            ks_ring = k_ring
-            if cutlass.const_expr(cfg.kv_format == "nvfp4"):
-                ks_ring = smem.allocate_array(
-                    cutlass.Uint8, 2 * self.stages * self.scale_tile_bytes, byte_alignment=16
-                ).toint()
+            ring = self._ring(smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page,
+                              ks_row, ks_head, vs_page, vs_row, vs_head)  # fmt: skip
             q_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * d, byte_alignment=128).toint()
             p_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * TILE_KEYS, byte_alignment=128).toint()
             s_max = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(1, WARPS)), 16)
             s_sum = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(Q_TILE, 1)), 16)
             s_max_addr = s_max.iterator.toint()
-
-            k_base = mK.iterator.toint()
-            v_base = mV.iterator.toint()
-            head_k_off = i64(head) * i64(k_head) * self.fmt.bits // 8
-            head_v_off = i64(head) * i64(v_head) * self.fmt.bits // 8
 
             # -- Q (once): e4m3 rows n_base .. n_base + 15 into the B-operand layout; absent rows are 0
             q_row0 = i64(seq) * i64(q_seq) + (i64(head) * i64(n_q) + i64(n_base)) * i64(d)
@@ -173,8 +154,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                 w = i32(0)
                 if n_base + row < n_q:
                     w = ld_global_b32(q_base + q_row0 + i64(row * d + kb))
-                off = (kb // 16) * GMMA_CORE_BYTES + (row // 8) * self.q_group_bytes + (row % 8) * 16 + kb % 16
-                st_shared_b32(q_buf + off, w)
+                st_shared_b32(q_buf + b_operand_offset(row, kb, self.q_group_bytes), w)
             fence_proxy_async_shared()  # the first tile's barrier publishes Q to the warpgroups
             q_desc = i64((q_buf >> 4) & 0x3FFF) | i64(gmma_desc_bits(GMMA_CORE_BYTES, self.q_group_bytes))
             p_desc = i64((p_buf >> 4) & 0x3FFF) | i64(gmma_desc_bits(GMMA_CORE_BYTES, P_GROUP_BYTES))
@@ -194,47 +174,17 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
             o_acc = cute.make_rmem_tensor((8 * self.m_blocks,), f32)
             o_acc.fill(f32(0))
 
-            sc = SimpleNamespace(
-                k_base=mKS.iterator.toint() + i64(head) * i64(ks_head), k_page=ks_page, k_row=ks_row,
-                v_base=mVS.iterator.toint() + i64(head) * i64(vs_head), v_page=vs_page, v_row=vs_row,
-            )  # fmt: skip
-
             pages = cute.make_rmem_tensor((self.pages_per_tile,), i32)
-            self._load_pages(pages, tile_begin, seq, seq_len, mBT)
-            for st in cutlass.range_constexpr(self.stages - 1):
-                if st < n_iters:
-                    self._load(k_ring, v_ring, st, tile_begin + st, pages, k_base, v_base, head_k_off, head_v_off,
-                               k_page, k_row, v_page, v_row, tid, ks_ring, sc)  # fmt: skip
-                cute.arch.cp_async_commit_group()
-                if st + 1 < n_iters:
-                    self._load_pages(pages, tile_begin + st + 1, seq, seq_len, mBT)
+            self._ring_prologue(ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid)
 
             p_scale = f32(cfg.p_scale)
-            mask_from = seq_len
-            if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
-                mask_from = seq_len - (cfg.q_len - 1)
+            mask_from = self._mask_from(seq_len)
             key_warp = wg * WG_KEYS + wq * WARP_ROWS  # this warp's 16 keys in the tile (S's M rows)
             for it in cutlass.range(n_iters, unroll=1):
-                stage = it % self.stages
-                cute.arch.cp_async_wait_group(self.stages - 2)
-                cute.arch.sync_threads()
-                nxt = it + self.stages - 1
-                if nxt < n_iters:
-                    self._load(k_ring, v_ring, nxt % self.stages, tile_begin + nxt, pages, k_base, v_base, head_k_off,
-                               head_v_off, k_page, k_row, v_page, v_row, tid, ks_ring, sc)  # fmt: skip
-                cute.arch.cp_async_commit_group()
-                if nxt + 1 < n_iters:
-                    self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)
-                k_stage = k_ring + stage * self.tile_bytes
-                v_stage = v_ring + stage * self.tile_bytes
-                if cutlass.const_expr(cfg.packed):
-                    k_scales = ks_ring + stage * 2 * self.scale_tile_bytes
-                    v_scales = k_scales + self.scale_tile_bytes
-                    self._convert_tiles(k_ring + stage * self.ring_tile_bytes, v_ring + stage * self.ring_tile_bytes,
-                                        k_conv, v_conv, k_scales, v_scales, tid, batch_loads=False)  # fmt: skip
-                    k_stage = k_conv
-                    v_stage = v_conv
-                    cute.arch.sync_threads()
+                # (per-group conversion loads: batching them spills here)
+                k_stage, v_stage = self._ring_next(
+                    ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid, batch_loads=False
+                )
 
                 # 1. S^T for this warpgroup's 64 keys: K fragments by ldmatrix (no conversion)
                 key_ld = key_warp + (lane % 8) + 8 * ((lane // 8) % 2)
@@ -301,8 +251,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                     e = (r & 1) + 4 * (r >> 1)
                     row = 2 * c + (r & 1) + 8 * (r >> 1)
                     pp = f32x2_to_e4m3x2(sacc[e] * p_scale, sacc[e + 2] * p_scale)
-                    off = (slot0 // 16) * GMMA_CORE_BYTES + (row // 8) * P_GROUP_BYTES + (row % 8) * 16 + slot0 % 16
-                    st_shared_b16(p_buf + off, pp)
+                    st_shared_b16(p_buf + b_operand_offset(row, slot0, P_GROUP_BYTES), pp)
                 fence_proxy_async_shared()
                 if cute.arch.vote_any_sync(corr[0] != f32(1.0) or corr[1] != f32(1.0) or corr[2] != f32(1.0)
                                            or corr[3] != f32(1.0)):  # fmt: skip
@@ -330,7 +279,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
 
             cute.arch.cp_async_wait_group(0)
             self._wg_epilogue(
-                row_sum, m_prev, o_acc, s_sum, k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b,
+                row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b,
                 h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, wg, wq, g, c, key_warp,
             )  # fmt: skip
 
@@ -351,19 +300,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
             row = 2 * c + (e & 1) + 8 * (e >> 2)
             key = key_warp + g + 8 * ((e >> 1) & 1)
             st_shared_f32(l_buf + (row * TILE_KEYS + key) * 4, row_sum[e])
-        cute.arch.sync_threads()
-        tid = warp * 32 + lane
-        if tid < 4 * Q_TILE:
-            row = tid % Q_TILE
-            tw = tid // Q_TILE
-            v = cute.make_rmem_tensor((32,), f32)
-            for k in cutlass.range_constexpr(32):
-                v[k] = ld_shared_f32(l_buf + (row * TILE_KEYS + 32 * tw + k) * 4)
-            for width in (16, 8, 4, 2, 1):
-                for k in cutlass.range_constexpr(width):
-                    v[k] = v[k] + v[k + width]
-            s_sum[tw, row] = v[0]
-        cute.arch.sync_threads()
+        self._row_sum_tree(l_buf, s_sum, warp * 32 + lane)
 
         inv_p_scale = f32(1.0 / cfg.p_scale)
         out_scale = scale_o * v_descale * inv_p_scale
