@@ -53,7 +53,8 @@ def select_hopper_config(
     ``mma`` None = :data:`HOPPER_DEFAULT_MMA`; ``n_q`` = q_len * h_r query rows per KV head, when known:
     at most 8 selects ``q_rows=8`` on the mma.sync path; ``q_rows`` 8 or 16 overrides that choice;
     ``ctas_per_sm`` None = what shared memory and the register budget allow, else ``HopperConfig.ctas``).
-    Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement."""
+    Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement, and ValueError
+    for ``q_rows=8`` with more than 8 query rows."""
     from .hopper.config import HopperConfig, can_implement_hopper
 
     cfg = HopperConfig(

@@ -360,7 +360,9 @@ def wgmma_e4m3_rs(a, descs, *, n: int, loc=None, ip=None):
     a: 4 Int32 per k-step (this thread's A fragment: row g / g + 8 of the warp's 16 rows, k 4c .. 4c + 3
     and 16 + 4c .. 16 + 4c + 3, four e4m3 bytes each); descs: one Int64 shared-memory descriptor of B
     (n x 32 bytes, K-major) per k-step. Returns n / 2 Float32: (row g, col 2c), (g, 2c + 1), (g + 8, 2c),
-    (g + 8, 2c + 1), then the same for cols + 8, ...; all 128 threads of the warpgroup must call it."""
+    (g + 8, 2c + 1), then the same for cols + 8, ...; all 128 threads of the warpgroup must call it.
+    Raises ValueError (at trace time) unless there are 4 A registers per descriptor and n is a multiple of
+    8 in 8 .. 256."""
     steps = len(descs)
     if len(a) != 4 * steps or n % 8 or not 8 <= n <= 256:
         raise ValueError(f"wgmma_e4m3_rs: {len(a)} A registers for {steps} k-steps, n={n}")
