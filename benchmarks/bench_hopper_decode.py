@@ -165,8 +165,24 @@ def bench_flashinfer(q, k_pool, v_pool, block_table, L, h_q, h_k, d, page_size, 
     return best if best is not None else "not run (both paths failed)"
 
 
+def _hint(text):
+    """``--l2-hints`` item -> (prefetch bytes or None, evict_first or None, label). "default" leaves both to
+    HopperConfig; otherwise the item lists every hint that is on (none: no policy, no prefetch size)."""
+    if text == "default":
+        return None, None, text
+    prefetch, evict = 0, False
+    for part in text.split("+"):
+        if part.startswith("pf") and part[2:].isdigit():
+            prefetch = int(part[2:])
+        elif part == "ef":
+            evict = True
+        elif part != "none":
+            raise SystemExit(f"--l2-hints: {part!r} is not default, none, ef, pf64, pf128 or pf256")
+    return prefetch, evict, text
+
+
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
-                peers=True, mma=None, q_rows=None, ctas=None):  # fmt: skip
+                peers=True, mma=None, q_rows=None, ctas=None, loads=None, hint=(None, None)):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
@@ -180,7 +196,8 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
         prep = prepare_decode(
             q, k_pool, v_pool, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
-            mma=mma, q_rows=q_rows, ctas_per_sm=ctas, **scales,
+            mma=mma, q_rows=q_rows, ctas_per_sm=ctas, loads=loads, prefetch=hint[0], evict_first=hint[1],
+            **scales,
         )  # fmt: skip
     ms = _time_ms(prep.launch, iters, stream=stream)
     fi = None
@@ -244,6 +261,12 @@ def main(argv=None) -> int:
     ap.add_argument("--q-rows", default="auto",
                     help="comma-separated softmax rows per CTA to compare: auto (8 when n_q <= 8), 8, 16")  # fmt: skip
     ap.add_argument("--ctas", default="auto", help="comma-separated CTAs per SM to compare: auto, 1, 2, 3")
+    ap.add_argument(
+        "--loads", default="auto", help="comma-separated KV load paths (e4m3 KV) to compare: auto, cp_async, bulk"
+    )
+    ap.add_argument("--l2-hints", default="default",
+                    help="comma-separated L2 hints of the KV loads to compare: default (HopperConfig's), none, ef"
+                    " (evict-first), pf64 / pf128 / pf256 (cp.async prefetch size), or joined by +")  # fmt: skip
     ap.add_argument("--no-peers", action="store_true", help="time the Hopper kernel only (no SDPA, no FlashInfer)")
     args = ap.parse_args(argv)
     global GRAPHS
@@ -252,6 +275,8 @@ def main(argv=None) -> int:
     mma_list = [m for m in args.mma.split(",") if m]
     rows_list = [None if r == "auto" else int(r) for r in args.q_rows.split(",") if r]
     ctas_list = [None if c == "auto" else int(c) for c in args.ctas.split(",") if c]
+    loads_list = [None if x == "auto" else x for x in args.loads.split(",") if x]
+    hint_list = [_hint(h) for h in args.l2_hints.split(",") if h]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -286,14 +311,21 @@ def main(argv=None) -> int:
                     variants.insert(0, ("bf16", "sync"))
                 for q_dtype, mma in variants:
                     q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
-                    for stages, q_rows, ctas in [(s, r, c) for s in stage_list for r in rows_list for c in ctas_list]:
+                    combos = [(s, r, c, ld, h) for s in stage_list for r in rows_list for c in ctas_list
+                              for ld in loads_list for h in hint_list]  # fmt: skip
+                    for stages, q_rows, ctas, loads, hint in combos:
+                        if loads == "bulk" and (fmt != "e4m3" or mma != "sync" or hint[0]):
+                            continue  # the bulk path reads e4m3 KV with mma.sync only, without prefetch hints
                         shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
                         shape += f" q{q_rows or 'auto'}" if len(rows_list) > 1 else ""
                         shape += f" c{ctas or 'auto'}" if len(ctas_list) > 1 else ""
+                        shape += f" {loads or 'cp_async'}" if len(loads_list) > 1 else ""
+                        shape += f" {hint[2]}" if len(hint_list) > 1 else ""
                         try:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
-                                sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows, ctas,
+                                sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows, ctas, loads,
+                                hint[:2],
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")

@@ -161,10 +161,7 @@ def _hopper_bench_config(args):
     from .bench import _q_dtype
     from .config import ConfigError
 
-    thor_only = {
-        "--l2-prefetch": args.l2_prefetch,
-        "--evict-first 1": args.evict_first == 1,
-    }
+    thor_only = {"--l2-prefetch": args.l2_prefetch}
     given = [name for name, value in thor_only.items() if value]
     if given:
         print(f"bench: {', '.join(given)}: Thor-kernel options; the Hopper kernel (sm_90a) has none", file=sys.stderr)
@@ -174,7 +171,8 @@ def _hopper_bench_config(args):
             head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
             q_dtype=_q_dtype(args), causal=not args.non_causal, max_splits=args.max_splits,
             ring_depth=args.ring_depth, pdl=args.pdl, mma=args.mma, n_q=args.q_len * (args.heads_q // args.heads_k),
-            ctas_per_sm=args.ctas_per_sm,
+            ctas_per_sm=args.ctas_per_sm, loads=args.loads,
+            evict_first=None if args.evict_first < 0 else bool(args.evict_first),
         )  # fmt: skip
     except ConfigError as e:
         print(f"bench: {e}", file=sys.stderr)
@@ -223,8 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--pdl", action="store_true")
     b.add_argument("--mma", choices=("sync", "wgmma"), default=None,
                    help="Hopper only: mma.sync on widened values, or fp8 warpgroup MMAs (e4m3 Q)")  # fmt: skip
+    b.add_argument("--loads", choices=("cp_async", "bulk"), default=None,
+                   help="Hopper only: KV tiles by cp.async (default) or bulk copies (e4m3 KV)")  # fmt: skip
     b.add_argument("--l2-prefetch", type=int, default=0)
-    b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1), help="-1: on for e4m3 Q")
+    b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1),
+                   help="-1: the default (Thor: on for e4m3 Q; Hopper: on)")  # fmt: skip
     b.add_argument("--non-causal", action="store_true")
     b.add_argument("--strided-qo", action="store_true", help="Q/O rows inside wider rows (fused QKV)")
     b.add_argument("--warmup", type=int, default=3)

@@ -27,8 +27,8 @@ class DeviceError(RuntimeError):
 
 
 HOPPER_MAX_SPLITS = 32  # H200: 132 SMs want more chunks per sequence at small batch than Thor's 20
-THOR_ONLY_OPTIONS = {"l2_prefetch": 0, "evict_first": None}  # knobs the Hopper kernel lacks
-HOPPER_ONLY_OPTIONS = {"mma": None, "q_rows": None}  # knobs the Thor kernel lacks
+THOR_ONLY_OPTIONS = {"l2_prefetch": 0}  # knobs the Hopper kernel lacks
+HOPPER_ONLY_OPTIONS = {"mma": None, "q_rows": None, "loads": None, "prefetch": None}  # knobs the Thor kernel lacks
 HOPPER_DEFAULT_MMA = "sync"  # HopperConfig.mma when decode() is not given one
 
 
@@ -47,12 +47,16 @@ def select_hopper_config(
     n_q: Optional[int] = None,
     q_rows: Optional[int] = None,
     ctas_per_sm: Optional[int] = None,
+    loads: Optional[str] = None,
+    prefetch: Optional[int] = None,
+    evict_first: Optional[bool] = None,
 ):
     """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints, strs and bools as in
     ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1;
     ``mma`` None = :data:`HOPPER_DEFAULT_MMA`; ``n_q`` = q_len * h_r query rows per KV head, when known:
     at most 8 selects ``q_rows=8`` on the mma.sync path; ``q_rows`` 8 or 16 overrides that choice;
-    ``ctas_per_sm`` None = what shared memory and the register budget allow, else ``HopperConfig.ctas``).
+    ``ctas_per_sm`` None = what shared memory and the register budget allow, else ``HopperConfig.ctas``;
+    ``loads``, ``prefetch``, ``evict_first`` None = the ``HopperConfig`` defaults, else those fields).
     Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement, and ValueError
     for ``q_rows=8`` with more than 8 query rows."""
     from .hopper.config import HopperConfig, can_implement_hopper
@@ -66,7 +70,11 @@ def select_hopper_config(
         q_rows = 8 if n_q is not None and n_q <= 8 and cfg.mma == "sync" else cfg.q_rows
     elif q_rows == 8 and n_q is not None and n_q > 8:
         raise ValueError(f"q_rows: 8 covers at most 8 query rows per KV head; this problem has n_q = {n_q}")
-    cfg = replace(cfg, q_rows=q_rows, ctas=ctas_per_sm or 0)
+    cfg = replace(
+        cfg, q_rows=q_rows, ctas=ctas_per_sm or 0, loads=cfg.loads if loads is None else loads,
+        prefetch=cfg.prefetch if prefetch is None else prefetch,
+        evict_first=cfg.evict_first if evict_first is None else evict_first,
+    )  # fmt: skip
     can_implement_hopper(cfg)
     return cfg
 
@@ -167,6 +175,8 @@ def prepare_decode(
     evict_first: Optional[bool] = None,
     mma: Optional[str] = None,
     q_rows: Optional[int] = None,
+    loads: Optional[str] = None,
+    prefetch: Optional[int] = None,
     out: Optional[torch.Tensor] = None,
     check_values: bool = True,
 ) -> PreparedDecode:
@@ -192,18 +202,19 @@ def prepare_decode(
     if max_splits is None:
         max_splits = HOPPER_MAX_SPLITS if backend == "hopper" else 16
     if backend == "hopper":
-        given = {"l2_prefetch": l2_prefetch, "evict_first": evict_first}
+        given = {"l2_prefetch": l2_prefetch}
         for name, value in given.items():
             if value != THOR_ONLY_OPTIONS[name]:
                 raise ValueError(f"{name}: a Thor-kernel option; the Hopper kernel has no such knob (got {value!r})")
         cfg = select_hopper_config(
             head_dim=problem.head_dim, page_size=problem.page_size, q_len=q_len, kv_format=kv_format,
             q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl, mma=mma,
-            n_q=problem.n_q, q_rows=q_rows, ctas_per_sm=ctas_per_sm,
+            n_q=problem.n_q, q_rows=q_rows, ctas_per_sm=ctas_per_sm, loads=loads, prefetch=prefetch,
+            evict_first=evict_first,
         )  # fmt: skip
         ctas_per_sm = cfg.ctas_per_sm
     else:
-        for name, value in {"mma": mma, "q_rows": q_rows}.items():
+        for name, value in {"mma": mma, "q_rows": q_rows, "loads": loads, "prefetch": prefetch}.items():
             if value != HOPPER_ONLY_OPTIONS[name]:
                 raise ValueError(f"{name}: a Hopper-kernel option; the Thor kernel has no such knob (got {value!r})")
         cfg = select_config(
@@ -290,11 +301,13 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
         default: plan_split_kv for this device (emulator.kernel_plan's tiling, this device's SMs).
       max_splits, force_splits, pad_to, sm_count: planning knobs when no plan is given.
       ctas_per_sm, ring_depth, pdl, l2_prefetch, evict_first: kernel config knobs (DecodeConfig; on
-        Hopper ctas_per_sm is HopperConfig.ctas, ring_depth its stages, and l2_prefetch / evict_first
-        do not exist).
+        Hopper ctas_per_sm is HopperConfig.ctas, ring_depth its stages, evict_first the KV loads' L2
+        policy (None: HopperConfig's default, on), and l2_prefetch does not exist).
       mma: Hopper only: "sync" (mma.sync on widened values) or "wgmma" (fp8 warpgroup MMAs, e4m3 Q);
         None = HOPPER_DEFAULT_MMA. q_rows: Hopper only: 8 or 16 softmax rows per CTA (None: 8 when
-        n_q <= 8 on the mma.sync path).
+        n_q <= 8 on the mma.sync path). loads: Hopper only: "cp_async" (None) or "bulk" (e4m3 KV: one
+        cp.async.bulk per key row, mbarrier completion; ``HopperConfig.loads``). prefetch: Hopper only:
+        the cp.async L2 prefetch-size hint, 0 (None), 64, 128 or 256 bytes.
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).
       check_values: read seq_lens on the host to check the block table and plan (a device sync).
 
@@ -328,7 +341,7 @@ def decode(
         sequence lengths, K/V descales and NVFP4 scales come from it).
       q_descale, softmax_scale, scale_o, q_len, causal, plan, chunk_tiles: as ``emulate_decode``.
       kernel_options: ``decode_paged`` knobs (max_splits, force_splits, pad_to, sm_count, ctas_per_sm,
-        ring_depth, pdl, l2_prefetch, evict_first, mma, q_rows, out, check_values).
+        ring_depth, pdl, l2_prefetch, evict_first, mma, q_rows, loads, prefetch, out, check_values).
 
     Returns:
       (o, lse): bfloat16 (num_seqs * q_len, h_q, d) and float32 (num_seqs, h_k, q_len * h_r), natural

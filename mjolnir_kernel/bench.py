@@ -86,6 +86,8 @@ def run_bench(args) -> int:
     )  # fmt: skip
     if args.mma is not None:
         opts["mma"] = args.mma
+    if args.loads is not None:
+        opts["loads"] = args.loads
     print(f"config {cfg.short_name()}  plan {plan}  seq_lens {lens[:8]}{' ...' if len(lens) > 8 else ''}")
     o, lse = decode(q, cache, **opts)
     torch.cuda.synchronize()

@@ -42,6 +42,9 @@ KV_FORMATS = tuple(FORMATS)  # e4m3 read directly; fp6 / fp4 / nvfp4 converted t
 Q_DTYPES = ("bf16", "e4m3")
 HEAD_DIMS = (128, 256)
 MMA_KINDS = ("sync", "wgmma")
+LOAD_KINDS = ("cp_async", "bulk")
+PREFETCH_SIZES = (0, 64, 128, 256)  # L2 prefetch-size hints of cp.async (.L2::64B / 128B / 256B)
+BULK_ROW_PAD = 16  # bytes after each key row of a bulk-loaded ring stage (ldmatrix rows on distinct banks)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,14 @@ class HopperConfig:
                   and O rescale skip them (``decode()`` picks it; mma.sync only)
       ctas        co-resident CTAs per SM to compile for (min_blocks_per_mp, and the plan's occupancy):
                   0 = what shared memory allows, at most MAX_CTAS_PER_SM; 3 caps registers at 85 per thread
+      loads       how KV tiles reach shared memory: "cp_async" (default; 16-byte copies by every thread, a
+                  swizzled tile) or "bulk" (e4m3 KV, mma.sync only: one ``cp.async.bulk`` per key row by the
+                  copy engine, completion on an mbarrier per ring stage; rows padded by BULK_ROW_PAD bytes
+                  instead of swizzled)
+      prefetch    L2 prefetch-size hint of the cp.async KV loads in bytes: 0 (none), 64, 128 or 256
+      evict_first the KV loads carry an L2 evict-first cache policy (KV is read once; default on:
+                  geometric mean 1.02x over 44 shapes, 1.16x at batch 1 with 32K keys, 0.95-1.05x
+                  elsewhere, ``python -m benchmarks.bench_hopper_decode --l2-hints ef,none`` on the H200)
       mma         "sync" (default): warp-level mma.sync on exactly widened f16 / bf16 values; "wgmma":
                   EXPERIMENTAL warpgroup fp8 MMAs with the keys on M (e4m3 Q only; e4m3 bytes straight
                   into the tensor cores), not bit-faithful: Hopper's fp8 MMAs do not add exactly
@@ -82,6 +93,9 @@ class HopperConfig:
     mma: str = "sync"
     q_rows: int = Q_TILE
     ctas: int = 0
+    loads: str = "cp_async"
+    prefetch: int = 0
+    evict_first: bool = True
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -96,6 +110,9 @@ class HopperConfig:
             + ("-wg" if self.mma == "wgmma" else "")
             + ("-h8" if self.q_rows == 8 else "")
             + (f"-c{self.ctas}" if self.ctas else "")
+            + ("-bulk" if self.loads == "bulk" else "")
+            + (f"-pf{self.prefetch}" if self.prefetch else "")
+            + ("" if self.evict_first else "-noef")
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -126,6 +143,18 @@ class HopperConfig:
         return TILE_KEYS * self.head_dim
 
     @property
+    def bulk(self) -> bool:
+        return self.loads == "bulk"
+
+    @property
+    def ring_row_bytes(self) -> int:
+        """Bytes from one key row of a ring stage to the next: packed rows for sub-byte formats, d e4m3
+        bytes (swizzled) for cp.async, d + BULK_ROW_PAD for bulk copies."""
+        if self.packed:
+            return self.packed_row_bytes
+        return self.head_dim + (BULK_ROW_PAD if self.bulk else 0)
+
+    @property
     def packed_row_bytes(self) -> int:
         """Bytes of one key row as stored (d * bits / 8)."""
         return self.head_dim * FORMATS[self.kv_format].bits // 8
@@ -141,7 +170,9 @@ class HopperConfig:
             if self.kv_format == "nvfp4":  # block-scale rows of each stage
                 ring += 2 * self.ring_stages * TILE_KEYS * (self.head_dim // 16)
         else:
-            ring = 2 * self.ring_stages * self.tile_bytes
+            ring = 2 * self.ring_stages * TILE_KEYS * self.ring_row_bytes
+            if self.bulk:  # one mbarrier per stage
+                ring += 8 * self.ring_stages
         return ring + p + stats + 512
 
     @property
@@ -190,6 +221,16 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(f"ctas={c.ctas!r} (0 = auto, or 1 .. {MAX_CTAS_LIMIT})")
     elif not problems and c.ctas > c.smem_ctas_limit:
         problems.append(f"ctas={c.ctas}: {c.ctas} x {c.smem_bytes} B of shared memory do not fit one SM")
+    if c.loads not in LOAD_KINDS:
+        problems.append(f"loads={c.loads!r} (allowed {LOAD_KINDS})")
+    elif c.loads == "bulk" and (c.kv_format != "e4m3" or c.mma != "sync"):
+        problems.append(f"loads='bulk' with kv_format={c.kv_format!r}, mma={c.mma!r} (needs e4m3 KV and mma='sync')")
+    if c.prefetch not in PREFETCH_SIZES or isinstance(c.prefetch, bool):
+        problems.append(f"prefetch={c.prefetch!r} (allowed {PREFETCH_SIZES})")
+    elif c.prefetch and c.loads != "cp_async":
+        problems.append(f"prefetch={c.prefetch} with loads={c.loads!r} (a cp.async hint)")
+    if not isinstance(c.evict_first, bool):
+        problems.append(f"evict_first={c.evict_first!r} (True or False)")
     if c.q_rows not in (8, Q_TILE):
         problems.append(f"q_rows={c.q_rows!r} (8 or {Q_TILE})")
     elif c.q_rows == 8 and c.mma == "wgmma":

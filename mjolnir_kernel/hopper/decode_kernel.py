@@ -3,7 +3,8 @@
 One CTA of eight warps per (work item, 16-row query tile, KV head); a work item (seq, tile_begin,
 tile_end, slot) of the split plan is a contiguous range of 128-key tiles that the CTA streams front
 to back through a ``stages``-deep cp.async ring (pages at or past the sequence end are zero-filled, not
-read). Per tile, all eight warps:
+read; the loads mark their L2 lines evict-first unless ``evict_first=False``; ``loads="bulk"`` fills the ring
+by ``cp.async.bulk`` per key row instead, measured slower). Per tile, all eight warps:
 
   1. S = Q.K^T for 16 keys each (warp w: keys 16w .. 16w + 15), mma.m16n8k16 with fp32 accumulate;
      K's fp8 bytes come from shared memory by ``ldmatrix`` and are widened exactly in registers;
@@ -50,6 +51,13 @@ from ..kernel_views import shared_views
 from ..thor.reduction_kernel import LOG2_E, SplitReduction
 from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
 from .ptx import (
+    bulk_copy_g2s,
+    fence_mbarrier_init,
+    l2_evict_first_policy,
+    mbarrier_arrive_expect_tx,
+    mbarrier_complete_tx,
+    mbarrier_init,
+    mbarrier_wait,
     cp_async_8,
     cp_async_16,
     e2m1x8_to_e4m3x8,
@@ -102,7 +110,9 @@ class HopperDecodeKernel:
         self.stages = config.ring_stages
         self.pages_per_tile = max(1, TILE_KEYS // config.page_size)
         self.fmt = FORMATS[config.kv_format]
-        self.ring_tile_bytes = TILE_KEYS * config.packed_row_bytes  # one K (or V) tile as stored
+        self.bulk = config.bulk  # e4m3 tiles by cp.async.bulk, one per key row, rows padded (not swizzled)
+        self.row_stride = config.ring_row_bytes
+        self.ring_tile_bytes = TILE_KEYS * config.ring_row_bytes  # one K (or V) ring stage
         self.scale_tile_bytes = TILE_KEYS * (config.head_dim // 16)  # NVFP4 scales of one K (or V) tile
         self.tile_bytes = config.tile_bytes
         self.launch_extra = {"use_pdl": True} if config.pdl else {}
@@ -306,7 +316,7 @@ class HopperDecodeKernel:
                 key_ld = warp * KEYS_PER_WARP + (lane % 8) + 8 * ((lane // 8) % 2)
                 for s2 in cutlass.range_constexpr(self.s_ksteps // 2):
                     chunk = 2 * s2 + lane // 16
-                    kr = ldmatrix_x4(k_stage + key_ld * d + ((chunk ^ (lane & 7)) * CHUNK))
+                    kr = ldmatrix_x4(self._kv_row(k_stage, key_ld, chunk, lane & 7))
                     for ss in cutlass.range_constexpr(2):
                         s = 2 * s2 + ss
                         a = (qf[s * 4], qf[s * 4 + 1], qf[s * 4 + 2], qf[s * 4 + 3])
@@ -394,13 +404,13 @@ class HopperDecodeKernel:
                     for ks in cutlass.range_constexpr(PV_KSTEPS):
                         pa = ldmatrix_x4(p_buf + p_row * P_ROW_BYTES + (ks * 16 + p_col) * 2)
                         key = ks * 16 + v_key
-                        vr = ldmatrix_x4(v_stage + key * d + ((chunk ^ (key & 7)) * CHUNK), trans=True)
+                        vr = ldmatrix_x4(self._kv_row(v_stage, key, chunk, key & 7), trans=True)
                         for cc_i in cutlass.range_constexpr(2):  # matrices (keys 0-7 | 8-15) of chunk cc_i
                             self._pv_chunk(o_acc, 2 * cc_i, pa, vr[2 * cc_i], vr[2 * cc_i + 1], bf16_mma)
                 else:
                     for ks2 in cutlass.range_constexpr(PV_KSTEPS // 2):
                         key = ks2 * 32 + lane  # matrices: keys +0-7, +8-15 (k-step 2 ks2), +16-23, +24-31
-                        vr = ldmatrix_x4(v_stage + key * d + ((warp ^ (key & 7)) * CHUNK), trans=True)
+                        vr = ldmatrix_x4(self._kv_row(v_stage, key, warp, key & 7), trans=True)
                         for sub in cutlass.range_constexpr(2):
                             ks = 2 * ks2 + sub
                             pa = ldmatrix_x4(p_buf + p_row * P_ROW_BYTES + (ks * 16 + p_col) * 2)
@@ -427,6 +437,15 @@ class HopperDecodeKernel:
             for e in cutlass.range_constexpr(4):
                 o_acc[base + e] = r[e]
 
+    def _kv_row(self, tile, key, chunk, swizzle):
+        """Shared address of 16-byte chunk ``chunk`` of key row ``key`` of an e4m3 K or V tile: at (key,
+        chunk ^ swizzle) with ``swizzle`` = key & 7 (cp.async and converted tiles), or in a row padded to
+        ``row_stride`` bytes (bulk copies, which cannot swizzle; the padding puts the eight rows of an
+        ldmatrix on distinct banks as well). Trace-time only."""
+        if cutlass.const_expr(self.bulk):
+            return tile + key * self.row_stride + chunk * CHUNK
+        return tile + key * self.d + ((chunk ^ swizzle) * CHUNK)
+
     # -- the KV ring, shared with the wgmma variant (wgmma_kernel.py) --------------------------------
     def _ring(self, smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page, ks_row,
               ks_head, vs_page, vs_row, vs_head) -> SimpleNamespace:  # fmt: skip
@@ -442,12 +461,17 @@ class HopperDecodeKernel:
         if self.config.packed:
             k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
             v_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
+        bars = k_ring  # loads="bulk": one mbarrier per stage, its phase completes when the stage landed
+        if self.bulk:
+            bars = smem.allocate_array(cutlass.Int64, self.stages, byte_alignment=8).toint()
         ks_ring = k_ring  # NVFP4 block scales of each ring stage: (keys, d / 16) bytes for K, then V
         if self.config.kv_format == "nvfp4":
             ks_ring = smem.allocate_array(cutlass.Uint8, 2 * self.stages * self.scale_tile_bytes, byte_alignment=16)
             ks_ring = ks_ring.toint()
+        policy = l2_evict_first_policy() if self.config.evict_first else None
         return SimpleNamespace(
-            k_ring=k_ring, v_ring=v_ring, k_conv=k_conv, v_conv=v_conv, ks_ring=ks_ring,
+            policy=policy,
+            k_ring=k_ring, v_ring=v_ring, k_conv=k_conv, v_conv=v_conv, ks_ring=ks_ring, bars=bars,
             k_base=mK.iterator.toint(), v_base=mV.iterator.toint(),
             head_k_off=i64(head) * i64(k_head) * self.fmt.bits // 8,  # element strides -> bytes
             head_v_off=i64(head) * i64(v_head) * self.fmt.bits // 8,
@@ -462,11 +486,21 @@ class HopperDecodeKernel:
     @cute.jit
     def _ring_prologue(self, ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid):
         """Tiles 0 .. stages - 2 in flight; ``pages`` then holds the block-table entries of the next tile."""
+        if cutlass.const_expr(self.bulk):  # thread 0 sets up the stage barriers and arms the prologue's
+            if tid == 0:
+                for st in cutlass.range_constexpr(self.stages):
+                    mbarrier_init(ring.bars + 8 * st, 1)
+                fence_mbarrier_init()
+                for st in cutlass.range_constexpr(self.stages - 1):
+                    if st < n_iters:
+                        mbarrier_arrive_expect_tx(ring.bars + 8 * st, 2 * TILE_KEYS * self.d)
+            cute.arch.sync_threads()
         self._load_pages(pages, tile_begin, seq, seq_len, mBT)
         for st in cutlass.range_constexpr(self.stages - 1):
             if st < n_iters:
                 self._load(ring, st, tile_begin + st, pages, tid)
-            cute.arch.cp_async_commit_group()
+            if cutlass.const_expr(not self.bulk):
+                cute.arch.cp_async_commit_group()
             if st + 1 < n_iters:
                 self._load_pages(pages, tile_begin + st + 1, seq, seq_len, mBT)
 
@@ -476,18 +510,26 @@ class HopperDecodeKernel:
         and for packed formats convert it to e4m3 (``_convert_tiles``). Returns the shared-memory addresses
         of the e4m3 K and V tiles the MMAs read."""
         stage = it % self.stages
-        cute.arch.cp_async_wait_group(self.stages - 2)
+        nxt = it + self.stages - 1
+        if cutlass.const_expr(self.bulk):
+            # the stage's (it // stages)-th phase; then thread 0 arms the stage tile it + stages - 1 goes
+            # to (every thread is past its wait on that stage's previous phase, tile it - 1)
+            mbarrier_wait(ring.bars + 8 * stage, (it // self.stages) % 2)
+            if tid == 0 and nxt < n_iters:
+                mbarrier_arrive_expect_tx(ring.bars + 8 * (nxt % self.stages), 2 * TILE_KEYS * self.d)
+        else:
+            cute.arch.cp_async_wait_group(self.stages - 2)
         # Tile `it` landed for every thread, and every warp is done with tile it - 1 (its ring
         # stage, P, the row maxima): refill that stage with tile it + stages - 1.
         cute.arch.sync_threads()
-        nxt = it + self.stages - 1
         if nxt < n_iters:
             self._load(ring, nxt % self.stages, tile_begin + nxt, pages, tid)
-        cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(not self.bulk):
+            cute.arch.cp_async_commit_group()
         if nxt + 1 < n_iters:
             self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)  # latency hidden by tile it
-        k_stage = ring.k_ring + stage * self.tile_bytes
-        v_stage = ring.v_ring + stage * self.tile_bytes
+        k_stage = ring.k_ring + stage * self.ring_tile_bytes
+        v_stage = ring.v_ring + stage * self.ring_tile_bytes
         if cutlass.const_expr(self.config.packed):
             k_scales = ring.ks_ring + stage * 2 * self.scale_tile_bytes
             v_scales = k_scales + self.scale_tile_bytes
@@ -528,6 +570,8 @@ class HopperDecodeKernel:
         """cp.async tile ``tile`` of K and V (``ring``: see ``_ring``) into ring stage ``stage``."""
         if cutlass.const_expr(self.config.packed):
             self._load_packed(ring, stage, tile, pages, tid)
+        elif cutlass.const_expr(self.bulk):
+            self._load_bulk(ring, stage, pages, tid)
         else:
             self._load_tile(ring, stage, tile, pages, tid)
 
@@ -567,8 +611,8 @@ class HopperDecodeKernel:
             row = i64(key % ps)  # TILE_KEYS is a multiple of the page size
             k_src = r.k_base + i64(page) * k_page_b + row * k_row_b + r.head_k_off + i64(chunk * CHUNK)
             v_src = r.v_base + i64(page) * v_page_b + row * v_row_b + r.head_v_off + i64(chunk * CHUNK)
-            cp_async_16(k_dst + idx * CHUNK, k_src, nbytes)
-            cp_async_16(v_dst + idx * CHUNK, v_src, nbytes)
+            cp_async_16(k_dst + idx * CHUNK, k_src, nbytes, prefetch=self.config.prefetch, policy=r.policy)
+            cp_async_16(v_dst + idx * CHUNK, v_src, nbytes, prefetch=self.config.prefetch, policy=r.policy)
         if cutlass.const_expr(self.config.kv_format == "nvfp4"):
             key = tid % TILE_KEYS  # one key row of scales per thread: K (threads 0-127), V (128-255)
             page = self._page_of(pages, key // ps)
@@ -660,6 +704,31 @@ class HopperDecodeKernel:
             pages[p] = page
 
     @cute.jit
+    def _load_bulk(self, r, stage, pages, tid):
+        """One key row per thread into ring stage ``stage`` (threads 0-127: K row tid, 128-255: V row tid -
+        128) by ``cp.async.bulk``, counted on the stage's mbarrier (armed by thread 0 for the whole tile);
+        rows of pages marked -1 are zero-filled by stores and counted by ``mbarrier.complete_tx``."""
+        i64 = cutlass.Int64
+        ps = self.config.page_size
+        key = tid % TILE_KEYS
+        page = self._page_of(pages, key // ps)
+        row = i64(key % ps)  # TILE_KEYS is a multiple of the page size
+        bar = r.bars + 8 * stage
+        off = stage * self.ring_tile_bytes + key * self.row_stride
+        dst = r.k_ring + off
+        src = r.k_base + i64(page) * i64(r.k_page) + row * i64(r.k_row) + r.head_k_off
+        if tid >= TILE_KEYS:
+            dst = r.v_ring + off
+            src = r.v_base + i64(page) * i64(r.v_page) + row * i64(r.v_row) + r.head_v_off
+        if page >= 0:
+            bulk_copy_g2s(dst, src, self.d, bar, policy=r.policy)
+        else:
+            zero = cutlass.Int32(0)
+            for ch in cutlass.range_constexpr(self.chunks):
+                st_shared_v4_b32(dst + ch * CHUNK, zero, zero, zero, zero)
+            mbarrier_complete_tx(bar, self.d)
+
+    @cute.jit
     def _load_tile(self, r, stage, tile, pages, tid):
         """cp.async one 128-key tile of K and V into ring stage ``stage``: thread t copies 16-byte chunk
         t % chunks of keys t // chunks + i * (256 / chunks). A chunk lands at (key, chunk ^ (key & 7))
@@ -670,8 +739,8 @@ class HopperDecodeKernel:
         chunks = self.chunks
         keys_per_pass = THREADS // chunks  # 16 (d = 256) or 32 (d = 128) keys per pass
         chunk = tid % chunks
-        k_dst = r.k_ring + stage * self.tile_bytes
-        v_dst = r.v_ring + stage * self.tile_bytes
+        k_dst = r.k_ring + stage * self.ring_tile_bytes
+        v_dst = r.v_ring + stage * self.ring_tile_bytes
         for i in cutlass.range_constexpr(TILE_KEYS // keys_per_pass):
             key = tid // chunks + i * keys_per_pass
             if cutlass.const_expr(keys_per_pass <= ps):  # the pass lies inside one page
@@ -686,8 +755,8 @@ class HopperDecodeKernel:
             k_src = r.k_base + i64(page) * i64(r.k_page) + row * i64(r.k_row) + r.head_k_off + i64(chunk * CHUNK)
             v_src = r.v_base + i64(page) * i64(r.v_page) + row * i64(r.v_row) + r.head_v_off + i64(chunk * CHUNK)
             off = key * self.d + ((chunk ^ (key & 7)) * CHUNK)
-            cp_async_16(k_dst + off, k_src, nbytes)
-            cp_async_16(v_dst + off, v_src, nbytes)
+            cp_async_16(k_dst + off, k_src, nbytes, prefetch=self.config.prefetch, policy=r.policy)
+            cp_async_16(v_dst + off, v_src, nbytes, prefetch=self.config.prefetch, policy=r.policy)
 
     @cute.jit
     def _epilogue(self, row_sum, m_prev, o_acc, s_sum, l_buf, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,

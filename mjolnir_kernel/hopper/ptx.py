@@ -64,26 +64,110 @@ def mma_m16n8k16(a, b, c, *, bf16: bool, loc=None, ip=None):
     return _unpack(res, 4, T.f32(), Float32)
 
 
-def _cp_async(cache: str, nbytes: int, smem_addr, gmem_addr, src_bytes, loc, ip):
+def _cp_async(cache: str, nbytes: int, smem_addr, gmem_addr, src_bytes, loc, ip, prefetch=0, policy=None):
+    hint = ".L2::cache_hint" if policy is not None else ""
+    hint += f".L2::{prefetch}B" if prefetch else ""
+    ops = [_i32(smem_addr, loc, ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(src_bytes, loc, ip)]
+    if policy is not None:
+        ops.append(Int64(policy).ir_value(loc=loc, ip=ip))
     _asm(
         None,
-        [_i32(smem_addr, loc, ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(src_bytes, loc, ip)],
-        f"cp.async.{cache}.shared.global [$0], [$1], {nbytes}, $2;",
-        "r,l,r",
+        ops,
+        f"cp.async.{cache}.shared.global{hint} [$0], [$1], {nbytes}, $2" + (", $3;" if policy is not None else ";"),
+        "r,l,r" + (",l" if policy is not None else ""),
         side_effects=True,
     )
 
 
 @dsl_user_op
-def cp_async_16(smem_addr, gmem_addr, src_bytes, *, loc=None, ip=None):
-    """``cp.async.cg.shared.global`` of 16 bytes; ``src_bytes`` 0 zero-fills the destination (nothing is read)."""
-    _cp_async("cg", 16, smem_addr, gmem_addr, src_bytes, loc, ip)
+def l2_evict_first_policy(*, loc=None, ip=None):
+    """A 64-bit L2 cache policy (``createpolicy``) that marks every line it touches evict-first."""
+    return Int64(_asm(T.i64(), [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l"))
+
+
+@dsl_user_op
+def cp_async_16(smem_addr, gmem_addr, src_bytes, *, prefetch: int = 0, policy=None, loc=None, ip=None):
+    """``cp.async.cg.shared.global`` of 16 bytes; ``src_bytes`` 0 zero-fills the destination (nothing is read).
+    ``prefetch`` 64 / 128 / 256: the L2 prefetch-size hint (``.L2::nB``); ``policy``: an L2 cache policy
+    (``l2_evict_first_policy``)."""
+    _cp_async("cg", 16, smem_addr, gmem_addr, src_bytes, loc, ip, prefetch, policy)
 
 
 @dsl_user_op
 def cp_async_8(smem_addr, gmem_addr, src_bytes, *, loc=None, ip=None):
     """``cp.async.ca.shared.global`` of 8 bytes (zero-fill when ``src_bytes`` is 0)."""
     _cp_async("ca", 8, smem_addr, gmem_addr, src_bytes, loc, ip)
+
+
+# -- bulk copies with mbarrier completion (the ``loads="bulk"`` ring) --------------------------------
+@dsl_user_op
+def mbarrier_init(bar_addr, count: int, *, loc=None, ip=None):
+    """``mbarrier.init`` of the 8-byte barrier at shared address ``bar_addr`` for ``count`` arrivals."""
+    _asm(None, [_i32(bar_addr, loc, ip)], f"mbarrier.init.shared::cta.b64 [$0], {count};", "r", side_effects=True)
+
+
+@dsl_user_op
+def fence_mbarrier_init(*, loc=None, ip=None):
+    """Make ``mbarrier.init`` visible to the async proxy (bulk copies' complete_tx); a barrier follows."""
+    _asm(None, [], "fence.mbarrier_init.release.cluster;", "", side_effects=True)
+
+
+@dsl_user_op
+def mbarrier_arrive_expect_tx(bar_addr, nbytes, *, loc=None, ip=None):
+    """One arrival on ``bar_addr`` that also expects ``nbytes`` more bytes of bulk copies this phase."""
+    _asm(
+        None,
+        [_i32(bar_addr, loc, ip), _i32(nbytes, loc, ip)],
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
+        "r,r",
+        side_effects=True,
+    )
+
+
+@dsl_user_op
+def mbarrier_wait(bar_addr, parity, *, loc=None, ip=None):
+    """Spin until the phase of ``bar_addr`` with parity ``parity`` (0 / 1) has completed; the bulk copies
+    it counted are then visible to this thread."""
+    _asm(
+        None,
+        [_i32(bar_addr, loc, ip), _i32(parity, loc, ip)],
+        "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n@!p bra WAIT;\n}",
+        "r,r",
+        side_effects=True,
+    )
+
+
+@dsl_user_op
+def mbarrier_complete_tx(bar_addr, nbytes, *, loc=None, ip=None):
+    """Count ``nbytes`` of the current phase of ``bar_addr`` as done without a copy (rows zero-filled by
+    stores instead; a barrier makes those visible)."""
+    _asm(
+        None,
+        [_i32(bar_addr, loc, ip), _i32(nbytes, loc, ip)],
+        "mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [$0], $1;",
+        "r,r",
+        side_effects=True,
+    )
+
+
+@dsl_user_op
+def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, bar_addr, *, policy=None, loc=None, ip=None):
+    """``cp.async.bulk`` of ``nbytes`` (a multiple of 16; both addresses 16-byte aligned) from global to
+    shared memory by the copy engine; completion counts ``nbytes`` against the mbarrier at ``bar_addr``.
+    ``policy``: an L2 cache policy (``l2_evict_first_policy``)."""
+    ops = [_i32(smem_addr, loc, ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(nbytes, loc, ip)]
+    ops.append(_i32(bar_addr, loc, ip))
+    hint, extra, cons = "", "", ""
+    if policy is not None:
+        ops.append(Int64(policy).ir_value(loc=loc, ip=ip))
+        hint, extra, cons = ".L2::cache_hint", ", $4", ",l"
+    _asm(
+        None,
+        ops,
+        f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes{hint} [$0], [$1], $2, [$3]{extra};",
+        "r,l,r,r" + cons,
+        side_effects=True,
+    )
 
 
 @dsl_user_op

@@ -196,8 +196,8 @@ def test_cli_bench_compile_only_rejects_thor_options_for_hopper(monkeypatch, cap
     monkeypatch.setattr(kc, "compile_decode", _must_not_compile)
     assert main(["bench", "--compile-only", "--arch", "sm_90a", "--l2-prefetch", "2"]) == 2
     assert "--l2-prefetch" in capsys.readouterr().err
-    assert main(["bench", "--compile-only", "--arch", "sm_90a", "--evict-first", "1"]) == 2
-    assert "--evict-first 1" in capsys.readouterr().err
+    assert main(["bench", "--compile-only", "--arch", "sm_90a", "--loads", "bulk", "--format", "e2m1"]) == 2
+    assert "loads='bulk'" in capsys.readouterr().err
     assert main(["bench", "--compile-only", "--arch", "sm_90a", "--head-dim", "96"]) == 2
     assert "head_dim=96" in capsys.readouterr().err
 

@@ -47,6 +47,12 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"mma": "wgmma", "q_dtype": "bf16"}, ["mma='wgmma'", "needs e4m3 Q"]),
         ({"stages": 9, "head_dim": 256}, ["stages=9", "shared memory"]),
         ({"head_dim": 96, "page_size": 8}, ["head_dim=96", "page_size=8"]),
+        ({"loads": "tma"}, ["loads='tma'"]),
+        ({"loads": "bulk", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["loads='bulk'", "needs e4m3 KV"]),
+        ({"loads": "bulk", "mma": "wgmma", "q_dtype": "e4m3"}, ["loads='bulk'", "mma='sync'"]),
+        ({"prefetch": 32}, ["prefetch=32"]),
+        ({"prefetch": 256, "loads": "bulk"}, ["prefetch=256 with loads='bulk'"]),
+        ({"evict_first": 1}, ["evict_first=1"]),
     ],
 )
 def test_invalid_configs_name_every_offending_field(kwargs, names):
@@ -86,8 +92,32 @@ def test_decode_picks_eight_rows_when_the_problem_has_at_most_eight():
     assert select_hopper_config(**kw, n_q=9).q_rows == 16
     assert select_hopper_config(**kw).q_rows == 16  # n_q unknown: all 16 rows
     assert select_hopper_config(**{**kw, "q_dtype": "e4m3"}, n_q=4, mma="wgmma").q_rows == 16
-    assert select_hopper_config(**kw, n_q=4).short_name().endswith("-h8")
+    assert "-h8" in select_hopper_config(**kw, n_q=4).short_name()
     assert select_hopper_config(**kw, n_q=4, q_rows=16).q_rows == 16  # an explicit choice wins
     assert select_hopper_config(**kw).ctas_per_sm == 2 and select_hopper_config(**kw, ctas_per_sm=3).ctas_per_sm == 3
     with pytest.raises(ValueError, match="q_rows: 8 covers at most 8"):
         select_hopper_config(**kw, n_q=12, q_rows=8)
+
+
+def test_load_paths_and_l2_hints():
+    from mjolnir_kernel.api import select_hopper_config
+    from mjolnir_kernel.hopper.config import BULK_ROW_PAD
+
+    base = HopperConfig(head_dim=128, kv_format="e4m3")
+    bulk = HopperConfig(head_dim=128, kv_format="e4m3", loads="bulk")
+    # bulk rows are padded (no swizzle) and each stage has an 8-byte mbarrier
+    assert bulk.ring_row_bytes == 128 + BULK_ROW_PAD and base.ring_row_bytes == 128
+    assert bulk.smem_bytes - base.smem_bytes == 2 * base.ring_stages * 128 * BULK_ROW_PAD + 8 * base.ring_stages
+    assert HopperConfig(kv_format="e2m1", q_dtype="e4m3").ring_row_bytes == 64  # packed rows as stored
+    assert bulk.short_name().endswith("-bulk")
+    assert HopperConfig(prefetch=128, evict_first=False).short_name().endswith("-pf128-noef")
+    assert HopperConfig().evict_first  # KV lines are marked evict-first unless asked otherwise
+
+    kw = dict(head_dim=128, page_size=64, q_len=1, kv_format="e4m3", q_dtype="bf16")
+    assert select_hopper_config(**kw).evict_first is True
+    assert select_hopper_config(**kw, evict_first=False).evict_first is False
+    chosen = select_hopper_config(**kw, loads="bulk")
+    assert chosen.loads == "bulk" and chosen.evict_first  # the policy rides on the bulk copies too
+    assert select_hopper_config(**kw, prefetch=256).prefetch == 256
+    with pytest.raises(ConfigError, match="prefetch=256 with loads='bulk'"):
+        select_hopper_config(**kw, loads="bulk", prefetch=256)
