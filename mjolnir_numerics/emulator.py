@@ -42,10 +42,7 @@ import torch
 from .cache import PAGE_SIZES, check_descale, descale_table
 from .emulator_stages import (
     LOG2E_F32,
-    Bands,
-    accumulate_o,
-    combine_bands,
-    pv_tile,
+    accumulate_pv,
     correct_row_sum,
     epilogue,
     log2_f32,
@@ -54,9 +51,9 @@ from .emulator_stages import (
     reduce_row_sum,
     reduction,
     rescale_o,
+    row_norm,
     round_p,
     score_tile,
-    split_bands,
     softmax_tile,
     update_column_max,
 )
@@ -294,41 +291,33 @@ def _pad_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, x.new_zeros((*x.shape[:-2], _MIN_GEMM_ROWS - m, x.shape[-1]))], dim=-2)
 
 
-def _score_step(q_a, n_rows: int, k_src: "_TileSource", blocks, ws: dict) -> torch.Tensor:
-    """Step 3 for one tile of every active chunk, block by block: S float32 ``(A, G, N, T)``. The exact
-    products of all blocks land in one buffer and (bf16 Q) the bands are combined once per step.
-    ``q_a``: float64 Q rows (zero-padded past ``n_rows``) or their :class:`Bands`."""
-    stacked = q_a.stacked if isinstance(q_a, Bands) else q_a
-    a, g, rows, _ = stacked.shape
-    prod = _buffer(ws, "s", (a, g, rows, TILE_KEYS), torch.float64, stacked.device)
+def _score_step(q_a: torch.Tensor, q_norm, n_rows: int, k_src: "_TileSource", blocks, ws: dict, q_sig_bits):
+    """Step 3 for one tile of every active chunk, block by block: S float32 ``(A, G, N, T)``.
+    ``q_a``: float64 Q rows ``(A, G, M, D)`` (zero-padded past ``n_rows``); ``q_norm`` their norms (wide Q)."""
+    a, g, rows, _ = q_a.shape
+    prod = _buffer(ws, "s", (a, g, rows, TILE_KEYS), torch.float64, q_a.device)
+    s = torch.empty((a, g, n_rows, TILE_KEYS), dtype=torch.float32, device=q_a.device)
     for a0, a1 in blocks:
-        score_tile(q_a[a0:a1], k_src.values(a0, a1, ws), None, out=prod[a0:a1], combine=False)
-    s = combine_bands(prod, q_a) if isinstance(q_a, Bands) else prod[..., :n_rows, :]
-    return s.to(torch.float32, memory_format=torch.contiguous_format)
+        qn = None if q_norm is None else q_norm[a0:a1]
+        s_blk = score_tile(q_a[a0:a1], k_src.values(a0, a1, ws), q_sig_bits, qn, out=prod[a0:a1])
+        s[a0:a1] = s_blk[..., :n_rows, :]
+    return s
 
 
-def _pv_step(p_q: torch.Tensor, v_src: _TileSource, blocks, ws: dict, p_sig_bits, p_scale: float) -> torch.Tensor:
-    """Step 9 for one tile of every active chunk, block by block: exact V.P, float64 ``(A, G, N, D)``.
-    Wide P (bf16 / e5m2 / fp32) is split into exponent bands once for the whole step and the band
-    products are combined once (per block, the split and combine cost more than the GEMMs)."""
-    a, g, n, _ = p_q.shape
+def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, ws: dict, p_sig_bits) -> torch.Tensor:
+    """Step 9 for one tile of every active chunk, block by block: ``O = fp32(O + exact(V.P))``, float32
+    ``(A, G, N, D)`` (:func:`~mjolnir_numerics.emulator_stages.accumulate_pv`)."""
+    a, g, n, t = p_q.shape
     d = v_src.data.shape[-1]
-    if p_sig_bits is None:
-        rows = max(n, _MIN_GEMM_ROWS)
-        p64 = _buffer(ws, "p64", (a, g, rows, p_q.shape[-1]), torch.float64, p_q.device)
-        p64[..., :n, :] = p_q  # exact widening
-        p64[..., n:, :] = 0
-        vp = _buffer(ws, "vp", (a, g, rows, d), torch.float64, p_q.device)
-        for a0, a1 in blocks:
-            vp_blk = pv_tile(p64[a0:a1], v_src.values(a0, a1, ws), p_sig_bits, p_scale, out=vp[a0:a1])
-            if vp_blk.data_ptr() != vp[a0:a1].data_ptr():
-                vp[a0:a1] = vp_blk
-        return vp[..., :n, :]
-    bands = split_bands(p_q, p_sig_bits, p_q.shape[-1], p_scale)
-    parts = _buffer(ws, "vp", (a, g, bands.n_bands * n, d), torch.float64, p_q.device)
+    rows = max(n, _MIN_GEMM_ROWS)
+    p64 = _buffer(ws, "p64", (a, g, rows, t), torch.float64, p_q.device)
+    p64[..., :n, :] = p_q  # exact widening
+    p64[..., n:, :] = 0
+    vp = _buffer(ws, "vp", (a, g, rows, d), torch.float64, p_q.device)
+    o_new = torch.empty_like(o_a)
     for a0, a1 in blocks:
-        pv_tile(bands[a0:a1], v_src.values(a0, a1, ws), p_sig_bits, p_scale, out=parts[a0:a1], combine=False)
-    return combine_bands(parts, bands)
+        o_new[a0:a1] = accumulate_pv(o_a[a0:a1], p64[a0:a1], v_src.values(a0, a1, ws), p_sig_bits, out=vp[a0:a1])
+    return o_new
 
 
 def emulate_decode(
@@ -533,11 +522,9 @@ def _emulate(
     qi = torch.arange(N, device=dev) // h_r
     tail = (q_len - 1 - qi) if causal else torch.zeros_like(qi)
     last_key = sl_dev[cseq][:, None] - 1 - tail[None, :]  # (C, N)
-    q_c = q_vals[cseq]
-    if q_sig_bits is not None:  # bf16 Q: split into exponent bands once, reused by every tile
-        q_c = split_bands(q_c, q_sig_bits, D)
-    else:
-        q_c = _pad_rows(q_c.double())  # exact; widened once, not per tile
+    q_c = _pad_rows(q_vals[cseq].double())  # exact; widened once, not per tile
+    # bf16 Q: the row norms that bound each S element's float64 GEMM error (emulator_stages.verified_f32)
+    q_norm_c = None if q_sig_bits is None else row_norm(q_c, -1)
     c_c, cta_scale_c = cta_c[cseq], cta_scale[cseq]
 
     m = torch.full((C, G, N), -math.inf, device=dev)
@@ -557,7 +544,7 @@ def _emulate(
         blocks = _blocks(seqs.shape[0], G, dev)
         k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev)
         q_a = q_c[sel]
-        s_t = _score_step(q_a, N, k_src, blocks, ws)
+        s_t = _score_step(q_a, None if q_norm_c is None else q_norm_c[sel], N, k_src, blocks, ws, q_sig_bits)
         del k_src
         s_t = mask_tile(s_t, keys, last_key[sel])
         m_prev = m[sel]
@@ -570,8 +557,7 @@ def _emulate(
         if s > 0:
             o_a = rescale_o(o_a, corr, m_new, m_prev)
         v_src = _TileSource(cache, "v", seqs, tiles, sl_dev, bt_dev)
-        vp = _pv_step(p_q, v_src, blocks, ws, p_sig_bits, p_scale)
-        o_a = accumulate_o(o_a, vp)
+        o_a = _pv_step(o_a, p_q, v_src, blocks, ws, p_sig_bits)
         del v_src
         if full:
             m, l, o = m_new, l_new, o_a

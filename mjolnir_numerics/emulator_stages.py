@@ -13,15 +13,17 @@ representable data, so the emulator is bit-identical on CPU and CUDA.
 
 1. **Tensor-core dot products** (S = K.Q and V.P per tile, and the V.P sum added into the fp32
    accumulator): modelled as the EXACT sum of the exact products, rounded once to fp32 (round to
-   nearest even). The exact sum comes from float64 matrix products that are provably exact
-   (:func:`exact_matmul`): e4m3 values are multiples of 2^-9 below 2^9, so an e4m3 x e4m3 (or fp6 /
-   fp4 / NVFP4-kernel-value) product is an integer below 2^36 on the 2^-18 grid and any sum of up to
-   2^17 of them is an integer below 2^53: exact in any order, on any device. Wide operands (bf16 Q,
-   bf16 / e5m2 / fp32 P) are split into exponent bands (:func:`band_width`, 20 binades for bf16 at
-   d = 256) that are each exact the same way; the band partial sums are added in float64, smallest
-   first, the largest with round-to-odd, so the fp32 result is correctly rounded for up to two bands
-   (Q in practice) and, beyond, unless the smaller bands' own sum needs more than 53 bits (tiny p
-   values far below the column max: off by at most one fp32 ulp, deterministically).
+   nearest even), computed in three tiers (:func:`settle_f32`). e4m3 values are multiples of 2^-9
+   below 2^9, so an e4m3 x e4m3 (or fp6 / fp4 / NVFP4-kernel-value) product is an integer below 2^36
+   on the 2^-18 grid and any sum of up to 2^17 of them is an integer below 2^53: the float64 GEMM is
+   exact in any order, on any device (the fp8-Q path). With a wide operand (bf16 Q; bf16 / e5m2 / fp32
+   P) the same holds per output element whenever the row's smallest ulp times 2^-9, scaled by 2^53,
+   exceeds ``||a|| ||b||`` (a bound on every partial sum): most S elements. Elsewhere (P spanning
+   many binades) the float64 GEMM is off by at most :func:`gemm_error_bound`, and where the interval
+   it allows rounds to one fp32 value that value is the answer (:func:`verified_f32`, round to nearest
+   is monotone); the few elements left in doubt (ties and near-ties) are summed exactly
+   (:func:`exact_dot_f32`: ``math.fsum`` and, on fp32 midpoints, integer arithmetic). So the result
+   is the correctly rounded exact sum in every case, whatever order the GEMM used.
    ``O_new = fp32(O + exact(V.P))``: the accumulator is one more addend of the exact sum; the final
    fp32 rounding is correct (:func:`add_round_f32`: a float64 sum is re-done with
    round-to-odd only where it lands exactly on an fp32 midpoint). *Bound against hardware*: the tensor
@@ -79,11 +81,13 @@ __all__ = [
     "exp2_f32",
     "log_f32",
     "log2_f32",
-    "exact_matmul",
-    "Bands",
-    "split_bands",
-    "combine_bands",
-    "band_width",
+    "gemm_error_bound",
+    "verified_f32",
+    "exact_dot_f32",
+    "settle_f32",
+    "grid_exponent",
+    "row_norm",
+    "NARROW_GRID_EXP",
     "score_tile",
     "mask_tile",
     "update_column_max",
@@ -91,8 +95,7 @@ __all__ = [
     "round_p",
     "correct_row_sum",
     "rescale_o",
-    "pv_tile",
-    "accumulate_o",
+    "accumulate_pv",
     "reduce_row_sum",
     "epilogue",
     "reduction",
@@ -218,123 +221,184 @@ def log2_f32(x: torch.Tensor) -> torch.Tensor:
     return _correct_round(torch.log2(x64), x64, lambda d: d.ln() / Decimal(2).ln())
 
 
-# Bits of range (log2(max / grid)) of the narrow operand every exact product meets: e4m3's values are
-# multiples of 2^-9 below 2^9 (18 bits); fp6 / fp4 / NVFP4-kernel values need fewer.
-NARROW_RANGE_BITS = 18
+# The narrow operands (e4m3, fp6 / fp4 and NVFP4-kernel values: K, V, e4m3 Q and P) are multiples of
+# 2^NARROW_GRID_EXP of magnitude at most NARROW_MAX (e4m3's largest finite value): any sum of up to 2^17
+# of their products is exact in float64, and K narrow values have a 2-norm of at most NARROW_MAX sqrt(K).
+NARROW_GRID_EXP = -9
+NARROW_MAX = 448.0
 
 
-def band_width(sig_bits: int, n_terms: int, narrow_bits: int = NARROW_RANGE_BITS) -> int:
-    """Binades of a band whose products with a narrow operand sum exactly in float64.
+_U64 = 2.0**-53  # float64 unit roundoff
 
-    A band of values with ulp exponents in ``[U - W + 1, U]`` and ``sig_bits`` significant bits are
-    integers below ``2^(W + sig_bits - 1)`` on the band's grid; times a narrow operand (integers below
-    ``2^narrow_bits``) and summed over ``n_terms``, they stay below 2^53 when
-    ``W <= 54 - sig_bits - narrow_bits - ceil(log2 n_terms)``.
+
+def gemm_error_bound(n_terms: int, a_norm: torch.Tensor, b_norm: torch.Tensor) -> torch.Tensor:
+    """A bound on ``|fl64(sum a_i b_i) - sum a_i b_i|`` for an ``n_terms`` float64 dot product summed in
+    ANY order (blocked, pairwise, fused; CPU or CUDA GEMMs): the classical ``gamma_n sum |a_i b_i|`` with
+    ``gamma_n = n u / (1 - n u)``, u = 2^-53, and ``sum |a_i b_i| <= ||a|| ||b||`` (Cauchy-Schwarz).
+    Doubled, which covers the float64 rounding of the norms themselves (relative error < n u).
+
+    Args: ``a_norm (..., M, 1)``, ``b_norm (..., 1, N)`` float64 2-norms of the rows / columns (broadcast).
     """
-    return 54 - sig_bits - narrow_bits - max(0, math.ceil(math.log2(max(1, n_terms))))
+    n = n_terms + 1
+    gamma = n * _U64 / (1.0 - n * _U64)
+    return (2.0 * gamma) * (a_norm * b_norm)
 
 
-class Bands:
-    """A wide operand split into exponent bands, stacked along its row dimension (see
-    :func:`split_bands`). ``stacked`` is float64 ``(..., n_bands * M, K)``, smallest band first."""
+def verified_f32(z: torch.Tensor, bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 rounding of an exact value known only to lie within ``bound`` of the float64 ``z``.
 
-    def __init__(self, stacked: torch.Tensor, n_bands: int, rows: int):
-        self.stacked, self.n_bands, self.rows = stacked, n_bands, rows
-
-    def __getitem__(self, index) -> "Bands":
-        return Bands(self.stacked[index], self.n_bands, self.rows)
-
-
-def split_bands(a: torch.Tensor, sig_bits: int, n_terms: int, a_max: Optional[float] = None) -> Bands:
-    """Split ``a (..., M, K)`` (float values with ``sig_bits`` significant bits) into fixed exponent
-    bands of :func:`band_width` binades; every band's product with a narrow operand is exact.
-
-    Bands are fixed (not data dependent) so that any blocking of the batch gives the same result:
-    aligned to the top of ``a_max`` (a bound on ``|a|``, e.g. ``p_scale`` for P) when given, else to 0.
+    Round-to-nearest is monotone, so where ``z - bound`` and ``z + bound`` round to the same fp32 value,
+    that value IS the correctly rounded exact result, whatever the exact value is. Returns
+    ``(r, doubt)``: float32 ``r`` (correct wherever ``doubt`` is False) and the bool mask of elements
+    whose interval contains an fp32 rounding boundary (finite ``z`` only; NaN and inf pass through as
+    ``z.float()``, as the exact GEMMs give them). The bound is taken as at least 2 float64 ulps of ``z``.
+    Results that are fp32 zeros or subnormals of a nonzero
+    ``z`` count as in doubt too, so a float64 -> float32 conversion that flushes subnormals cannot show.
     """
-    a64 = a.double()
-    width = band_width(sig_bits, n_terms)
-    _, expo = torch.frexp(a64)
-    ulp_exp = torch.clamp(expo - 1, min=-126) - (sig_bits - 1)
-    top = 0 if a_max is None else math.frexp(a_max)[1] - 1 - (sig_bits - 1)
-    band = torch.div(ulp_exp - top - 1, width, rounding_mode="floor")
-    band = torch.where(a64 == 0, band.amax(), band)  # zeros join any band
-    lo, hi = (int(x) for x in band.aminmax())
-    if lo == hi:
-        return Bands(a64, 1, a.shape[-2])
-    counts = torch.bincount((band - lo).flatten(), minlength=hi - lo + 1)  # cheaper than torch.unique
-    ids = (counts.nonzero().flatten() + lo).tolist()
-    m = a.shape[-2]
-    stacked = torch.empty((*a.shape[:-2], len(ids) * m, a.shape[-1]), dtype=a64.dtype, device=a64.device)
-    zero = torch.zeros((), dtype=a64.dtype, device=a64.device)
-    for i, k in enumerate(ids):
-        torch.where(band == k, a64, zero, out=stacked[..., i * m : (i + 1) * m, :])
-    return Bands(stacked, len(ids), m)
+    r = z.float()
+    bound = torch.maximum(bound, z.abs() * 2.0**-51)  # at least 2 float64 ulps: z +- bound moves off z
+    doubt = ((z - bound).float() != (z + bound).float()) & torch.isfinite(z)
+    tiny = (r.view(torch.int32) & _F32_EXP_MASK) == 0
+    return r, doubt | (tiny & (z != 0))
 
 
-def combine_bands(prod: torch.Tensor, bands: Bands) -> torch.Tensor:
-    """Sum the per-band products ``(..., n_bands * M, N)`` into ``(..., M, N)``: the smaller bands in
-    float64 (exact unless their partial sums span more than 53 bits), then the largest band with
-    round-to-odd, so the later fp32 rounding is correct for up to two bands."""
-    if bands.n_bands == 1:
-        return prod
-    parts = prod.split(bands.rows, dim=-2)
-    low = parts[0]
-    for part in parts[1:-1]:
-        low = low + part
-    return round_odd_add(low, parts[-1])
+def _rational_to_f32(num: int, k: int) -> float:
+    """fp32 round-to-nearest-even of ``num * 2^-k`` (Python ints; the fp32 subnormals included)."""
+    if num == 0:
+        return 0.0  # an exact zero sum rounds to +0 (the tensor core's accumulator starts at +0)
+    n = abs(num)
+    e = n.bit_length() - 1 - k  # value in [2^e, 2^(e + 1))
+    ulp = max(e, -126) - 23  # fp32 ulp exponent at this magnitude (2^-149 below the normals)
+    shift = -k - ulp
+    if shift >= 0:
+        m = n << shift
+    else:
+        m, rem = divmod(n, 1 << -shift)
+        half = 1 << (-shift - 1)
+        if rem > half or (rem == half and m & 1):
+            m += 1
+    return math.copysign(math.ldexp(m, ulp), num)
 
 
-def exact_matmul(a, b: torch.Tensor, a_sig_bits: Optional[int], a_max: Optional[float] = None) -> torch.Tensor:
-    """Exact ``a @ b`` in float64 (see the module docstring, model 1).
+def exact_dot_f32(a: torch.Tensor, b: torch.Tensor, addend: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The correctly rounded fp32 of ``sum_i a[j, i] b[j, i] (+ addend[j])`` for each row j (for the few
+    elements :func:`verified_f32` leaves in doubt).
 
-    Args:
-        a: float tensor ``(..., M, K)``, values exactly representable in float32; or :class:`Bands`
-            made from it by :func:`split_bands` (reused across tiles).
-        b: float tensor ``(..., K, N)`` of narrow values (e4m3, fp6, fp4, or P in e4m3): multiples of
-            2^-9 with magnitude below 2^9.
-        a_sig_bits: significant bits of ``a``'s format when ``a`` may span a wide exponent range
-            (bf16: 8, e5m2: 3), split into exponent bands; None when ``a`` is narrow too (e4m3, the
-            fp8-Q path), a single float64 product.
-        a_max: a bound on ``|a|`` the bands are aligned to (see :func:`split_bands`).
-
-    Returns:
-        float64 ``(..., M, N)``: the exact products' sum (for three or more bands, see
-        :func:`combine_bands`).
+    The products are exact in float64 (wide x narrow operands, model 1); ``math.fsum`` returns their
+    exact sum rounded once to float64, and rounding that to fp32 is the correct rounding unless it lies
+    exactly on an fp32 rounding midpoint (or in the fp32 subnormal range), where the sum is redone in
+    integer arithmetic. Args: ``a``, ``b`` float64 ``(m, K)``; ``addend`` ``(m,)``. Returns float32 ``(m,)``
+    on ``a``'s device.
     """
-    b64 = b.double()
-    if isinstance(a, Bands):
-        return combine_bands(a.stacked @ b64, a)
-    if a_sig_bits is None:
-        return a.double() @ b64
-    bands = split_bands(a, a_sig_bits, a.shape[-1], a_max)
-    return combine_bands(bands.stacked @ b64, bands)
+    prods = (a.double() * b.double()).cpu()
+    if addend is not None:
+        prods = torch.cat([prods, addend.double().cpu()[:, None]], dim=1)
+    rows = prods.tolist()
+    s64 = torch.tensor([math.fsum(row) for row in rows], dtype=torch.float64)
+    r = s64.float()
+    risky = (s64.view(torch.int64) & _LOW29) == _HALF29
+    risky |= ((r.view(torch.int32) & _F32_EXP_MASK) == 0) & (r != 0)
+    for j in risky.nonzero().flatten().tolist():
+        ratios = [x.as_integer_ratio() for x in rows[j] if x != 0.0]
+        k = max(den.bit_length() - 1 for _, den in ratios)  # every denominator is a power of two
+        total = sum(num << (k - (den.bit_length() - 1)) for num, den in ratios)
+        r[j] = _rational_to_f32(total, k)
+    return r.to(a.device)
 
 
 # ----------------------------------------------------------------------------------------------
 # Kernel stages (NUMERICS.md section 5, steps 3-11)
 # ----------------------------------------------------------------------------------------------
 def score_tile(
-    q, k_tile: torch.Tensor, q_sig_bits: Optional[int], out: Optional[torch.Tensor] = None, combine: bool = True
+    q: torch.Tensor,
+    k_tile: torch.Tensor,
+    q_sig_bits: Optional[int],
+    q_norm: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Step 3, GEMM1: ``S = K . Q`` for one tile, exact sum rounded once to fp32.
+    """Step 3, GEMM1: ``S = K . Q`` for one tile, the exact sum rounded once to fp32 (model 1).
 
     Args:
-        q: ``(C, G, N, D)`` float32 values of the packed query rows (e4m3 or bf16 values), or their
-            :class:`Bands` (bf16 Q, split once per call).
-        k_tile: ``(C, G, T, D)`` float32 values the MMA reads for the tile's keys.
-        q_sig_bits: None on the fp8-Q path (narrow), 8 for bf16 Q.
-        out, combine: ``combine=False`` returns the exact float64 products, per band for :class:`Bands`
-            (``(C, G, n_bands * N, T)``, written into ``out`` when given), for one
-            ``combine_bands(...).float()`` over a batch multiplied block by block (bit-identical).
+        q: ``(C, G, M, D)`` float64 (or float32) values of the packed query rows, e4m3 or bf16 values; rows
+            past the real ones may be zero padding (their S rows are zeros).
+        k_tile: ``(C, G, T, D)`` float values the MMA reads for the tile's keys.
+        q_sig_bits: None on the fp8-Q path (narrow x narrow: the float64 GEMM is exact), 8 for bf16 Q
+            (wide: the float64 GEMM is settled by :func:`verified_f32` and :func:`exact_dot_f32`).
+        q_norm: ``(C, G, M)`` float64 row norms of ``q`` (computed when not given; the emulator makes them
+            once per call).
+        out: optional float64 ``(C, G, M, T)`` buffer for the GEMM.
 
     Returns:
-        float32 ``(C, G, N, T)``: S in raw units (no scale, no descale).
+        float32 ``(C, G, M, T)``: S in raw units (no scale, no descale).
     """
-    if not combine:
-        rows = q.stacked if isinstance(q, Bands) else q.double()
-        return torch.matmul(rows, k_tile.double().transpose(-1, -2), out=out)
-    return exact_matmul(q, k_tile.transpose(-1, -2), q_sig_bits).float()
+    q64, k64 = q.double(), k_tile.double()
+    z = torch.matmul(q64, k64.transpose(-1, -2), out=out)
+    if q_sig_bits is None:
+        return z.float()
+    if q_norm is None:
+        q_norm = row_norm(q64, -1)
+    k_norm = NARROW_MAX * math.sqrt(k64.shape[-1])  # a bound, not the norm: no pass over the tile
+    grid = grid_exponent(q64, q_sig_bits) + NARROW_GRID_EXP
+    return settle_f32(z, q_norm[..., :, None], k_norm, grid[..., :, None], q64, k64)
+
+
+def row_norm(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """float64 2-norm along ``dim`` (sum of squares, then sqrt: relative error below (K + 2) u, which the
+    bounds here allow for; several times faster on CPU than ``torch.linalg.vector_norm``)."""
+    return (x * x).sum(dim).sqrt()
+
+
+def grid_exponent(a: torch.Tensor, sig_bits: int) -> torch.Tensor:
+    """Per row of ``a (..., M, K)`` (values with ``sig_bits`` significant bits): an exponent g such that
+    every value of the row is a multiple of 2^g (the ulp of its smallest nonzero magnitude; float64
+    ``(..., M)``; rows of zeros get a large g, they add exact zeros)."""
+    tiny = torch.where(a != 0, a.abs(), torch.full((), math.inf, dtype=a.dtype, device=a.device)).amin(dim=-1)
+    _, e = torch.frexp(torch.where(torch.isfinite(tiny), tiny, torch.ones((), dtype=a.dtype, device=a.device)))
+    return (torch.clamp(e - 1, min=-126) - (sig_bits - 1)).double()
+
+
+def settle_f32(
+    z: torch.Tensor,
+    a_norm: torch.Tensor,
+    b_norm: torch.Tensor,
+    grid: torch.Tensor,
+    a_rows: torch.Tensor,
+    b_rows: torch.Tensor,
+    addend: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """fp32 round-to-nearest of the exact ``a_rows[.., i, :] . b_rows[.., j, :] (+ addend[.., i, j])``
+    for every (i, j), from the float64 GEMM result ``z`` (model 1), in three tiers:
+
+    1. exact GEMM: every product is a multiple of 2^grid (the rows' smallest ulps) and every partial sum
+       is at most ``sum |a b| <= ||a|| ||b||``; below 2^(53 + grid) each is a float64 integer multiple of
+       2^grid, so ``z`` IS the exact sum, in any order: one rounding (with the addend: :func:`add_round_f32`);
+    2. elsewhere (wide operands spanning many binades), :func:`verified_f32` with
+       :func:`gemm_error_bound` (plus the rounding of the addend's float64 add);
+    3. what that leaves in doubt, :func:`exact_dot_f32` in integer arithmetic.
+
+    Args: ``z (..., M, N)`` float64; ``a_norm (..., M, 1)``, ``b_norm (..., 1, N)`` float64 norms (or
+    upper bounds on them; a float for a bound on every column);
+    ``grid`` broadcastable exponents; ``a_rows (..., M, K)``, ``b_rows (..., N, K)``; ``addend (..., M, N)``.
+    """
+    size = a_norm * b_norm
+    exact = size * (1.0 + 2.0**-40) < torch.exp2(grid + 53.0)
+    n_exact = int(exact.sum())
+    if n_exact == exact.numel():
+        return z.float() if addend is None else add_round_f32(addend, z)
+    zz = z if addend is None else addend.double() + z
+    bound = gemm_error_bound(a_rows.shape[-1], a_norm, b_norm)
+    if addend is not None:
+        bound = bound + (2.0 * _U64) * zz.abs()
+    r, doubt = verified_f32(zz, bound)
+    if n_exact:  # (P spanning many binades: usually none) tier 1 where it applies
+        r = torch.where(exact, z.float() if addend is None else add_round_f32(addend, z), r)
+        doubt &= ~exact
+    if bool(doubt.any()):
+        idx = doubt.nonzero(as_tuple=True)
+        lead, i, j = idx[:-2], idx[-2], idx[-1]
+        add = None if addend is None else addend[idx]
+        r[idx] = exact_dot_f32(a_rows[(*lead, i)], b_rows[(*lead, j)], add)
+    return r
 
 
 def mask_tile(s: torch.Tensor, keys: torch.Tensor, last_key: torch.Tensor) -> torch.Tensor:
@@ -428,40 +492,37 @@ def rescale_o(o: torch.Tensor, corr: torch.Tensor, m: torch.Tensor, m_prev: torc
     return torch.where(moved[..., None, None], o * corr[..., None], o)
 
 
-def pv_tile(
+def accumulate_pv(
+    o: torch.Tensor,
     p_q: torch.Tensor,
     v_tile: torch.Tensor,
     p_sig_bits: Optional[int],
-    p_max: float = 1.0,
     out: Optional[torch.Tensor] = None,
-    combine: bool = True,
 ) -> torch.Tensor:
-    """Step 9, GEMM2: the tile's exact ``V . P`` contraction (model 1), float64 ``(C, G, N, D)``.
+    """Step 9, GEMM2 and the accumulate into tensor memory: ``O = fp32(O + V.P)``, the tile's exact
+    contraction added to the accumulator with ONE rounding (model 1: the accumulator is one more addend).
 
     Args:
-        p_q: ``(C, G, N, T)`` float32 rounded P, or (wide P) its :class:`Bands` from
-            ``split_bands(p_q, p_sig_bits, T, p_max)``; v_tile: ``(C, G, T, D)`` float values.
-        p_sig_bits: None for narrow P (e4m3), 8 for bf16, 3 for e5m2, 24 for fp32 (banded, still exact).
-        p_max: the largest P value (``p_scale``), the top of P's exponent bands.
-        out: optional float64 buffer for the result (narrow P, or ``combine=False``).
-        combine: False (wide P): return the per-band products ``(C, G, n_bands * N, D)`` uncombined,
-            for one :func:`combine_bands` over a batch multiplied block by block (one band split for
-            the batch; a band absent from a block adds exact zeros, so blocking cannot change O).
+        o: ``(C, G, N, D)`` float32 accumulator (already rescaled by the correction).
+        p_q: ``(C, G, M, T)`` rounded P values, M >= N (rows past N: zero padding, dropped).
+        v_tile: ``(C, G, T, D)`` float values the MMA reads.
+        p_sig_bits: None for narrow P (e4m3: the float64 GEMM is exact); 8 (bf16), 3 (e5m2) or 24 (fp32)
+            for wide P, settled by :func:`verified_f32` and :func:`exact_dot_f32`.
+        out: optional float64 ``(C, G, M, D)`` buffer for the GEMM.
+
+    Returns:
+        float32 ``(C, G, N, D)``.
     """
-    if p_sig_bits is None and out is not None:
-        return torch.matmul(p_q.double(), v_tile.double(), out=out)
-    if not combine and p_sig_bits is not None:
-        bands = p_q if isinstance(p_q, Bands) else split_bands(p_q, p_sig_bits, p_q.shape[-1], p_max)
-        return torch.matmul(bands.stacked, v_tile.double(), out=out)
-    return exact_matmul(p_q, v_tile, p_sig_bits, p_max)
-
-
-def accumulate_o(o: torch.Tensor, vp: torch.Tensor) -> torch.Tensor:
-    """Step 9, the accumulate into tensor memory: ``O = fp32(O + V.P)``, one rounding of the exact sum.
-
-    Args: o ``(C, G, N, D)`` float32; vp the same shape, float64 exact (:func:`pv_tile`).
-    """
-    return add_round_f32(o, vp)
+    n = o.shape[-2]
+    p64, v64 = p_q.double(), v_tile.double()
+    y = torch.matmul(p64, v64, out=out)[..., :n, :]
+    if p_sig_bits is None:
+        return add_round_f32(o, y)
+    p_rows = p64[..., :n, :]
+    p_norm = row_norm(p_rows, -1)[..., :, None]
+    v_norm = NARROW_MAX * math.sqrt(v64.shape[-2])  # a bound on every column's norm
+    grid = grid_exponent(p_rows, p_sig_bits)[..., :, None] + NARROW_GRID_EXP
+    return settle_f32(y, p_norm, v_norm, grid, p_rows, v64.transpose(-1, -2), o)
 
 
 def reduce_row_sum(l: torch.Tensor, warp: int = 32) -> torch.Tensor:

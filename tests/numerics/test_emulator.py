@@ -104,21 +104,78 @@ def _fp32_of_fraction(x) -> float:
     return best[2]
 
 
-def test_exact_matmul_is_exact_for_wide_bf16_operands():
+def _exact_fp32(terms) -> float:
     from fractions import Fraction
 
-    from mjolnir_numerics.emulator_stages import exact_matmul
+    return _fp32_of_fraction(sum((Fraction(float(t)) for t in terms), Fraction(0)))
+
+
+def test_score_tile_is_correctly_rounded_for_wide_bf16_q():
+    """bf16 Q spanning 72 binades (the float64 GEMM is not exact there) times e4m3 K: every S element is
+    the exact dot product rounded once to fp32, whichever tier of settle_f32 decided it."""
+    from mjolnir_numerics.emulator_stages import score_tile
 
     gen = torch.Generator().manual_seed(3)
     d = 256
-    a = torch.randn(4, d, generator=gen) * torch.exp2(torch.randint(-60, 12, (4, d), generator=gen).float())
-    a = a.to(torch.bfloat16).float()
-    b = (torch.randn(d, 8, generator=gen) * 30).to(torch.float8_e4m3fn).float()
-    got = exact_matmul(a, b, 8).float()
-    for i in range(4):
+    q = torch.randn(1, 1, 6, d, generator=gen) * torch.exp2(torch.randint(-60, 12, (1, 1, 6, d), generator=gen).float())
+    q[0, 0, 5] = torch.randn(d, generator=gen)  # a plain row: the exact tier
+    q = q.to(torch.bfloat16).float()
+    k = (torch.randn(1, 1, 8, d, generator=gen) * 30).to(torch.float8_e4m3fn).float()
+    k[0, 0, 7] = 0.0  # a zero key row
+    got = score_tile(q.double(), k, 8)
+    assert got.dtype == torch.float32
+    for i in range(6):
         for j in range(8):
-            exact = sum(Fraction(float(a[i, k])) * Fraction(float(b[k, j])) for k in range(d))
-            assert got[i, j].item() == _fp32_of_fraction(exact), (i, j)
+            want = _exact_fp32(q[0, 0, i].double() * k[0, 0, j].double())
+            assert got[0, 0, i, j].item() == want, (i, j)
+
+
+def test_accumulate_pv_rounds_o_plus_the_exact_contraction_once():
+    """O + V.P with bf16 P spanning 140 binades: one rounding of the exact sum. Row 0 is built so that
+    float64 alone gets it wrong: O = 2^15, P.V = 2^-9 + 2^-133 (the fp32 midpoint of 2^15 and 2^15 + 2^-8,
+    plus a tail float64 drops): the exact sum is above the midpoint and rounds up."""
+    from mjolnir_numerics.emulator_stages import accumulate_pv
+
+    gen = torch.Generator().manual_seed(5)
+    t, d = 128, 16
+    p = torch.rand(1, 1, 4, t, generator=gen) * torch.exp2(-torch.randint(0, 133, (1, 1, 4, t), generator=gen).float())
+    p[0, 0, 0] = 0.0
+    p[0, 0, 0, 0], p[0, 0, 0, 1] = 1.0, 2.0**-133
+    p = p.to(torch.bfloat16).float()
+    v = (torch.randn(1, 1, t, d, generator=gen) * 8).to(torch.float8_e4m3fn).float()
+    v[0, 0, 0, 0], v[0, 0, 1, 0] = 2.0**-9, 1.0
+    o = torch.randn(1, 1, 4, d, generator=gen)
+    o[0, 0, 0, 0] = 2.0**15
+    got = accumulate_pv(o, p, v, 8)
+    assert got[0, 0, 0, 0].item() == 2.0**15 + 2.0**-8
+    assert (o[0, 0, 0, 0].double() + (p[0, 0, 0].double() @ v[0, 0, :, 0].double())).float().item() == 2.0**15
+    for i in range(4):
+        for j in range(d):
+            terms = list(p[0, 0, i].double() * v[0, 0, :, j].double()) + [o[0, 0, i, j].double()]
+            assert got[0, 0, i, j].item() == _exact_fp32(terms), (i, j)
+
+
+def test_exact_dot_rounds_ties_to_even_and_subnormals():
+    from mjolnir_numerics.emulator_stages import exact_dot_f32, verified_f32
+
+    one_ulp = 2.0**-23
+    # 1 + half an ulp: a tie, to even (1); 1 + 3/2 ulp: a tie, to even (1 + 2 ulp); and past the tie
+    a = torch.tensor(
+        [[1.0, one_ulp / 2, 0.0], [1.0, 1.5 * one_ulp, 0.0], [1.0, one_ulp / 2, 2.0**-80]], dtype=torch.float64
+    )
+    b = torch.ones_like(a)
+    r = exact_dot_f32(a, b)
+    assert r.tolist() == [1.0, 1.0 + 2 * one_ulp, 1.0 + one_ulp]
+    # fp32 subnormals: 3 * 2^-150 is a tie between 2^-149 and 2^-148: to even (2^-148)
+    r = exact_dot_f32(
+        torch.tensor([[2.0**-149, 2.0**-150]], dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64)
+    )
+    assert r.item() == 2.0**-148
+    # a float64 value on an fp32 midpoint with any error bound is in doubt; far from one it is not
+    _, doubt = verified_f32(
+        torch.tensor([1.0 + one_ulp / 2, 1.0 + one_ulp / 4], dtype=torch.float64), torch.tensor(1e-30)
+    )
+    assert doubt.tolist() == [True, False]
 
 
 def test_log_is_correctly_rounded():
