@@ -486,7 +486,7 @@ class HopperDecodeKernel:
     @cute.jit
     def _ring_prologue(self, ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid):
         """Tiles 0 .. stages - 2 in flight; ``pages`` then holds the block-table entries of the next tile."""
-        if cutlass.const_expr(self.bulk):  # thread 0 sets up the stage barriers and arms the prologue's
+        if cutlass.const_expr(self.bulk):  # thread 0 sets up the stage barriers and arms the prologue's stages
             if tid == 0:
                 for st in cutlass.range_constexpr(self.stages):
                     mbarrier_init(ring.bars + 8 * st, 1)
