@@ -155,6 +155,35 @@ def test_accumulate_pv_rounds_o_plus_the_exact_contraction_once():
             assert got[0, 0, i, j].item() == _exact_fp32(terms), (i, j)
 
 
+def test_settle_tiers_hold_their_claims():
+    """The two facts settle_f32 rests on, checked against exact rational sums of float64 GEMMs:
+    where its tier-1 test passes (the grid and the norms fit 53 bits) the float64 GEMM IS exact, and
+    everywhere the GEMM's error stays within gemm_error_bound."""
+    from fractions import Fraction
+
+    from mjolnir_numerics.emulator_stages import NARROW_GRID_EXP, gemm_error_bound, grid_exponent, row_norm
+
+    gen = torch.Generator().manual_seed(11)
+    k = 64
+    spread = torch.randint(-40, 4, (6, k), generator=gen).float()
+    a = (torch.randn(6, k, generator=gen) * torch.exp2(spread)).to(torch.bfloat16).double()
+    a[0] = torch.randn(k, generator=gen).to(torch.bfloat16).double()  # narrow in range: the exact tier
+    b = (torch.randn(k, 5, generator=gen) * 40).to(torch.float8_e4m3fn).double()
+    z = a @ b
+    grid = grid_exponent(a, 8)[:, None] + NARROW_GRID_EXP
+    a_norm, b_norm = row_norm(a, -1)[:, None], row_norm(b, -2)[None, :]
+    exact_tier = a_norm * b_norm * (1.0 + 2.0**-40) < torch.exp2(grid + 53.0)
+    bound = gemm_error_bound(k, a_norm, b_norm)
+    assert exact_tier[0].all() and not exact_tier.all()  # both tiers are exercised
+    for i in range(6):
+        for j in range(5):
+            exact = sum((Fraction(float(a[i, t])) * Fraction(float(b[t, j])) for t in range(k)), Fraction(0))
+            err = abs(Fraction(float(z[i, j])) - exact)
+            assert err <= Fraction(float(bound[i, j])), (i, j)
+            if exact_tier[i, j]:
+                assert err == 0, (i, j)
+
+
 def test_exact_dot_rounds_ties_to_even_and_subnormals():
     from mjolnir_numerics.emulator_stages import exact_dot_f32, verified_f32
 
