@@ -88,6 +88,8 @@ __all__ = [
     "grid_exponent",
     "row_norm",
     "NARROW_GRID_EXP",
+    "NORM_MARGIN",
+    "BOUND_FLOOR",
     "score_tile",
     "mask_tile",
     "update_column_max",
@@ -142,6 +144,16 @@ _LOW29 = (1 << 29) - 1  # float64 fraction bits below fp32 precision (52 - 23)
 _HALF29 = 1 << 28
 
 
+def _double_rounding_risky(s: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Where ``r = RN32(s)`` of a float64 ``s = RN64(x)`` may differ from ``RN32(x)``: ``s`` exactly on an
+    fp32 rounding midpoint, or ``r`` an fp32 zero / subnormal of a nonzero value (bool, ``s``'s shape)."""
+    risky = (s.view(torch.int64) & _LOW29) == _HALF29
+    zero_or_sub = (r.view(torch.int32) & _F32_EXP_MASK) == 0  # fp32 exponent field 0
+    if bool(zero_or_sub.any()):
+        risky |= zero_or_sub & (r != 0)
+    return risky
+
+
 def add_round_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """fp32 rounding of the exact sum of ``a`` and ``b`` (float32 or float64, at least one float64;
     correct rounding, cheap path).
@@ -151,10 +163,7 @@ def add_round_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     s = a + b  # float64: a float32 operand widens exactly inside the op
     r = s.float().contiguous()
-    risky = (s.view(torch.int64) & _LOW29) == _HALF29
-    zero_or_sub = (r.view(torch.int32) & _F32_EXP_MASK) == 0  # fp32 exponent field 0
-    if bool(zero_or_sub.any()):
-        risky |= zero_or_sub & (r != 0)
+    risky = _double_rounding_risky(s, r)
     if bool(risky.any()):
         # flat indices: a 1-D gather / scatter is far cheaper than indexing with one tensor per dim
         idx = risky.reshape(-1).nonzero().squeeze(1)
@@ -229,6 +238,12 @@ NARROW_MAX = 448.0
 
 
 _U64 = 2.0**-53  # float64 unit roundoff
+# Relative margin on a product of two computed 2-norms in settle_f32's exact-tier test: each norm's own
+# rounding is below (K + 2) u, which stays under this margin for K < 2^12 terms.
+NORM_MARGIN = 2.0**-40
+# verified_f32 widens every bound to at least this fraction of |z| (2 float64 ulps), so z +- bound
+# always moves off z and a z sitting exactly on an fp32 midpoint is always in doubt.
+BOUND_FLOOR = 2.0**-51
 
 
 def gemm_error_bound(n_terms: int, a_norm: torch.Tensor, b_norm: torch.Tensor) -> torch.Tensor:
@@ -251,12 +266,12 @@ def verified_f32(z: torch.Tensor, bound: torch.Tensor) -> tuple[torch.Tensor, to
     that value IS the correctly rounded exact result, whatever the exact value is. Returns
     ``(r, doubt)``: float32 ``r`` (correct wherever ``doubt`` is False) and the bool mask of elements
     whose interval contains an fp32 rounding boundary (finite ``z`` only; NaN and inf pass through as
-    ``z.float()``, as the exact GEMMs give them). The bound is taken as at least 2 float64 ulps of ``z``.
+    ``z.float()``, as the exact GEMMs give them). The bound is taken as at least ``BOUND_FLOOR |z|``.
     Results that are fp32 zeros or subnormals of a nonzero
     ``z`` count as in doubt too, so a float64 -> float32 conversion that flushes subnormals cannot show.
     """
     r = z.float()
-    bound = torch.maximum(bound, z.abs() * 2.0**-51)  # at least 2 float64 ulps: z +- bound moves off z
+    bound = torch.maximum(bound, z.abs() * BOUND_FLOOR)
     doubt = ((z - bound).float() != (z + bound).float()) & torch.isfinite(z)
     tiny = (r.view(torch.int32) & _F32_EXP_MASK) == 0
     return r, doubt | (tiny & (z != 0))
@@ -296,8 +311,7 @@ def exact_dot_f32(a: torch.Tensor, b: torch.Tensor, addend: Optional[torch.Tenso
     rows = prods.tolist()
     s64 = torch.tensor([math.fsum(row) for row in rows], dtype=torch.float64)
     r = s64.float()
-    risky = (s64.view(torch.int64) & _LOW29) == _HALF29
-    risky |= ((r.view(torch.int32) & _F32_EXP_MASK) == 0) & (r != 0)
+    risky = _double_rounding_risky(s64, r)
     for j in risky.nonzero().flatten().tolist():
         ratios = [x.as_integer_ratio() for x in rows[j] if x != 0.0]
         k = max(den.bit_length() - 1 for _, den in ratios)  # every denominator is a power of two
@@ -343,8 +357,9 @@ def score_tile(
 
 
 def row_norm(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """float64 2-norm along ``dim`` (sum of squares, then sqrt: relative error below (K + 2) u, which the
-    bounds here allow for; several times faster on CPU than ``torch.linalg.vector_norm``)."""
+    """2-norm of float64 ``x`` along ``dim`` (that dimension removed; float64): sum of squares, then sqrt,
+    relative error below (K + 2) u for K terms, which :data:`NORM_MARGIN` and the doubled
+    :func:`gemm_error_bound` allow for; several times faster on CPU than ``torch.linalg.vector_norm``."""
     return (x * x).sum(dim).sqrt()
 
 
@@ -381,7 +396,7 @@ def settle_f32(
     ``grid`` broadcastable exponents; ``a_rows (..., M, K)``, ``b_rows (..., N, K)``; ``addend (..., M, N)``.
     """
     size = a_norm * b_norm
-    exact = size * (1.0 + 2.0**-40) < torch.exp2(grid + 53.0)
+    exact = size * (1.0 + NORM_MARGIN) < torch.exp2(grid + 53.0)
     n_exact = int(exact.sum())
     if n_exact == exact.numel():
         return z.float() if addend is None else add_round_f32(addend, z)

@@ -161,7 +161,13 @@ def test_settle_tiers_hold_their_claims():
     everywhere the GEMM's error stays within gemm_error_bound."""
     from fractions import Fraction
 
-    from mjolnir_numerics.emulator_stages import NARROW_GRID_EXP, gemm_error_bound, grid_exponent, row_norm
+    from mjolnir_numerics.emulator_stages import (
+        NARROW_GRID_EXP,
+        NORM_MARGIN,
+        gemm_error_bound,
+        grid_exponent,
+        row_norm,
+    )
 
     gen = torch.Generator().manual_seed(11)
     k = 64
@@ -172,7 +178,7 @@ def test_settle_tiers_hold_their_claims():
     z = a @ b
     grid = grid_exponent(a, 8)[:, None] + NARROW_GRID_EXP
     a_norm, b_norm = row_norm(a, -1)[:, None], row_norm(b, -2)[None, :]
-    exact_tier = a_norm * b_norm * (1.0 + 2.0**-40) < torch.exp2(grid + 53.0)
+    exact_tier = a_norm * b_norm * (1.0 + NORM_MARGIN) < torch.exp2(grid + 53.0)
     bound = gemm_error_bound(k, a_norm, b_norm)
     assert exact_tier[0].all() and not exact_tier.all()  # both tiers are exercised
     for i in range(6):
