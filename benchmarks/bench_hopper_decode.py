@@ -314,8 +314,8 @@ def main(argv=None) -> int:
                     combos = [(s, r, c, ld, h) for s in stage_list for r in rows_list for c in ctas_list
                               for ld in loads_list for h in hint_list]  # fmt: skip
                     for stages, q_rows, ctas, loads, hint in combos:
-                        if loads == "bulk" and (fmt != "e4m3" or mma != "sync" or hint[0]):
-                            continue  # the bulk path reads e4m3 KV with mma.sync only, without prefetch hints
+                        if loads in ("bulk", "tma") and (fmt != "e4m3" or mma != "sync" or hint[0]):
+                            continue  # bulk and TMA read e4m3 KV with mma.sync only, without prefetch hints
                         shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
                         shape += f" q{q_rows or 'auto'}" if len(rows_list) > 1 else ""
                         shape += f" c{ctas or 'auto'}" if len(ctas_list) > 1 else ""

@@ -221,8 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--pdl", action="store_true")
     b.add_argument("--mma", choices=("sync", "wgmma"), default=None,
                    help="Hopper only: mma.sync on widened values, or fp8 warpgroup MMAs (e4m3 Q)")  # fmt: skip
-    b.add_argument("--loads", choices=("cp_async", "bulk"), default=None,
-                   help="Hopper only: KV tiles by cp.async (default) or bulk copies (e4m3 KV)")  # fmt: skip
+    b.add_argument("--loads", choices=("cp_async", "bulk", "tma"), default=None,
+                   help="Hopper only: KV tiles by cp.async (default), bulk copies or TMA (e4m3 KV)")  # fmt: skip
     b.add_argument("--l2-prefetch", type=int, default=0)
     b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1),
                    help="-1: the default (Thor: on for e4m3 Q; Hopper: on)")  # fmt: skip

@@ -305,8 +305,9 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
         policy (None: HopperConfig's default, on), and l2_prefetch does not exist).
       mma: Hopper only: "sync" (mma.sync on widened values) or "wgmma" (fp8 warpgroup MMAs, e4m3 Q);
         None = HOPPER_DEFAULT_MMA. q_rows: Hopper only: 8 or 16 softmax rows per CTA (None: 8 when
-        n_q <= 8 on the mma.sync path). loads: Hopper only: "cp_async" (None) or "bulk" (e4m3 KV: one
-        cp.async.bulk per key row, mbarrier completion; ``HopperConfig.loads``). prefetch: Hopper only:
+        n_q <= 8 on the mma.sync path). loads: Hopper only: "cp_async" (None), "bulk" (e4m3 KV: one
+        cp.async.bulk per key row, mbarrier completion) or "tma" (e4m3 KV: tensor-map boxes per page,
+        hardware swizzle); ``HopperConfig.loads``. prefetch: Hopper only:
         the cp.async L2 prefetch-size hint, 0 (None), 64, 128 or 256 bytes.
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).
       check_values: read seq_lens on the host to check the block table and plan (a device sync).

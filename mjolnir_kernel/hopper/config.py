@@ -42,7 +42,7 @@ KV_FORMATS = tuple(FORMATS)  # e4m3 read directly; fp6 / fp4 / nvfp4 converted t
 Q_DTYPES = ("bf16", "e4m3")
 HEAD_DIMS = (128, 256)
 MMA_KINDS = ("sync", "wgmma")
-LOAD_KINDS = ("cp_async", "bulk")
+LOAD_KINDS = ("cp_async", "bulk", "tma")
 PREFETCH_SIZES = (0, 64, 128, 256)  # L2 prefetch-size hints of cp.async (.L2::64B / 128B / 256B)
 BULK_ROW_PAD = 16  # bytes after each key row of a bulk-loaded ring stage (ldmatrix rows on distinct banks)
 
@@ -68,9 +68,12 @@ class HopperConfig:
       ctas        co-resident CTAs per SM to compile for (min_blocks_per_mp, and the plan's occupancy):
                   0 = what shared memory allows, at most MAX_CTAS_PER_SM; 3 caps registers at 85 per thread
       loads       how KV tiles reach shared memory: "cp_async" (default; 16-byte copies by every thread, a
-                  swizzled tile) or "bulk" (e4m3 KV, mma.sync only: one ``cp.async.bulk`` per key row by the
+                  swizzled tile), "bulk" (e4m3 KV, mma.sync only: one ``cp.async.bulk`` per key row by the
                   copy engine, completion on an mbarrier per ring stage; rows padded by BULK_ROW_PAD bytes
-                  instead of swizzled)
+                  instead of swizzled; 0.64-0.94x the cp.async speed) or "tma" (e4m3 KV, mma.sync only: one
+                  tensor-map TMA box per page and 128 bytes of head dim, swizzled by the hardware, issued
+                  by one elected lane of warp 0; mbarriers as for bulk; 0.91-0.99x the cp.async speed,
+                  ``python -m benchmarks.bench_hopper_decode --formats e4m3 --loads cp_async,tma``)
       prefetch    L2 prefetch-size hint of the cp.async KV loads in bytes: 0 (none), 64, 128 or 256
       evict_first the KV loads carry an L2 evict-first cache policy (KV is read once; default on:
                   geometric mean 1.02x over 44 shapes, 1.16x at batch 1 with 32K keys, 0.95-1.05x
@@ -110,7 +113,7 @@ class HopperConfig:
             + ("-wg" if self.mma == "wgmma" else "")
             + ("-h8" if self.q_rows == 8 else "")
             + (f"-c{self.ctas}" if self.ctas else "")
-            + ("-bulk" if self.loads == "bulk" else "")
+            + (f"-{self.loads}" if self.loads != "cp_async" else "")
             + (f"-pf{self.prefetch}" if self.prefetch else "")
             + ("" if self.evict_first else "-noef")
         )
@@ -147,6 +150,11 @@ class HopperConfig:
         return self.loads == "bulk"
 
     @property
+    def mbarrier_ring(self) -> bool:
+        """The ring's stages complete on mbarriers (bulk copies or TMA) instead of cp.async groups."""
+        return self.loads in ("bulk", "tma")
+
+    @property
     def ring_row_bytes(self) -> int:
         """Bytes from one key row of a ring stage to the next: packed rows for sub-byte formats, d e4m3
         bytes (swizzled) for cp.async, d + BULK_ROW_PAD for bulk copies."""
@@ -171,8 +179,10 @@ class HopperConfig:
                 ring += 2 * self.ring_stages * TILE_KEYS * (self.head_dim // 16)
         else:
             ring = 2 * self.ring_stages * TILE_KEYS * self.ring_row_bytes
-            if self.bulk:  # one mbarrier per stage
+            if self.mbarrier_ring:  # one mbarrier per stage
                 ring += 8 * self.ring_stages
+            if self.loads == "tma":  # the K and V rings aligned to 1024 bytes (the swizzle's period)
+                ring += 2 * 1024
         return ring + p + stats + 512
 
     @property
@@ -223,8 +233,10 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(f"ctas={c.ctas}: {c.ctas} x {c.smem_bytes} B of shared memory do not fit one SM")
     if c.loads not in LOAD_KINDS:
         problems.append(f"loads={c.loads!r} (allowed {LOAD_KINDS})")
-    elif c.loads == "bulk" and (c.kv_format != "e4m3" or c.mma != "sync"):
-        problems.append(f"loads='bulk' with kv_format={c.kv_format!r}, mma={c.mma!r} (needs e4m3 KV and mma='sync')")
+    elif c.loads != "cp_async" and (c.kv_format != "e4m3" or c.mma != "sync"):
+        problems.append(
+            f"loads={c.loads!r} with kv_format={c.kv_format!r}, mma={c.mma!r} (needs e4m3 KV and mma='sync')"
+        )
     if c.prefetch not in PREFETCH_SIZES or isinstance(c.prefetch, bool):
         problems.append(f"prefetch={c.prefetch!r} (allowed {PREFETCH_SIZES})")
     elif c.prefetch and c.loads != "cp_async":

@@ -47,6 +47,7 @@ import cutlass.utils as utils
 
 from mjolnir_numerics.formats import FORMATS
 
+from ..config import EVICT_FIRST_POLICY
 from ..kernel_views import shared_views
 from ..thor.reduction_kernel import LOG2_E, SplitReduction
 from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
@@ -111,6 +112,10 @@ class HopperDecodeKernel:
         self.pages_per_tile = max(1, TILE_KEYS // config.page_size)
         self.fmt = FORMATS[config.kv_format]
         self.bulk = config.bulk  # e4m3 tiles by cp.async.bulk, one per key row, rows padded (not swizzled)
+        self.tma = config.loads == "tma"  # e4m3 tiles by TMA: (page, 128-byte) boxes, hardware swizzle
+        self.mbar = config.mbarrier_ring
+        self.box_cols = min(d, 128)  # TMA box width in bytes (the 128-byte swizzle's span)
+        self.d_boxes = d // self.box_cols
         self.row_stride = config.ring_row_bytes
         self.ring_tile_bytes = TILE_KEYS * config.ring_row_bytes  # one K (or V) ring stage
         self.scale_tile_bytes = TILE_KEYS * (config.head_dim // 16)  # NVFP4 scales of one K (or V) tile
@@ -164,11 +169,22 @@ class HopperDecodeKernel:
         v.q, v.k, v.v = cute.make_tensor(q_ptr, base), cute.make_tensor(k_ptr, base), cute.make_tensor(v_ptr, base)
         v.o, v.o_part = cute.make_tensor(o_ptr, base), cute.make_tensor(o_part_ptr, base)
         v.k_scales, v.v_scales = cute.make_tensor(k_scales_ptr, base), cute.make_tensor(v_scales_ptr, base)
+        tma = (None, None, None, None)
+        if cutlass.const_expr(self.tma):  # TMA descriptors over the logical (PS, d, (h_k, pages)) K / V views
+            ps = self.config.page_size
+            pages = (h_k, num_pages)
+            k_view = cute.make_tensor(k_ptr, cute.make_layout((ps, d, pages), stride=(k_row, 1, (k_head, k_page))))
+            v_view = cute.make_tensor(v_ptr, cute.make_layout((ps, d, pages), stride=(v_row, 1, (v_head, v_page))))
+            op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+            box = (ps, self.box_cols)
+            atom_k, tma_k = cute.nvgpu.cpasync.make_tiled_tma_atom(op, k_view, self._box_layout(), box)
+            atom_v, tma_v = cute.nvgpu.cpasync.make_tiled_tma_atom(op, v_view, self._box_layout(), box)
+            tma = (atom_k, tma_k, atom_v, tma_v)
         self.kernel(
             v.q, v.k, v.v, v.k_scales, v.v_scales, v.block_table, v.seq_lens, v.work, v.n_splits, v.q_descale,
             v.k_descale, v.v_descale, v.o, v.lse, v.o_part, v.m_part, v.l_part, b, h_k, n_q, q_seq, o_seq, k_page,
             k_row, k_head, v_page, v_row, v_head, ks_page, ks_row, ks_head, vs_page, vs_row, vs_head, scale_qs,
-            scale_qs * LOG2_E, scale_o,
+            scale_qs * LOG2_E, scale_o, num_pages, *tma,
         ).launch(
             grid=(num_work, cute.ceil_div(n_q, Q_TILE), h_k),
             block=[THREADS, 1, 1],
@@ -224,6 +240,11 @@ class HopperDecodeKernel:
         scale_qs: cutlass.Float32,
         scale_qs_log2_e: cutlass.Float32,
         scale_o: cutlass.Float32,
+        num_pages: cutlass.Int32,
+        atom_k,
+        tma_k,
+        atom_v,
+        tma_v,
     ):
         cfg = self.config
         f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
@@ -257,6 +278,8 @@ class HopperDecodeKernel:
             smem = utils.SmemAllocator()
             ring = self._ring(smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page,
                               ks_row, ks_head, vs_page, vs_row, vs_head)  # fmt: skip
+            if cutlass.const_expr(self.tma):
+                self._tma_ring(ring, atom_k, tma_k, atom_v, tma_v, head, h_k, num_pages, tid)
             p_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * P_ROW_BYTES, byte_alignment=128).toint()
             # (warp, row) at row * WARPS + warp: a row's eight warp maxima are two 16-byte vectors
             s_max = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(1, WARPS)), 16)
@@ -444,7 +467,44 @@ class HopperDecodeKernel:
         ldmatrix on distinct banks as well). Trace-time only."""
         if cutlass.const_expr(self.bulk):
             return tile + key * self.row_stride + chunk * CHUNK
+        if cutlass.const_expr(self.tma and self.d_boxes > 1):  # (d half, key, 128 bytes), each half swizzled
+            return tile + (chunk // 8) * (TILE_KEYS * 128) + key * 128 + (((chunk % 8) ^ swizzle) * CHUNK)
         return tile + key * self.d + ((chunk ^ swizzle) * CHUNK)
+
+    def _box_layout(self):
+        """Shared-memory layout of one TMA box: (PS keys, 128 bytes) with the 128-byte swizzle (16-byte
+        chunk c of row r at c ^ (r % 8): the swizzle the ldmatrix addressing assumes)."""
+        ps = self.config.page_size
+        return cute.make_composed_layout(
+            cute.make_swizzle(3, 4, 3), 0, cute.make_layout((ps, self.box_cols), stride=(self.box_cols, 1))
+        )
+
+    @cute.jit
+    def _tma_ring(self, ring, atom_k, tma_k, atom_v, tma_v, head, h_k, num_pages, tid):
+        """Partition the K / V rings into TMA boxes (stage, d half, page of the tile) and the global
+        views into (box, d half, (head, page)) boxes; adds them to ``ring`` for ``_load_tma``."""
+        ps = self.config.page_size
+        n_box = self.stages * self.d_boxes * self.pages_per_tile
+        ring_layout = cute.make_composed_layout(
+            cute.make_swizzle(3, 4, 3), 0,
+            cute.make_layout((ps, self.box_cols, n_box), stride=(self.box_cols, 1, ps * self.box_cols)),
+        )  # fmt: skip
+        box = (ps, self.box_cols)
+        parts = []
+        for ptr, atom, gmem in ((ring.k_ptr, atom_k, tma_k), (ring.v_ptr, atom_v, tma_v)):
+            s_all = cute.make_tensor(cute.recast_ptr(ptr, dtype=ring.kv_dtype), ring_layout)
+            s_t, g_t = cute.nvgpu.cpasync.tma_partition(
+                atom, 0, cute.make_layout(1), cute.group_modes(s_all, 0, 2),
+                cute.group_modes(cute.flat_divide(gmem, box), 0, 2),
+            )  # (TMA, n_box), (TMA, 1, d_boxes, (h_k, pages))  # fmt: skip
+            parts.append((s_t, g_t))
+        ring.tma = SimpleNamespace(
+            atom_k=atom_k, atom_v=atom_v, sK=parts[0][0], gK=parts[0][1], sV=parts[1][0], gV=parts[1][1],
+            head=head, h_k=h_k, num_pages=num_pages,
+        )  # fmt: skip
+        if tid < 32:
+            cute.nvgpu.cpasync.prefetch_descriptor(atom_k)
+            cute.nvgpu.cpasync.prefetch_descriptor(atom_v)
 
     # -- the KV ring, shared with the wgmma variant (wgmma_kernel.py) --------------------------------
     def _ring(self, smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page, ks_row,
@@ -454,16 +514,20 @@ class HopperDecodeKernel:
         ``_ring_prologue`` and ``_ring_next`` use. Trace-time only (no runtime control flow)."""
         i64 = cutlass.Int64
         ring_bytes = self.stages * self.ring_tile_bytes
-        k_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
-        v_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
+        align = 1024 if self.tma else 128  # TMA's 128-byte swizzle repeats every 1024 bytes
+        k_ptr = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=align)
+        v_ptr = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=align)
+        k_ring, v_ring = k_ptr.toint(), v_ptr.toint()
         k_conv = k_ring  # the e4m3 tile the MMAs read (the ring stage itself for e4m3)
         v_conv = v_ring
         if self.config.packed:
             k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
             v_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
-        bars = k_ring  # loads="bulk": one mbarrier per stage, its phase completes when the stage landed
-        if self.bulk:
-            bars = smem.allocate_array(cutlass.Int64, self.stages, byte_alignment=8).toint()
+        bars = k_ring  # bulk / TMA loads: one mbarrier per stage, its phase completes when the stage landed
+        bars_ptr = None
+        if self.mbar:
+            bars_ptr = smem.allocate_array(cutlass.Int64, self.stages, byte_alignment=8)
+            bars = bars_ptr.toint()
         ks_ring = k_ring  # NVFP4 block scales of each ring stage: (keys, d / 16) bytes for K, then V
         if self.config.kv_format == "nvfp4":
             ks_ring = smem.allocate_array(cutlass.Uint8, 2 * self.stages * self.scale_tile_bytes, byte_alignment=16)
@@ -472,6 +536,7 @@ class HopperDecodeKernel:
         return SimpleNamespace(
             policy=policy,
             k_ring=k_ring, v_ring=v_ring, k_conv=k_conv, v_conv=v_conv, ks_ring=ks_ring, bars=bars,
+            k_ptr=k_ptr, v_ptr=v_ptr, bars_ptr=bars_ptr, tma=None, kv_dtype=mK.element_type,
             k_base=mK.iterator.toint(), v_base=mV.iterator.toint(),
             head_k_off=i64(head) * i64(k_head) * self.fmt.bits // 8,  # element strides -> bytes
             head_v_off=i64(head) * i64(v_head) * self.fmt.bits // 8,
@@ -486,7 +551,7 @@ class HopperDecodeKernel:
     @cute.jit
     def _ring_prologue(self, ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid):
         """Tiles 0 .. stages - 2 in flight; ``pages`` then holds the block-table entries of the next tile."""
-        if cutlass.const_expr(self.bulk):  # thread 0 sets up the stage barriers and arms the prologue's stages
+        if cutlass.const_expr(self.mbar):  # thread 0 sets up the stage barriers and arms the prologue's stages
             if tid == 0:
                 for st in cutlass.range_constexpr(self.stages):
                     mbarrier_init(ring.bars + 8 * st, 1)
@@ -499,7 +564,7 @@ class HopperDecodeKernel:
         for st in cutlass.range_constexpr(self.stages - 1):
             if st < n_iters:
                 self._load(ring, st, tile_begin + st, pages, tid)
-            if cutlass.const_expr(not self.bulk):
+            if cutlass.const_expr(not self.mbar):
                 cute.arch.cp_async_commit_group()
             if st + 1 < n_iters:
                 self._load_pages(pages, tile_begin + st + 1, seq, seq_len, mBT)
@@ -511,7 +576,7 @@ class HopperDecodeKernel:
         of the e4m3 K and V tiles the MMAs read."""
         stage = it % self.stages
         nxt = it + self.stages - 1
-        if cutlass.const_expr(self.bulk):
+        if cutlass.const_expr(self.mbar):
             # the stage's (it // stages)-th phase; then thread 0 arms the stage tile it + stages - 1 goes
             # to (every thread is past its wait on that stage's previous phase, tile it - 1)
             mbarrier_wait(ring.bars + 8 * stage, (it // self.stages) % 2)
@@ -524,7 +589,7 @@ class HopperDecodeKernel:
         cute.arch.sync_threads()
         if nxt < n_iters:
             self._load(ring, nxt % self.stages, tile_begin + nxt, pages, tid)
-        if cutlass.const_expr(not self.bulk):
+        if cutlass.const_expr(not self.mbar):
             cute.arch.cp_async_commit_group()
         if nxt + 1 < n_iters:
             self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)  # latency hidden by tile it
@@ -572,6 +637,8 @@ class HopperDecodeKernel:
             self._load_packed(ring, stage, tile, pages, tid)
         elif cutlass.const_expr(self.bulk):
             self._load_bulk(ring, stage, pages, tid)
+        elif cutlass.const_expr(self.tma):
+            self._load_tma(ring, stage, pages, tid)
         else:
             self._load_tile(ring, stage, tile, pages, tid)
 
@@ -702,6 +769,26 @@ class HopperDecodeKernel:
             if slot * ps < seq_len:
                 page = mBT[seq, slot]
             pages[p] = page
+
+    @cute.jit
+    def _load_tma(self, r, stage, pages, tid):
+        """Warp 0 issues the TMA boxes of one K and one V tile into ring stage ``stage``: per 128 bytes
+        of head dim, one box per page; pages marked -1 (at or past the sequence end) become page index
+        num_pages, out of bounds, which TMA zero-fills (and still counts: the stage's mbarrier expects
+        every box in full)."""
+        if tid < 32:  # warp 0 whole: the DSL's TMA copy elects one lane (elect.sync over the full warp)
+            t = r.tma
+            hint = {"cache_policy": cutlass.Int64(EVICT_FIRST_POLICY)} if self.config.evict_first else {}
+            bar = r.bars_ptr + stage
+            for half in cutlass.range_constexpr(self.d_boxes):
+                for j in cutlass.range_constexpr(self.pages_per_tile):
+                    page = pages[j]
+                    if page < 0:
+                        page = t.num_pages
+                    coord = t.head + t.h_k * page
+                    box = (stage * self.d_boxes + half) * self.pages_per_tile + j
+                    cute.copy(t.atom_k, t.gK[None, 0, half, coord], t.sK[None, box], tma_bar_ptr=bar, **hint)
+                    cute.copy(t.atom_v, t.gV[None, 0, half, coord], t.sV[None, box], tma_bar_ptr=bar, **hint)
 
     @cute.jit
     def _load_bulk(self, r, stage, pages, tid):

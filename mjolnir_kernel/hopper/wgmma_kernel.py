@@ -104,7 +104,8 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
         k_head: cutlass.Int32, v_page: cutlass.Int32, v_row: cutlass.Int32, v_head: cutlass.Int32,
         ks_page: cutlass.Int32, ks_row: cutlass.Int32, ks_head: cutlass.Int32, vs_page: cutlass.Int32,
         vs_row: cutlass.Int32, vs_head: cutlass.Int32, scale_qs: cutlass.Float32,
-        scale_qs_log2_e: cutlass.Float32, scale_o: cutlass.Float32,
+        scale_qs_log2_e: cutlass.Float32, scale_o: cutlass.Float32, num_pages: cutlass.Int32, atom_k, tma_k,
+        atom_v, tma_v,
     ):  # fmt: skip
         cfg = self.config
         f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64

@@ -242,6 +242,17 @@ def test_hopper_wgmma_configs_compile(fmt, d):
 
 
 @needs_cutlass
+@pytest.mark.parametrize("loads, d, ps", [("bulk", 128, 64), ("tma", 256, 16), ("tma", 128, 128)])
+def test_hopper_load_paths_compile(loads, d, ps):
+    """The bulk-copy and TMA load paths (not in the matrix: options, not defaults) lower for sm_90a without
+    spills; TMA at d = 256 with 16-key pages issues 16 boxes per K tile. test_hopper_conformance checks
+    their bits on the device."""
+    cfg = HopperConfig(head_dim=d, page_size=ps, kv_format="e4m3", q_dtype="bf16", max_splits=16, loads=loads)
+    r = _compile_and_check(cfg)
+    assert r.resources["decode"].spill_stores == 0
+
+
+@needs_cutlass
 def test_cli_hopper_gate_prints_the_table(capsys, tmp_path):
     baseline = tmp_path / "baseline.json"
     rc = main(["compile", "--arch", "sm_90a", "--slice", "ci", "--limit", "1", "--baseline", str(baseline)])

@@ -47,7 +47,8 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"mma": "wgmma", "q_dtype": "bf16"}, ["mma='wgmma'", "needs e4m3 Q"]),
         ({"stages": 9, "head_dim": 256}, ["stages=9", "shared memory"]),
         ({"head_dim": 96, "page_size": 8}, ["head_dim=96", "page_size=8"]),
-        ({"loads": "tma"}, ["loads='tma'"]),
+        ({"loads": "dma"}, ["loads='dma'"]),
+        ({"loads": "tma", "kv_format": "e2m3", "q_dtype": "e4m3"}, ["loads='tma'", "needs e4m3 KV"]),
         ({"loads": "bulk", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["loads='bulk'", "needs e4m3 KV"]),
         ({"loads": "bulk", "mma": "wgmma", "q_dtype": "e4m3"}, ["loads='bulk'", "mma='sync'"]),
         ({"prefetch": 32}, ["prefetch=32"]),
@@ -110,6 +111,12 @@ def test_load_paths_and_l2_hints():
     assert bulk.smem_bytes - base.smem_bytes == 2 * base.ring_stages * 128 * BULK_ROW_PAD + 8 * base.ring_stages
     assert HopperConfig(kv_format="e2m1", q_dtype="e4m3").ring_row_bytes == 64  # packed rows as stored
     assert bulk.short_name().endswith("-bulk")
+    tma = HopperConfig(head_dim=256, kv_format="e4m3", loads="tma")
+    # TMA boxes land swizzled in unpadded rows; the rings are 1024-byte aligned, a barrier per stage
+    assert tma.ring_row_bytes == 256 and tma.mbarrier_ring and not base.mbarrier_ring
+    wide = HopperConfig(head_dim=256, kv_format="e4m3")
+    assert tma.smem_bytes - wide.smem_bytes == 8 * wide.ring_stages + 2 * 1024
+    assert tma.short_name().endswith("-tma")
     assert HopperConfig(prefetch=128, evict_first=False).short_name().endswith("-pf128-noef")
     assert HopperConfig().evict_first  # KV lines are marked evict-first unless asked otherwise
 
@@ -118,6 +125,7 @@ def test_load_paths_and_l2_hints():
     assert select_hopper_config(**kw, evict_first=False).evict_first is False
     chosen = select_hopper_config(**kw, loads="bulk")
     assert chosen.loads == "bulk" and chosen.evict_first  # the policy rides on the bulk copies too
+    assert select_hopper_config(**kw, loads="tma").loads == "tma"
     assert select_hopper_config(**kw, prefetch=256).prefetch == 256
     with pytest.raises(ConfigError, match="prefetch=256 with loads='bulk'"):
         select_hopper_config(**kw, loads="bulk", prefetch=256)

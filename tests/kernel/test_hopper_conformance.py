@@ -115,6 +115,7 @@ def test_hopper_wgmma_stays_within_the_fp8_mma_bound(case):
 # load-path variants that must not change a bit: (name, decode options, KV formats they apply to)
 LOAD_VARIANTS = (
     ("bulk", {"loads": "bulk"}, ("e4m3",)),
+    ("tma", {"loads": "tma"}, ("e4m3",)),
     ("no_evict_first", {"evict_first": False}, KV_FORMATS),
     ("prefetch_256", {"prefetch": 256}, KV_FORMATS),
 )
@@ -128,9 +129,10 @@ LOAD_VARIANT_CASES = [
 
 @pytest.mark.parametrize("variant, options, case", LOAD_VARIANT_CASES)
 def test_hopper_load_paths_give_the_same_bits(variant, options, case):
-    """How the KV bytes reach shared memory (``loads="bulk"``: cp.async.bulk per key row, an mbarrier per
-    stage, padded rows; the cp.async L2 hints) must not change a bit of O or LSE against the default,
-    which test_hopper_matches_spec holds to the spec (pages past the end are zero-filled on every path)."""
+    """How the KV bytes reach shared memory must not change a bit of O or LSE against the default (which
+    test_hopper_matches_spec holds to the spec; pages past the end are zero-filled on every path):
+    ``loads="bulk"`` (cp.async.bulk per key row, an mbarrier per stage, padded rows), ``loads="tma"``
+    (tensor-map boxes per page, hardware swizzle) and the L2 hints."""
     from mjolnir_kernel import decode
 
     inputs = case.build("cuda")
