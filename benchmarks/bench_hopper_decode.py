@@ -262,7 +262,7 @@ def main(argv=None) -> int:
                     help="comma-separated softmax rows per CTA to compare: auto (8 when n_q <= 8), 8, 16")  # fmt: skip
     ap.add_argument("--ctas", default="auto", help="comma-separated CTAs per SM to compare: auto, 1, 2, 3")
     ap.add_argument(
-        "--loads", default="auto", help="comma-separated KV load paths (e4m3 KV) to compare: auto, cp_async, bulk"
+        "--loads", default="auto", help="comma-separated KV load paths (e4m3 KV) to compare: auto, cp_async, bulk, tma"
     )
     ap.add_argument("--l2-hints", default="default",
                     help="comma-separated L2 hints of the KV loads to compare: default (HopperConfig's), none, ef"
