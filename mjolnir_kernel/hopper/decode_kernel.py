@@ -43,7 +43,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
+import cutlass.memory
 
 from mjolnir_numerics.formats import FORMATS
 
@@ -275,7 +275,7 @@ class HopperDecodeKernel:
             n_base = q_tile_idx * Q_TILE
             h_r = n_q // cfg.q_len
 
-            smem = utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             ring = self._ring(smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page,
                               ks_row, ks_head, vs_page, vs_row, vs_head)  # fmt: skip
             if cutlass.const_expr(self.tma):

@@ -37,7 +37,7 @@ accumulation longer than one tile: NUMERICS.md section 4).
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
+import cutlass.memory
 
 from .config import Q_TILE, THREADS, TILE_KEYS, WARPS
 from .decode_kernel import CHUNK, HopperDecodeKernel, _fmax
@@ -135,7 +135,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
             n_base = q_tile_idx * Q_TILE
             h_r = n_q // cfg.q_len
 
-            smem = utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             ring = self._ring(smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page,
                               ks_row, ks_head, vs_page, vs_row, vs_head)  # fmt: skip
             q_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * d, byte_alignment=128).toint()

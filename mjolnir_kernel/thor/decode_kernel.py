@@ -58,7 +58,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+import cutlass.memory
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
@@ -388,7 +388,7 @@ class ThorDecodeKernel:
         n_iters = tile_end - tile_begin
         idle = n_iters <= 0  # padding work item (CUDA-graph padded list): exits at once
 
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         if warp_idx == 0 and not idle:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_q)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_k)
