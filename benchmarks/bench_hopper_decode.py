@@ -16,8 +16,15 @@ fraction of a read-only stream measured in the same run (``torch.sum`` over an i
 
 The "x sdpa" column is SDPA's time over ours at equal work (same shape, same number of keys).
 
+Each timed replay holds one call by default: its time includes a graph launch and the GPU going idle
+and busy again (the "launch floor" line), which weighs on short calls. ``--back-to-back N`` captures
+N calls per replay instead, as a serving loop's graph runs one layer after another, and reports the
+time per call; every contender is timed the same way, and where one copy of the inputs would fit in L2
+four times over, the calls cycle through enough distinct copies that the KV is read from DRAM.
+
     python -m benchmarks.bench_hopper_decode                 # the issue's shapes, e4m3 + sub-byte formats
     python -m benchmarks.bench_hopper_decode --quick         # two shapes, e4m3 only
+    python -m benchmarks.bench_hopper_decode --back-to-back 20   # steady state: 20 calls per replay
 """
 
 from __future__ import annotations
@@ -34,22 +41,32 @@ GiB = 1 << 30
 
 DESCALE = 0.02  # per-tensor K and V descale of the benchmark pools (the codes span e4m3's whole range)
 GRAPHS = True  # time CUDA-graph replays (what a serving loop runs); --eager times Python launches
+BACK_TO_BACK = 1  # calls per timed replay (--back-to-back)
 
 
-def _time_ms(fn, iters: int, warmup: int = 3, stream=None) -> float:
-    """Median milliseconds of ``fn`` over ``iters`` CUDA-event-timed calls, replayed from a CUDA graph
-    captured on ``stream`` (the stream ``fn`` launches on) unless GRAPHS is False."""
+def _time_ms(fn, iters: int, warmup: int = 3, stream=None, calls=None) -> float:
+    """Median milliseconds per call of ``fn`` over ``iters`` CUDA-event-timed replays of a CUDA graph
+    captured on ``stream`` (the stream ``fn`` launches on; Python launches if GRAPHS is False). A replay
+    holds ``BACK_TO_BACK`` calls, cycling through ``calls`` (the same call on distinct input copies) when
+    given, else ``fn`` each time."""
+    calls = list(calls) if calls else [fn]
+    n = BACK_TO_BACK
+
+    def body():
+        for i in range(n):
+            calls[i % len(calls)]()
+
     stream = stream or torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # inputs were made on the current stream
     with torch.cuda.stream(stream):
         for _ in range(warmup):
-            fn()
+            body()
     torch.cuda.synchronize()
-    run = fn
+    run = body
     if GRAPHS:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            fn()
+            body()
         run = graph.replay
     times = []
     with torch.cuda.stream(stream):
@@ -59,8 +76,18 @@ def _time_ms(fn, iters: int, warmup: int = 3, stream=None) -> float:
             run()
             b.record()
             b.synchronize()
-            times.append(a.elapsed_time(b))
+            times.append(a.elapsed_time(b) / n)
     return statistics.median(times)
+
+
+def input_copies(nbytes: float) -> int:
+    """Distinct input copies a back-to-back replay cycles through: enough that the copies together are at
+    least four times the L2 (so each call reads its KV from DRAM, not from the previous call's lines);
+    1 for single-call replays."""
+    if BACK_TO_BACK == 1:
+        return 1
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(1, min(BACK_TO_BACK, math.ceil(4 * l2 / nbytes)))
 
 
 def stream_tbps(gib: float = 4.0, iters: int = 20) -> float:
@@ -70,10 +97,10 @@ def stream_tbps(gib: float = 4.0, iters: int = 20) -> float:
 
 
 def launch_floor_us(iters: int = 20) -> float:
-    """Microseconds of a one-element add timed the same way (graph replay between two events): what a
-    kernel that reads nothing costs in this harness, for reading the short batch-1 rows. A reference, not
-    a bound: on the lent H200 it read 10-21 us from run to run, and a one-tile decode (``--seqlen 128
-    --batches 1``) 11-17 us."""
+    """Microseconds per call of a one-element add timed the same way (graph replay between two events):
+    what a kernel that reads nothing costs in this harness, for reading the short batch-1 rows. A
+    reference, not a bound: with single-call replays on the lent H200 it read 10-21 us from run to run,
+    and a one-tile decode (``--seqlen 128 --batches 1``) 11-17 us."""
     x = torch.zeros(1, device="cuda")
     return _time_ms(lambda: x.add_(1), iters) * 1e3
 
@@ -123,9 +150,10 @@ def build_pools(b, L, h_k, d, fmt, page_size, gen, layout="nhd"):
     return k_pool, v_pool, block_table, seq_lens, k_descale, v_descale, scales, nbytes
 
 
-def bench_flashinfer(q, k_pool, v_pool, block_table, L, h_q, h_k, d, page_size, o_ref, iters):
-    """FlashInfer's fp8 paged decode on our pools: ``(ms, path, max |o - o_ours| / max |o_ours|)`` of the
-    faster of its two paths (CUDA cores / tensor cores), or a string saying why it did not run."""
+def bench_flashinfer(q, pools, block_table, L, h_q, h_k, d, page_size, o_ref, iters):
+    """FlashInfer's fp8 paged decode on our pools (``pools``: (k, v, scales) copies, the first one's
+    output checked against ``o_ref``): ``(ms, path, max |o - o_ours| / max |o_ours|)`` of the faster of
+    its two paths (CUDA cores / tensor cores), or a string saying why it did not run."""
     try:
         import flashinfer
     except Exception as e:  # not carried, or it does not import on this machine
@@ -151,10 +179,12 @@ def bench_flashinfer(q, k_pool, v_pool, block_table, L, h_q, h_k, d, page_size, 
             )  # fmt: skip
             out = torch.empty_like(q)
 
-            def run(wrapper=wrapper, out=out):
-                wrapper.run(q, (k_pool, v_pool), k_scale=DESCALE, v_scale=DESCALE, out=out)
+            def run(kv, wrapper=wrapper, out=out):
+                wrapper.run(q, kv, k_scale=DESCALE, v_scale=DESCALE, out=out)
 
-            ms = _time_ms(run, iters)
+            calls = [lambda kv=(kp, vp): run(kv) for kp, vp, _ in pools]
+            ms = _time_ms(None, iters, calls=calls)
+            calls[0]()  # the output checked below is the first copy's
         except Exception as e:
             print(f"# flashinfer {path}: failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
             continue
@@ -187,24 +217,30 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     from mjolnir_numerics.scales import quantize_q
 
     k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(b, L, h_k, d, fmt, page_size, gen, layout)
+    pools = [(k_pool, v_pool, scales)]
+    for _ in range(input_copies(nbytes) - 1):  # back-to-back replays of a small cache: distinct copies
+        k2, v2, _, _, _, _, s2, _ = build_pools(b, L, h_k, d, fmt, page_size, gen, layout)
+        pools.append((k2, v2, s2))
     q = torch.randn(b, h_q, d, generator=gen, device="cuda").to(torch.bfloat16)
     q_descale = None
     if q_dtype == "e4m3":
         q, q_descale = quantize_q(q, b, 1, h_k)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the pools are written on the current stream
+    preps = []
     with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
-        prep = prepare_decode(
-            q, k_pool, v_pool, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
-            mma=mma, q_rows=q_rows, ctas_per_sm=ctas, loads=loads, prefetch=hint[0], evict_first=hint[1],
-            **scales,
-        )  # fmt: skip
-    ms = _time_ms(prep.launch, iters, stream=stream)
+        for kp, vp, sc in pools:
+            preps.append(prepare_decode(
+                q, kp, vp, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
+                mma=mma, q_rows=q_rows, ctas_per_sm=ctas, loads=loads, prefetch=hint[0], evict_first=hint[1],
+                **sc,
+            ))  # fmt: skip
+    ms = _time_ms(None, iters, stream=stream, calls=[p.launch for p in preps])
     fi = None
     if peers and fmt == "e4m3" and q_dtype == "bf16" and layout == "nhd":
         torch.cuda.synchronize()
-        fi = bench_flashinfer(q, k_pool, v_pool, bt, L, h_q, h_k, d, page_size, prep.outputs()[0], iters)
-    del k_pool, v_pool, prep  # free the pools before the dense SDPA copies
+        fi = bench_flashinfer(q, pools, bt, L, h_q, h_k, d, page_size, preps[0].outputs()[0], iters)
+    del k_pool, v_pool, pools, preps  # free the pools before the dense SDPA copies
     torch.cuda.empty_cache()
 
     key = (b, L, h_q, h_k, d)
@@ -223,7 +259,11 @@ def bench_sdpa(b, L, h_q, h_k, d, iters, gen):
 
     def dense_bf16_ms():
         k16, v16 = k8.to(torch.bfloat16), v8.to(torch.bfloat16)
-        return _time_ms(lambda: F.scaled_dot_product_attention(q, k16, v16, enable_gqa=True), iters)
+        copies = [(k16, v16)]
+        for i in range(input_copies(2 * 2 * k8.numel()) - 1):  # back-to-back: distinct (shifted) copies
+            copies.append((k16.roll(i + 1, dims=2), v16.roll(i + 1, dims=2)))
+        calls = [lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True) for k, v in copies]
+        return _time_ms(None, iters, calls=calls)
 
     def widen_ms():
         def call():
@@ -268,9 +308,15 @@ def main(argv=None) -> int:
                     help="comma-separated L2 hints of the KV loads to compare: default (HopperConfig's), none, ef"
                     " (evict-first), pf64 / pf128 / pf256 (cp.async prefetch size), or joined by +")  # fmt: skip
     ap.add_argument("--no-peers", action="store_true", help="time the Hopper kernel only (no SDPA, no FlashInfer)")
+    ap.add_argument("--back-to-back", type=int, default=1, metavar="N",
+                    help="calls per timed replay (1: single calls; N > 1: the steady state of N calls in a row,"
+                    " cycling through input copies where one would fit in L2)")  # fmt: skip
     args = ap.parse_args(argv)
-    global GRAPHS
+    if args.back_to_back < 1:
+        ap.error(f"--back-to-back: expected a positive number of calls, got {args.back_to_back}")
+    global GRAPHS, BACK_TO_BACK
     GRAPHS = not args.eager
+    BACK_TO_BACK = args.back_to_back
     stage_list = [int(x) for x in args.stages.split(",")]
     mma_list = [m for m in args.mma.split(",") if m]
     rows_list = [None if r == "auto" else int(r) for r in args.q_rows.split(",") if r]
@@ -290,6 +336,8 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     stream = stream_tbps()
     timing = "CUDA-graph replays" if GRAPHS else "eager launches"
+    if BACK_TO_BACK > 1:
+        timing += f" of {BACK_TO_BACK} calls in a row (time per call)"
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; L = {args.seqlen}, page size"
         f" {args.page_size}, {args.layout} pools; median of {args.iters} {timing}"
