@@ -1,0 +1,39 @@
+"""The Hopper benchmark's timing harness rules that need no GPU: how many distinct input copies a
+back-to-back replay cycles through (too few and the KV of a small cache would come from L2, inflating
+its bandwidth), and the --back-to-back argument check."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks import bench_hopper_decode as bh
+
+L2 = 50 << 20  # the H200's L2
+
+
+@pytest.fixture
+def fake_l2(monkeypatch):
+    monkeypatch.setattr(bh.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(bh.torch.cuda, "get_device_properties", lambda i: SimpleNamespace(L2_cache_size=L2))
+
+
+@pytest.mark.parametrize("nbytes", [1 << 20, 20 << 20, 67 << 20, 199 << 20, 200 << 20, 2 << 30])
+def test_back_to_back_copies_cover_four_l2s(fake_l2, monkeypatch, nbytes):
+    monkeypatch.setattr(bh, "BACK_TO_BACK", 20)
+    n = bh.input_copies(nbytes)
+    assert 1 <= n <= 20
+    # the copies together are at least four L2s, unless that would take more copies than calls per replay
+    assert n * nbytes >= 4 * L2 or n == 20
+    # and no more copies than that needs
+    assert n == 1 or (n - 1) * nbytes < 4 * L2
+
+
+def test_single_call_replays_use_one_copy(fake_l2, monkeypatch):
+    monkeypatch.setattr(bh, "BACK_TO_BACK", 1)
+    assert bh.input_copies(1 << 20) == 1
+
+
+def test_back_to_back_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        bh.main(["--back-to-back", "0"])
+    assert "--back-to-back" in capsys.readouterr().err
