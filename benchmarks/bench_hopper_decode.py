@@ -20,7 +20,8 @@ Each timed replay holds one call by default: its time includes a graph launch an
 and busy again (the "launch floor" line), which weighs on short calls. ``--back-to-back N`` captures
 N calls per replay instead, as a serving loop's graph runs one layer after another, and reports the
 time per call; every contender is timed the same way, and where one copy of the inputs would fit in L2
-four times over, the calls cycle through enough distinct copies that the KV is read from DRAM.
+four times over, the calls cycle through enough distinct copies that the KV is read from DRAM (except
+``widen+sdpa``, whose own widening dominates its time).
 
     python -m benchmarks.bench_hopper_decode                 # the shapes, e4m3 + sub-byte formats
     python -m benchmarks.bench_hopper_decode --quick         # two shapes, e4m3 only
@@ -217,10 +218,10 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     from mjolnir_numerics.scales import quantize_q
 
     k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(b, L, h_k, d, fmt, page_size, gen, layout)
-    pools = [(k_pool, v_pool, scales)]
-    for _ in range(input_copies(nbytes) - 1):  # back-to-back replays of a small cache: distinct copies
-        k2, v2, _, _, _, _, s2, _ = build_pools(b, L, h_k, d, fmt, page_size, gen, layout)
-        pools.append((k2, v2, s2))
+    pools = [(k_pool, v_pool, scales)]  # back-to-back replays of a small cache: distinct copies
+    extra = (build_pools(b, L, h_k, d, fmt, page_size, gen, layout) for _ in range(input_copies(nbytes) - 1))
+    pools += [(c[0], c[1], c[6]) for c in extra]
+    del extra
     q = torch.randn(b, h_q, d, generator=gen, device="cuda").to(torch.bfloat16)
     q_descale = None
     if q_dtype == "e4m3":
@@ -265,7 +266,7 @@ def bench_sdpa(b, L, h_q, h_k, d, iters, gen):
         calls = [lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True) for k, v in copies]
         return _time_ms(None, iters, calls=calls)
 
-    def widen_ms():
+    def widen_ms():  # one copy even back to back: its own widening (bf16 writes) dominates the call
         def call():
             return F.scaled_dot_product_attention(q, k8.to(torch.bfloat16), v8.to(torch.bfloat16), enable_gqa=True)
 
