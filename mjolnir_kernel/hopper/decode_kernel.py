@@ -854,9 +854,7 @@ class HopperDecodeKernel:
         warp by a butterfly (key xor 16, 8, 4, 2, 1) and the four warp sums left to right. Here the slots
         of 16 keys live in each of eight warps, so they go through shared memory (``l_buf``, aliasing
         the K ring) and 64 threads redo the same tree exactly (IEEE addition is commutative)."""
-        cfg = self.config
-        f32, i64 = cutlass.Float32, cutlass.Int64
-        single = cfg.max_splits == 1
+        i64 = cutlass.Int64
         lane = cute.arch.lane_idx()
         cute.arch.sync_threads()  # every warp is past the last tile: the K ring is free
         for j in cutlass.range_constexpr(NB_S):
@@ -866,30 +864,17 @@ class HopperDecodeKernel:
                 st_shared_f32(l_buf + (row * TILE_KEYS + key) * 4, row_sum[j * 4 + e])
         self._row_sum_tree(l_buf, s_sum, warp * 32 + lane)
 
-        inv_p_scale = f32(1.0 / cfg.p_scale)
-        out_scale = scale_o * v_descale * inv_p_scale
-        part_scale = v_descale * inv_p_scale
-        n_splits = 1
-        if cutlass.const_expr(not single):
-            n_splits = mNSplits[seq]
+        out_scale, part_scale, n_splits = self._epilogue_scales(scale_o, v_descale, mNSplits, seq)
         o_base = mO.iterator.toint()
         op_base = mOp.iterator.toint()
-        d = self.d
         for half in cutlass.range_constexpr(self.halves):
             row = g + 8 * half
             n = n_base + row
             if n < n_q:
-                l_total = s_sum[0, row] + s_sum[1, row] + s_sum[2, row] + s_sum[3, row]
-                m_out = m_prev[half] * lse_scale
-                if warp == 0 and c == 0:
-                    if n_splits == 1:
-                        mLSE[n, hb] = m_out + cute.math.log(l_total, fastmath=False)
-                    else:
-                        mMp[n, hb, slot] = m_out
-                        mLp[n, hb, slot] = l_total
-                # + 1e-30: an empty row has l = 0 and O = 0 and writes 0; otherwise l >= 1 absorbs it.
-                norm = out_scale / (l_total + f32(1e-30))
-                row_off = i64(seq) * i64(o_seq) + (i64(head) * i64(n_q) + i64(n)) * i64(d)
+                norm, row_off = self._finish_row(
+                    row, n, m_prev[half], s_sum, warp == 0 and c == 0, lse_scale, out_scale, n_splits, mLSE, mMp,
+                    mLp, hb, slot, seq, head, n_q, o_seq,
+                )  # fmt: skip
                 for ch in cutlass.range_constexpr(self.pv_chunks):
                     even = (2 * ch) * 4 + 2 * half
                     odd = (2 * ch + 1) * 4 + 2 * half
@@ -901,9 +886,43 @@ class HopperDecodeKernel:
                         o_hi = f32x2_to_bf16_pair(vals[2] * norm, vals[3] * norm)
                         st_global_v2_b32(o_base + (row_off + i64(dd)) * 2, o_lo, o_hi)
                     else:
-                        # partials (splits, b, h_k, n_q, d) fp32, contiguous
-                        p_off = (((i64(slot) * i64(b) + i64(seq)) * i64(h_k) + i64(head)) * i64(n_q) + i64(n)) * i64(d)
+                        p_off = self._partial_offset(slot, seq, head, n, b, h_k, n_q)
                         st_global_v4_f32(
                             op_base + (p_off + i64(dd)) * 4,
                             vals[0] * part_scale, vals[1] * part_scale, vals[2] * part_scale, vals[3] * part_scale,
                         )  # fmt: skip
+
+    def _epilogue_scales(self, scale_o, v_descale, mNSplits, seq):
+        """(factor of unsplit O, factor of the fp32 partials, splits of this sequence): O carries P's scale
+        (e4m3 P = e4m3(p * 448)) and the V descale; unsplit O also scale_o."""
+        f32 = cutlass.Float32
+        inv_p_scale = f32(1.0 / self.config.p_scale)
+        n_splits = 1
+        if cutlass.const_expr(self.config.max_splits > 1):
+            n_splits = mNSplits[seq]
+        return scale_o * v_descale * inv_p_scale, v_descale * inv_p_scale, n_splits
+
+    @cute.jit
+    def _finish_row(self, row, n, m_row, s_sum, writes_stats, lse_scale, out_scale, n_splits, mLSE, mMp, mLp, hb,
+                    slot, seq, head, n_q, o_seq):  # fmt: skip
+        """Query row ``n`` (tile row ``row``, running max ``m_row`` in raw S units): its row sum (the four
+        warp-group sums of ``_row_sum_tree``, left to right), LSE (unsplit) or the split's m and l, written
+        by the thread with ``writes_stats``. Returns (the factor for this row's O accumulators when
+        unsplit, the row's element offset in O)."""
+        f32, i64 = cutlass.Float32, cutlass.Int64
+        l_total = s_sum[0, row] + s_sum[1, row] + s_sum[2, row] + s_sum[3, row]
+        m_out = m_row * lse_scale
+        if writes_stats:
+            if n_splits == 1:
+                mLSE[n, hb] = m_out + cute.math.log(l_total, fastmath=False)
+            else:
+                mMp[n, hb, slot] = m_out
+                mLp[n, hb, slot] = l_total
+        # + 1e-30: an empty row has l = 0 and O = 0 and writes 0; otherwise l >= 1 absorbs it.
+        norm = out_scale / (l_total + f32(1e-30))
+        return norm, i64(seq) * i64(o_seq) + (i64(head) * i64(n_q) + i64(n)) * i64(self.d)
+
+    def _partial_offset(self, slot, seq, head, n, b, h_k, n_q):
+        """Element offset of query row ``n``'s d values in the (splits, b, h_k, n_q, d) fp32 partials."""
+        i64 = cutlass.Int64
+        return (((i64(slot) * i64(b) + i64(seq)) * i64(h_k) + i64(head)) * i64(n_q) + i64(n)) * i64(self.d)

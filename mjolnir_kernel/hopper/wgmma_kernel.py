@@ -292,9 +292,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
         """Row sums in the Thor kernel's order (as ``HopperDecodeKernel._epilogue``), then O and LSE or
         the fp32 partials; this thread holds O^T at d = 16 chunk + 2g, + 1 for rows 2c, 2c + 1, 8 + 2c,
         9 + 2c."""
-        cfg = self.config
-        f32, i64 = cutlass.Float32, cutlass.Int64
-        single = cfg.max_splits == 1
+        i64 = cutlass.Int64
         lane = cute.arch.lane_idx()
         cute.arch.sync_threads()
         for e in cutlass.range_constexpr(8):
@@ -303,12 +301,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
             st_shared_f32(l_buf + (row * TILE_KEYS + key) * 4, row_sum[e])
         self._row_sum_tree(l_buf, s_sum, warp * 32 + lane)
 
-        inv_p_scale = f32(1.0 / cfg.p_scale)
-        out_scale = scale_o * v_descale * inv_p_scale
-        part_scale = v_descale * inv_p_scale
-        n_splits = 1
-        if cutlass.const_expr(not single):
-            n_splits = mNSplits[seq]
+        out_scale, part_scale, n_splits = self._epilogue_scales(scale_o, v_descale, mNSplits, seq)
         o_base = mO.iterator.toint()
         op_base = mOp.iterator.toint()
         d = self.d
@@ -316,16 +309,10 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
             row = 2 * c + (r & 1) + 8 * (r >> 1)
             n = n_base + row
             if n < n_q:
-                l_total = s_sum[0, row] + s_sum[1, row] + s_sum[2, row] + s_sum[3, row]
-                m_out = m_prev[r] * lse_scale
-                if warp == 0 and g == 0:
-                    if n_splits == 1:
-                        mLSE[n, hb] = m_out + cute.math.log(l_total, fastmath=False)
-                    else:
-                        mMp[n, hb, slot] = m_out
-                        mLp[n, hb, slot] = l_total
-                norm = out_scale / (l_total + f32(1e-30))
-                row_off = i64(seq) * i64(o_seq) + (i64(head) * i64(n_q) + i64(n)) * i64(d)
+                norm, row_off = self._finish_row(
+                    row, n, m_prev[r], s_sum, warp == 0 and g == 0, lse_scale, out_scale, n_splits, mLSE, mMp, mLp,
+                    hb, slot, seq, head, n_q, o_seq,
+                )  # fmt: skip
                 e = (r & 1) + 4 * (r >> 1)
                 for mb in cutlass.range_constexpr(self.m_blocks):
                     dd = (wg * (d // 2 // CHUNK) + mb * (64 // CHUNK) + wq) * CHUNK + 2 * g
@@ -334,5 +321,5 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                     if n_splits == 1:
                         st_global_b32(o_base + (row_off + i64(dd)) * 2, f32x2_to_bf16_pair(v0 * norm, v1 * norm))
                     else:
-                        p_off = (((i64(slot) * i64(b) + i64(seq)) * i64(h_k) + i64(head)) * i64(n_q) + i64(n)) * i64(d)
+                        p_off = self._partial_offset(slot, seq, head, n, b, h_k, n_q)
                         st_global_v2_f32(op_base + (p_off + i64(dd)) * 4, v0 * part_scale, v1 * part_scale)
