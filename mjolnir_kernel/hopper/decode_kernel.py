@@ -893,8 +893,8 @@ class HopperDecodeKernel:
                         )  # fmt: skip
 
     def _epilogue_scales(self, scale_o, v_descale, mNSplits, seq):
-        """(factor of unsplit O, factor of the fp32 partials, splits of this sequence): O carries P's scale
-        (e4m3 P = e4m3(p * 448)) and the V descale; unsplit O also scale_o."""
+        """(factor of unsplit O, factor of the fp32 partials, splits of this sequence): both undo P's scale
+        (P = e4m3(p * 448) on the e4m3-Q path) and apply the V descale; the unsplit one also scale_o."""
         f32 = cutlass.Float32
         inv_p_scale = f32(1.0 / self.config.p_scale)
         n_splits = 1
