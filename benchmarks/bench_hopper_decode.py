@@ -45,12 +45,12 @@ GRAPHS = True  # time CUDA-graph replays (what a serving loop runs); --eager tim
 BACK_TO_BACK = 1  # calls per timed replay (--back-to-back)
 
 
-def _time_ms(fn, iters: int, warmup: int = 3, stream=None, calls=None) -> float:
+def _time_ms(fn, iters: int, warmup: int = 3, stream=None) -> float:
     """Median milliseconds per call of ``fn`` over ``iters`` CUDA-event-timed replays of a CUDA graph
     captured on ``stream`` (the stream ``fn`` launches on; Python launches if GRAPHS is False). A replay
-    holds ``BACK_TO_BACK`` calls, cycling through ``calls`` (the same call on distinct input copies) when
-    given, else ``fn`` each time."""
-    calls = list(calls) if calls else [fn]
+    holds ``BACK_TO_BACK`` calls; ``fn`` may be a list of callables (the same call on distinct input
+    copies), which the calls cycle through."""
+    calls = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     n = BACK_TO_BACK
 
     def body():
@@ -184,7 +184,7 @@ def bench_flashinfer(q, pools, block_table, L, h_q, h_k, d, page_size, o_ref, it
                 wrapper.run(q, kv, k_scale=DESCALE, v_scale=DESCALE, out=out)
 
             calls = [lambda kv=(kp, vp): run(kv) for kp, vp, _ in pools]
-            ms = _time_ms(None, iters, calls=calls)
+            ms = _time_ms(calls, iters)
             calls[0]()  # the output checked below is the first copy's
         except Exception as e:
             print(f"# flashinfer {path}: failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
@@ -236,7 +236,7 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
                 mma=mma, q_rows=q_rows, ctas_per_sm=ctas, loads=loads, prefetch=hint[0], evict_first=hint[1],
                 **sc,
             ))  # fmt: skip
-    ms = _time_ms(None, iters, stream=stream, calls=[p.launch for p in preps])
+    ms = _time_ms([p.launch for p in preps], iters, stream=stream)
     fi = None
     if peers and fmt == "e4m3" and q_dtype == "bf16" and layout == "nhd":
         torch.cuda.synchronize()
@@ -264,7 +264,7 @@ def bench_sdpa(b, L, h_q, h_k, d, iters, gen):
         for i in range(input_copies(2 * 2 * k8.numel()) - 1):  # back-to-back: distinct (shifted) copies
             copies.append((k16.roll(i + 1, dims=2), v16.roll(i + 1, dims=2)))
         calls = [lambda k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True) for k, v in copies]
-        return _time_ms(None, iters, calls=calls)
+        return _time_ms(calls, iters)
 
     def widen_ms():  # one copy even back to back: its own widening (bf16 writes) dominates the call
         def call():

@@ -112,42 +112,31 @@ def fence_mbarrier_init(*, loc=None, ip=None):
     _asm(None, [], "fence.mbarrier_init.release.cluster;", "", side_effects=True)
 
 
+def _mbarrier_op(text: str, bar_addr, value, loc, ip):
+    """An mbarrier instruction ``text`` on the barrier at shared address ``bar_addr`` ($0) with one 32-bit
+    operand ``value`` ($1)."""
+    _asm(None, [_i32(bar_addr, loc, ip), _i32(value, loc, ip)], text, "r,r", side_effects=True)
+
+
 @dsl_user_op
 def mbarrier_arrive_expect_tx(bar_addr, nbytes, *, loc=None, ip=None):
     """One arrival on ``bar_addr`` that also expects ``nbytes`` more bytes of bulk copies this phase."""
-    _asm(
-        None,
-        [_i32(bar_addr, loc, ip), _i32(nbytes, loc, ip)],
-        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;",
-        "r,r",
-        side_effects=True,
-    )
+    _mbarrier_op("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", bar_addr, nbytes, loc, ip)
 
 
 @dsl_user_op
 def mbarrier_wait(bar_addr, parity, *, loc=None, ip=None):
     """Spin until the phase of ``bar_addr`` with parity ``parity`` (0 / 1) has completed; the bulk copies
     it counted are then visible to this thread."""
-    _asm(
-        None,
-        [_i32(bar_addr, loc, ip), _i32(parity, loc, ip)],
-        "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n@!p bra WAIT;\n}",
-        "r,r",
-        side_effects=True,
-    )
+    text = "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n@!p bra WAIT;\n}"
+    _mbarrier_op(text, bar_addr, parity, loc, ip)
 
 
 @dsl_user_op
 def mbarrier_complete_tx(bar_addr, nbytes, *, loc=None, ip=None):
     """Count ``nbytes`` of the current phase of ``bar_addr`` as done without a copy (rows zero-filled by
     stores instead; a barrier makes those visible)."""
-    _asm(
-        None,
-        [_i32(bar_addr, loc, ip), _i32(nbytes, loc, ip)],
-        "mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [$0], $1;",
-        "r,r",
-        side_effects=True,
-    )
+    _mbarrier_op("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [$0], $1;", bar_addr, nbytes, loc, ip)
 
 
 @dsl_user_op
