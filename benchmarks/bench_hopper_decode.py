@@ -213,7 +213,7 @@ def _hint(text):
 
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
-                peers=True, mma=None, q_rows=None, ctas=None, loads=None, hint=(None, None)):  # fmt: skip
+                peers=True, mma=None, q_rows=None, ctas=None, loads=None, hint=(None, None), merge=None):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
@@ -234,6 +234,7 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
             preps.append(prepare_decode(
                 q, kp, vp, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
                 mma=mma, q_rows=q_rows, ctas_per_sm=ctas, loads=loads, prefetch=hint[0], evict_first=hint[1],
+                merge=merge,
                 **sc,
             ))  # fmt: skip
     ms = _time_ms([p.launch for p in preps], iters, stream=stream)
@@ -305,6 +306,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--loads", default="auto", help="comma-separated KV load paths (e4m3 KV) to compare: auto, cp_async, bulk, tma"
     )
+    ap.add_argument("--merge", default="auto",
+                    help="comma-separated split merges to compare: auto (HopperConfig's), fused, kernel")  # fmt: skip
     ap.add_argument("--l2-hints", default="default",
                     help="comma-separated L2 hints of the KV loads to compare: default (HopperConfig's), none, ef"
                     " (evict-first), pf64 / pf128 / pf256 (cp.async prefetch size), or joined by +")  # fmt: skip
@@ -324,6 +327,7 @@ def main(argv=None) -> int:
     ctas_list = [None if c == "auto" else int(c) for c in args.ctas.split(",") if c]
     loads_list = [None if x == "auto" else x for x in args.loads.split(",") if x]
     hint_list = [_hint(h) for h in args.l2_hints.split(",") if h]
+    merge_list = [None if x == "auto" else x for x in args.merge.split(",") if x]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -360,9 +364,9 @@ def main(argv=None) -> int:
                     variants.insert(0, ("bf16", "sync"))
                 for q_dtype, mma in variants:
                     q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
-                    combos = [(s, r, c, ld, h) for s in stage_list for r in rows_list for c in ctas_list
-                              for ld in loads_list for h in hint_list]  # fmt: skip
-                    for stages, q_rows, ctas, loads, hint in combos:
+                    combos = [(s, r, c, ld, h, mg) for s in stage_list for r in rows_list for c in ctas_list
+                              for ld in loads_list for h in hint_list for mg in merge_list]  # fmt: skip
+                    for stages, q_rows, ctas, loads, hint, merge in combos:
                         if loads in ("bulk", "tma") and (fmt != "e4m3" or mma != "sync" or hint[0]):
                             continue  # bulk and TMA read e4m3 KV with mma.sync only, without prefetch hints
                         shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
@@ -370,11 +374,12 @@ def main(argv=None) -> int:
                         shape += f" c{ctas or 'auto'}" if len(ctas_list) > 1 else ""
                         shape += f" {loads or 'cp_async'}" if len(loads_list) > 1 else ""
                         shape += f" {hint[2]}" if len(hint_list) > 1 else ""
+                        shape += f" {merge or 'auto'}" if len(merge_list) > 1 else ""
                         try:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
                                 sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows, ctas, loads,
-                                hint[:2],
+                                hint[:2], merge,
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")

@@ -7,7 +7,9 @@ The README's profile of the Hopper kernel (DRAM / L2 busy, issue rate, stall rea
         --section Occupancy --section SchedulerStats \\
         python -m benchmarks.profile_hopper_decode --format e2m1 --q-dtype e4m3 --batch 32
 
-(stall reasons: ``--metrics smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio``). The
+(stall reasons: ``--metrics smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio``).
+``--kernel-times`` needs no Nsight: it times the launches with ``torch.profiler`` and prints each grid's
+mean duration (the decode grid, and the reduction grid of split sequences unless ``--merge fused``). The
 pools are the bench's (``benchmarks.bench_hopper_decode.build_pools``: L = 32768, page size 64,
 shuffled pages, 32/8 heads at d = 128 or 24/4 at d = 256).
 """
@@ -29,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128, choices=(128, 256))
     ap.add_argument("--launches", type=int, default=5)
     ap.add_argument("--mma", default=None, choices=("sync", "wgmma"))
+    ap.add_argument("--merge", default=None, choices=("kernel", "fused"), help="split merge (HopperConfig.merge)")
+    ap.add_argument("--kernel-times", action="store_true", help="print each grid's mean duration (torch.profiler)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile_hopper_decode: needs a CUDA GPU", file=sys.stderr)
@@ -47,13 +51,40 @@ def main(argv=None) -> int:
     if args.q_dtype == "e4m3":
         q, q_descale = quantize_q(q, args.batch, 1, h_k)
     prep = prepare_decode(
-        q, k_pool, v_pool, bt, lens, kd, vd, kv_format=args.format, q_descale=q_descale, mma=args.mma, **scales
+        q, k_pool, v_pool, bt, lens, kd, vd, kv_format=args.format, q_descale=q_descale, mma=args.mma,
+        merge=args.merge, **scales,
+    )  # fmt: skip
+    if args.kernel_times:
+        for _ in range(3):  # warm-up: the first launch loads the module
+            prep.launch()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.launches):
+                prep.launch()
+            torch.cuda.synchronize()
+    else:
+        for _ in range(args.launches):
+            prep.launch()
+        torch.cuda.synchronize()
+    splits = max(prep._keep["n_splits"].tolist())
+    print(
+        f"profile_hopper_decode: {args.launches} launches of {prep.config.short_name()} (batch {args.batch}, L"
+        f" {args.seqlen}, {splits} chunks per sequence), {nbytes / 1e9:.3f} GB of KV"
     )
-    for _ in range(args.launches):
-        prep.launch()
-    torch.cuda.synchronize()
-    print(f"profile_hopper_decode: {args.launches} launches of {prep.config.short_name()}, {nbytes / 1e9:.2f} GB of KV")
+    if args.kernel_times:
+        for name, (count, us) in kernel_times(prof).items():
+            print(f"  {name}: {count} launches, mean {us:.1f} us")
     return 0
+
+
+def kernel_times(prof) -> dict:
+    """{grid: (launches, mean device microseconds)} of the decode and reduction grids in a profile."""
+    out = {}
+    for e in prof.key_averages():
+        for grid in ("HopperDecodeKernel", "HopperWgmmaDecodeKernel", "SplitReduction"):
+            if grid in e.key and e.count:
+                out[grid] = (e.count, e.device_time_total / e.count)
+    return out
 
 
 if __name__ == "__main__":

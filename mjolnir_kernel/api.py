@@ -28,7 +28,7 @@ class DeviceError(RuntimeError):
 
 HOPPER_MAX_SPLITS = 32  # H200: 132 SMs want more chunks per sequence at small batch than Thor's 20
 THOR_ONLY_OPTIONS = {"l2_prefetch": 0}  # knobs the Hopper kernel lacks
-HOPPER_ONLY_OPTIONS = {"mma": None, "q_rows": None, "loads": None, "prefetch": None}  # knobs the Thor kernel lacks
+HOPPER_ONLY_OPTIONS = {"mma": None, "q_rows": None, "loads": None, "prefetch": None, "merge": None}  # not on Thor
 HOPPER_DEFAULT_MMA = "sync"  # HopperConfig.mma when decode() is not given one
 
 
@@ -50,13 +50,14 @@ def select_hopper_config(
     loads: Optional[str] = None,
     prefetch: Optional[int] = None,
     evict_first: Optional[bool] = None,
+    merge: Optional[str] = None,
 ):
     """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints, strs and bools as in
     ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1;
     ``mma`` None = :data:`HOPPER_DEFAULT_MMA`; ``n_q`` = q_len * h_r query rows per KV head, when known:
     at most 8 selects ``q_rows=8`` on the mma.sync path; ``q_rows`` 8 or 16 overrides that choice;
     ``ctas_per_sm`` None = what shared memory and the register budget allow, else ``HopperConfig.ctas``;
-    ``loads``, ``prefetch``, ``evict_first`` None = the ``HopperConfig`` defaults, else those fields).
+    ``loads``, ``prefetch``, ``evict_first``, ``merge`` None = the ``HopperConfig`` defaults, else those fields).
     Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement, and ValueError
     for ``q_rows=8`` with more than 8 query rows."""
     from .hopper.config import HopperConfig, can_implement_hopper
@@ -74,6 +75,7 @@ def select_hopper_config(
         cfg, q_rows=q_rows, ctas=ctas_per_sm or 0, loads=cfg.loads if loads is None else loads,
         prefetch=cfg.prefetch if prefetch is None else prefetch,
         evict_first=cfg.evict_first if evict_first is None else evict_first,
+        merge=cfg.merge if merge is None else merge,
     )  # fmt: skip
     can_implement_hopper(cfg)
     return cfg
@@ -177,6 +179,7 @@ def prepare_decode(
     q_rows: Optional[int] = None,
     loads: Optional[str] = None,
     prefetch: Optional[int] = None,
+    merge: Optional[str] = None,
     out: Optional[torch.Tensor] = None,
     check_values: bool = True,
 ) -> PreparedDecode:
@@ -210,11 +213,11 @@ def prepare_decode(
             head_dim=problem.head_dim, page_size=problem.page_size, q_len=q_len, kv_format=kv_format,
             q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl, mma=mma,
             n_q=problem.n_q, q_rows=q_rows, ctas_per_sm=ctas_per_sm, loads=loads, prefetch=prefetch,
-            evict_first=evict_first,
+            evict_first=evict_first, merge=merge,
         )  # fmt: skip
         ctas_per_sm = cfg.ctas_per_sm
     else:
-        for name, value in {"mma": mma, "q_rows": q_rows, "loads": loads, "prefetch": prefetch}.items():
+        for name, value in {"mma": mma, "q_rows": q_rows, "loads": loads, "prefetch": prefetch, "merge": merge}.items():
             if value != HOPPER_ONLY_OPTIONS[name]:
                 raise ValueError(f"{name}: a Hopper-kernel option; the Thor kernel has no such knob (got {value!r})")
         cfg = select_config(
@@ -259,6 +262,9 @@ def prepare_decode(
     o_part = torch.empty(splits, b, h_k, n_q, d, dtype=torch.float32, device=device)
     m_part = torch.empty(splits, b, h_k, n_q, dtype=torch.float32, device=device)
     l_part = torch.empty_like(m_part)
+    # The fused merge's arrival counts: zero here, and every launch leaves them zero.
+    n_counters = b * h_k * math.ceil(n_q / cfg.q_tile) if getattr(cfg, "fused_merge", False) else 1
+    counters = torch.zeros(n_counters, dtype=torch.int32, device=device)
     bits = KV_FORMAT_BITS[kv_format]
     strides = kernel_strides(q4, o4, k_pool, v_pool, q_desc, k_descale, v_descale, bits, k_scales, v_scales)
     dummy_scales = k_pool.view(torch.uint8) if k_scales is None else None
@@ -269,7 +275,7 @@ def prepare_decode(
         "block_table": block_table, "seq_lens": seq_lens,
         "work": plan.work_tensor(device), "n_splits": plan.n_splits_tensor(device),
         "q_descale": q_desc, "k_descale": k_descale, "v_descale": v_descale,
-        "o": o4, "lse": lse, "o_part": o_part, "m_part": m_part, "l_part": l_part,
+        "o": o4, "lse": lse, "o_part": o_part, "m_part": m_part, "l_part": l_part, "split_counters": counters,
     }  # fmt: skip
 
     import cuda.bindings.driver as cuda
@@ -308,7 +314,9 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
         n_q <= 8 on the mma.sync path). loads: Hopper only: "cp_async" (None), "bulk" (e4m3 KV: one
         cp.async.bulk per key row, mbarrier completion) or "tma" (e4m3 KV: tensor-map boxes per page,
         hardware swizzle); ``HopperConfig.loads``. prefetch: Hopper only:
-        the cp.async L2 prefetch-size hint, 0 (None), 64, 128 or 256 bytes.
+        the cp.async L2 prefetch-size hint, 0 (None), 64, 128 or 256 bytes. merge: Hopper only: "kernel"
+        (None: a reduction grid after the decode grid) or "fused" (the last CTA of each split sequence
+        merges its chunks in the decode grid); ``HopperConfig.merge``, bit-identical either way.
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).
       check_values: read seq_lens on the host to check the block table and plan (a device sync).
 
@@ -342,7 +350,7 @@ def decode(
         sequence lengths, K/V descales and NVFP4 scales come from it).
       q_descale, softmax_scale, scale_o, q_len, causal, plan, chunk_tiles: as ``emulate_decode``.
       kernel_options: ``decode_paged`` knobs (max_splits, force_splits, pad_to, sm_count, ctas_per_sm,
-        ring_depth, pdl, l2_prefetch, evict_first, mma, q_rows, loads, prefetch, out, check_values).
+        ring_depth, pdl, l2_prefetch, evict_first, mma, q_rows, loads, prefetch, merge, out, check_values).
 
     Returns:
       (o, lse): bfloat16 (num_seqs * q_len, h_q, d) and float32 (num_seqs, h_k, q_len * h_r), natural

@@ -88,6 +88,8 @@ def run_bench(args) -> int:
         opts["mma"] = args.mma
     if args.loads is not None:
         opts["loads"] = args.loads
+    if args.merge is not None:
+        opts["merge"] = args.merge
     print(f"config {cfg.short_name()}  plan {plan}  seq_lens {lens[:8]}{' ...' if len(lens) > 8 else ''}")
     o, lse = decode(q, cache, **opts)
     torch.cuda.synchronize()

@@ -147,7 +147,7 @@ def compile_only_args(config: DecodeConfig, n_q: int | None = None):
     import cuda.bindings.driver as cuda
     from cutlass.cute.runtime import make_ptr
 
-    from .host import element_types
+    from .host import element_types, takes_split_counters
 
     types = element_types(config)
 
@@ -178,6 +178,7 @@ def compile_only_args(config: DecodeConfig, n_q: int | None = None):
         ptr(cutlass.Float32),
         ptr(cutlass.Float32),
         ptr(cutlass.Float32),
+        *((ptr(cutlass.Int32),) if takes_split_counters(config) else ()),
         0.0625,
         1.0,
         cuda.CUstream(0),

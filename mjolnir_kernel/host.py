@@ -358,7 +358,16 @@ def launch_args(
         ptr(f32, tensors["o_part"]),
         ptr(f32, tensors["m_part"]),
         ptr(f32, tensors["l_part"]),
+        *((ptr(i32, tensors["split_counters"]),) if takes_split_counters(config) else ()),
         float(scale_qs),
         float(scale_o),
         stream,
     )
+
+
+def takes_split_counters(config) -> bool:
+    """The Hopper kernel takes one more pointer after l_part: the int32 (b, h_k, query tiles) arrival
+    counts of its fused split merge (zero before the first launch; each launch leaves them zero)."""
+    from .hopper.config import HopperConfig
+
+    return isinstance(config, HopperConfig)

@@ -46,8 +46,8 @@ representable data, so the emulator is bit-identical on CPU and CUDA.
    one rounding to fp32: exactly IEEE fma.
 5. **fp32 add / mul / div** (softmax, epilogue, reduction): IEEE round to nearest even, as the
    hardware's ``add.rn``/``mul.rn``/``div.rn``. The reduction's ``l_acc += w * l`` and
-   ``o_acc += w * o`` are modelled as a multiply then an add (two roundings); if ptxas contracts them
-   into fma the hardware differs by at most 1 ulp of each product per term.
+   ``o_acc += w * o`` are one fma per term, as the reduction kernel writes them
+   (``mjolnir_kernel.thor.reduction_kernel.weighted_add``, ``FFMA`` in its SASS).
 6. **Conversions**: e4m3 / fp6 / fp4 by :func:`mjolnir_numerics.quantize.quantize` (bit-exact
    ``cvt.rn.satfinite``); bf16 and e5m2 by torch's round-to-nearest-even casts (exact for the
    in-range values they see here).
@@ -618,7 +618,7 @@ def reduction(
     Returns:
         ``(o float32 (B, G, N, D) before the bf16 store, lse float32 (B, G, N))``:
         ``m_max = max_j m_j``; ``w_j = ex2(log2e * (m_j - m_max))`` (0 where m_j = -inf);
-        ``l = sum_j w_j l_j`` and ``o = sum_j w_j o_j`` in split order (multiply, then add);
+        ``l = sum_j w_j l_j`` and ``o = sum_j w_j o_j`` in split order (one fma per term);
         ``o = scale_o * o * (1 / l)`` (0 where l is 0); ``lse = m_max + log(l)``.
     """
     m_max = m_part.amax(dim=1)
@@ -627,8 +627,8 @@ def reduction(
     l_acc = torch.zeros_like(l_part[:, 0])
     o_acc = torch.zeros_like(o_part[:, 0])
     for j in range(o_part.shape[1]):
-        l_acc = l_acc + w[:, j] * l_part[:, j]
-        o_acc = o_acc + w[:, j, ..., None] * o_part[:, j]
+        l_acc = fma_f32(w[:, j], l_part[:, j], l_acc)
+        o_acc = fma_f32(w[:, j, ..., None], o_part[:, j], o_acc)
     inv_l = torch.where(l_acc > 0, 1.0 / l_acc, torch.zeros_like(l_acc))
     so = torch.tensor(scale_o, dtype=torch.float32, device=o_acc.device)
     o = (so * o_acc) * inv_l[..., None]

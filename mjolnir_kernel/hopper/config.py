@@ -43,6 +43,7 @@ Q_DTYPES = ("bf16", "e4m3")
 HEAD_DIMS = (128, 256)
 MMA_KINDS = ("sync", "wgmma")
 LOAD_KINDS = ("cp_async", "bulk", "tma")
+MERGE_KINDS = ("kernel", "fused")
 PREFETCH_SIZES = (0, 64, 128, 256)  # L2 prefetch-size hints of cp.async (.L2::64B / 128B / 256B)
 BULK_ROW_PAD = 16  # bytes after each key row of a bulk-loaded ring stage (ldmatrix rows on distinct banks)
 
@@ -60,8 +61,14 @@ class HopperConfig:
       causal      q_len > 1: query qi sees keys 0 .. L - q_len + qi (False: all L keys)
       max_splits  partial slots per sequence; 1 compiles the reduction out
       stages      KV tiles in the shared-memory ring; 0 = DEFAULT_STAGES
-      pdl         programmatic dependent launch: the reduction grid launches while the decode grid
-                  runs and waits for it (griddepcontrol), hiding its launch latency
+      pdl         programmatic dependent launch: the decode grid waits for the previous grid
+                  (griddepcontrol); with merge="kernel" the reduction grid launches while the decode grid
+                  runs and waits for it, hiding its launch latency
+      merge       how a split sequence's partials become O and LSE: "kernel" (default: a second grid,
+                  ``SplitReduction``, as on Thor) or "fused" (the last CTA of a (sequence, KV head, query
+                  tile) to finish, counted by an atomic per triple, merges them in the decode grid: one
+                  grid, no faster on the H200, ``python -m benchmarks.bench_hopper_decode --merge
+                  fused,kernel``); the same arithmetic, bit-identical
       q_rows      16, or 8 when the problem has n_q = q_len * h_r <= 8 query rows per KV head (GQA decode
                   at h_q / h_k <= 8): rows 8-15 of the 16-row tile are padding, so the softmax, row sums
                   and O rescale skip them (``decode()`` picks it; mma.sync only)
@@ -99,6 +106,7 @@ class HopperConfig:
     loads: str = "cp_async"
     prefetch: int = 0
     evict_first: bool = True
+    merge: str = "kernel"
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -116,6 +124,7 @@ class HopperConfig:
             + (f"-{self.loads}" if self.loads != "cp_async" else "")
             + (f"-pf{self.prefetch}" if self.prefetch else "")
             + ("" if self.evict_first else "-noef")
+            + ("-fm" if self.merge == "fused" else "")
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -144,6 +153,11 @@ class HopperConfig:
     def tile_bytes(self) -> int:
         """Bytes of one 128-key tile of K (or V) as the MMA reads it (one e4m3 byte per element)."""
         return TILE_KEYS * self.head_dim
+
+    @property
+    def fused_merge(self) -> bool:
+        """Split sequences are merged inside the decode grid (no reduction grid)."""
+        return self.max_splits > 1 and self.merge == "fused"
 
     @property
     def bulk(self) -> bool:
@@ -247,6 +261,8 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(f"q_rows={c.q_rows!r} (8 or {Q_TILE})")
     elif c.q_rows == 8 and c.mma == "wgmma":
         problems.append("q_rows=8 with mma='wgmma' (the wgmma path computes all 16 rows)")
+    if c.merge not in MERGE_KINDS:
+        problems.append(f"merge={c.merge!r} (allowed {MERGE_KINDS})")
     if not isinstance(c.pdl, bool):
         problems.append(f"pdl={c.pdl!r} (True or False)")
     if problems:

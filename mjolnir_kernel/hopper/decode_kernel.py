@@ -49,9 +49,13 @@ from mjolnir_numerics.formats import FORMATS
 
 from ..config import EVICT_FIRST_POLICY
 from ..kernel_views import shared_views
-from ..thor.reduction_kernel import LOG2_E, SplitReduction
+from ..thor.reduction_kernel import LOG2_E, SplitReduction, inverse_sum, merged_lse, split_weight, weighted_add
 from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
 from .ptx import (
+    atom_add_acq_rel_gpu,
+    ld_global_f32,
+    ld_global_v4_f32,
+    st_global_b32,
     bulk_copy_g2s,
     fence_mbarrier_init,
     l2_evict_first_policy,
@@ -124,7 +128,10 @@ class HopperDecodeKernel:
         # q_rows 8: the MMA tile's rows 8-15 are padding (n_q <= 8); each thread's softmax, row sums and
         # O rescale cover its row g only, and P's rows 8-15 stay zero
         self.halves = 1 if config.q_rows == 8 else 2
-        self.reduction = SplitReduction(config.max_splits, config.pdl) if config.max_splits > 1 else None
+        self.fused_merge = config.fused_merge  # the last CTA of a split (seq, head, q tile) merges it
+        self.reduction = None
+        if config.max_splits > 1 and not self.fused_merge:
+            self.reduction = SplitReduction(config.max_splits, config.pdl)
 
     @cute.jit
     def __call__(
@@ -151,6 +158,7 @@ class HopperDecodeKernel:
         o_part_ptr: cute.Pointer,
         m_part_ptr: cute.Pointer,
         l_part_ptr: cute.Pointer,
+        split_counters_ptr: cute.Pointer,
         scale_qs: cutlass.Float32,
         scale_o: cutlass.Float32,
         stream: cuda.CUstream,
@@ -169,6 +177,7 @@ class HopperDecodeKernel:
         v.q, v.k, v.v = cute.make_tensor(q_ptr, base), cute.make_tensor(k_ptr, base), cute.make_tensor(v_ptr, base)
         v.o, v.o_part = cute.make_tensor(o_ptr, base), cute.make_tensor(o_part_ptr, base)
         v.k_scales, v.v_scales = cute.make_tensor(k_scales_ptr, base), cute.make_tensor(v_scales_ptr, base)
+        v.counters = cute.make_tensor(split_counters_ptr, base)  # int32 (b, h_k, q tiles), zero between launches
         tma = (None, None, None, None)
         if cutlass.const_expr(self.tma):  # TMA descriptors over the logical (PS, d, (h_k, pages)) K / V views
             ps = self.config.page_size
@@ -184,7 +193,7 @@ class HopperDecodeKernel:
             v.q, v.k, v.v, v.k_scales, v.v_scales, v.block_table, v.seq_lens, v.work, v.n_splits, v.q_descale,
             v.k_descale, v.v_descale, v.o, v.lse, v.o_part, v.m_part, v.l_part, b, h_k, n_q, q_seq, o_seq, k_page,
             k_row, k_head, v_page, v_row, v_head, ks_page, ks_row, ks_head, vs_page, vs_row, vs_head, scale_qs,
-            scale_qs * LOG2_E, scale_o, num_pages, *tma,
+            scale_qs * LOG2_E, scale_o, num_pages, *tma, v.counters,
         ).launch(
             grid=(num_work, cute.ceil_div(n_q, Q_TILE), h_k),
             block=[THREADS, 1, 1],
@@ -245,6 +254,7 @@ class HopperDecodeKernel:
         tma_k,
         atom_v,
         tma_v,
+        mCnt: cute.Tensor,
     ):
         cfg = self.config
         f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
@@ -444,6 +454,11 @@ class HopperDecodeKernel:
                 row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b,
                 h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
             )  # fmt: skip
+            if cutlass.const_expr(self.fused_merge):
+                self._merge_if_last(
+                    ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, mCnt, seq, head, hb, b, h_k, n_q, n_base, o_seq,
+                    scale_o,
+                )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -892,6 +907,109 @@ class HopperDecodeKernel:
                             vals[0] * part_scale, vals[1] * part_scale, vals[2] * part_scale, vals[3] * part_scale,
                         )  # fmt: skip
 
+    @cute.jit
+    def _merge_if_last(self, buf, mO, mLSE, mOp, mMp, mLp, mNSplits, mCnt, seq, head, hb, b, h_k, n_q, n_base, o_seq,
+                       scale_o):  # fmt: skip
+        """The fused split merge (``merge="fused"``), after this CTA wrote its partials: the CTA whose
+        arrival completes its (sequence, KV head, query tile) count merges all chunks of it, as
+        ``SplitReduction`` does (the same helpers, so the same instructions and bits), and resets the
+        count to zero for the next launch. ``buf``: 2 KB + 68 B of free shared memory (the K ring).
+
+        Memory order: a CTA barrier puts every thread's partial stores before thread 0's
+        ``atom.acq_rel.gpu``; the last arrival's acquire, and the barrier after it, put all chunks'
+        stores before this CTA's loads of them (which are plain ``ld.global``, never ``.nc``)."""
+        i32, i64 = cutlass.Int32, cutlass.Int64
+        splits = self.config.max_splits
+        n_splits = mNSplits[seq]
+        if n_splits > 1:
+            _, q_tile_idx, _ = cute.arch.block_idx()  # re-read, not kept live through the tile loop
+            tid, _, _ = cute.arch.thread_idx()
+            w_buf = buf  # (16 rows, max_splits) fp32 split weights
+            inv_buf = buf + Q_TILE * splits * 4  # (16,) fp32 1 / l per row
+            flag = inv_buf + Q_TILE * 4
+            q_tiles = (n_q + Q_TILE - 1) // Q_TILE
+            cute.arch.sync_threads()  # every thread's partials are written
+            if tid == 0:
+                cnt = mCnt.iterator.toint() + (i64((seq * h_k + head) * q_tiles + q_tile_idx)) * 4
+                last = i32(0)
+                if atom_add_acq_rel_gpu(cnt, 1) == n_splits - 1:
+                    last = i32(1)
+                    st_global_b32(cnt, i32(0))  # every chunk arrived: zero for the next launch
+                st_shared_b32(flag, last)
+            cute.arch.sync_threads()
+            if ld_shared_b32(flag) != 0:
+                self._merge_rows(w_buf, inv_buf, mO, mLSE, mOp, mMp, mLp, n_splits, seq, head, hb, b, h_k, n_q,
+                                 n_base, o_seq, scale_o, tid)  # fmt: skip
+
+    @cute.jit
+    def _merge_rows(self, w_buf, inv_buf, mO, mLSE, mOp, mMp, mLp, n_splits, seq, head, hb, b, h_k, n_q, n_base,
+                    o_seq, scale_o, tid):  # fmt: skip
+        """Merge this query tile's rows from ``n_splits`` chunks of fp32 partials into bf16 O and LSE.
+
+        Per row (warp w: rows w and w + 8; lane j: chunk j): m_max = max_j m_j, the weights
+        w_j = split_weight(m_j, m_max), l = sum_j w_j l_j in chunk order and the LSE; the weights and
+        1 / l go through shared memory. Then per 4 head-dim elements of a row (one thread each):
+        o = sum_j w_j o_j in chunk order and O = bf16(scale_o * o * (1 / l)). Every sum runs over all
+        ``max_splits`` slots with absent chunks as (m, l, o) = (-inf, 0, 0), exactly as ``SplitReduction``."""
+        f32, i64 = cutlass.Float32, cutlass.Int64
+        splits = self.config.max_splits
+        d = self.d
+        lane = tid % 32
+        warp = tid // 32
+        cute.arch.fence_acq_rel_gpu()
+        used = n_splits
+        if used > splits:
+            used = splits
+        for half in cutlass.range_constexpr(Q_TILE // WARPS):
+            row = warp + WARPS * half
+            n = n_base + row
+            if n < n_q:
+                m_j = -f32.inf
+                l_j = f32(0)
+                if lane < used:
+                    stat = self._stat_offset(lane, hb, n, b, h_k, n_q) * 4
+                    m_j = ld_global_f32(mMp.iterator.toint() + stat)
+                    l_j = ld_global_f32(mLp.iterator.toint() + stat)
+                m_max = -f32.inf
+                for j in cutlass.range_constexpr(splits):
+                    m_max = cute.arch.fmax(m_max, cute.arch.shuffle_sync(m_j, j))
+                w = split_weight(m_j, m_max)
+                l_acc = f32(0)
+                for j in cutlass.range_constexpr(splits):
+                    l_acc = weighted_add(l_acc, cute.arch.shuffle_sync(w, j), cute.arch.shuffle_sync(l_j, j))
+                if lane < splits:
+                    st_shared_f32(w_buf + (row * splits + lane) * 4, w)
+                if lane == 0:
+                    st_shared_f32(inv_buf + row * 4, inverse_sum(l_acc))
+                    mLSE[n, hb] = merged_lse(m_max, l_acc)
+        cute.arch.sync_threads()
+
+        per_row = d // 4  # threads per row, four head-dim elements each
+        rows_per_pass = THREADS // per_row
+        dd = (tid % per_row) * 4
+        o_base = mO.iterator.toint()
+        op_base = mOp.iterator.toint()
+        for p in cutlass.range_constexpr(Q_TILE // rows_per_pass):
+            row = p * rows_per_pass + tid // per_row
+            n = n_base + row
+            if n < n_q:
+                acc = [f32(0), f32(0), f32(0), f32(0)]
+                for j in cutlass.range_constexpr(splits):
+                    w = ld_shared_f32(w_buf + (row * splits + j) * 4)
+                    p0, p1, p2, p3 = f32(0), f32(0), f32(0), f32(0)
+                    if j < used:
+                        p_off = self._partial_offset(j, seq, head, n, b, h_k, n_q) + i64(dd)
+                        p0, p1, p2, p3 = ld_global_v4_f32(op_base + p_off * 4)
+                    for k, part in enumerate((p0, p1, p2, p3)):
+                        acc[k] = weighted_add(acc[k], w, part)
+                inv_l = ld_shared_f32(inv_buf + row * 4)
+                out = [scale_o * acc[k] * inv_l for k in range(4)]
+                row_off = i64(seq) * i64(o_seq) + (i64(head) * i64(n_q) + i64(n)) * i64(d)
+                st_global_v2_b32(
+                    o_base + (row_off + i64(dd)) * 2, f32x2_to_bf16_pair(out[0], out[1]),
+                    f32x2_to_bf16_pair(out[2], out[3]),
+                )  # fmt: skip
+
     def _epilogue_scales(self, scale_o, v_descale, mNSplits, seq):
         """(factor of unsplit O, factor of the fp32 partials, splits of this sequence): both undo P's scale
         (P = e4m3(p * 448) on the e4m3-Q path) and apply the V descale; the unsplit one also scale_o."""
@@ -921,6 +1039,12 @@ class HopperDecodeKernel:
         # + 1e-30: an empty row has l = 0 and O = 0 and writes 0; otherwise l >= 1 absorbs it.
         norm = out_scale / (l_total + f32(1e-30))
         return norm, i64(seq) * i64(o_seq) + (i64(head) * i64(n_q) + i64(n)) * i64(self.d)
+
+    def _stat_offset(self, slot, hb, n, b, h_k, n_q):
+        """Element offset of query row ``n``'s m (or l) in the (splits, b, h_k, n_q) fp32 partials
+        (``hb`` = head + h_k * seq), as ``mMp[n, hb, slot]``."""
+        i64 = cutlass.Int64
+        return (i64(slot) * i64(b * h_k) + i64(hb)) * i64(n_q) + i64(n)
 
     def _partial_offset(self, slot, seq, head, n, b, h_k, n_q):
         """Element offset of query row ``n``'s d values in the (splits, b, h_k, n_q, d) fp32 partials."""

@@ -485,6 +485,29 @@ def st_global_b32(gmem_addr, value, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def atom_add_acq_rel_gpu(gmem_addr, value, *, loc=None, ip=None):
+    """``atom.acq_rel.gpu.global.add.s32``: add ``value`` to the int32 at ``gmem_addr`` and return the old
+    value; release orders this CTA's earlier global writes (after a CTA barrier) before the add, acquire
+    makes the writes other CTAs released before their adds visible after it."""
+    return Int32(_asm(T.i32(), [Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(value, loc, ip)],
+                      "atom.acq_rel.gpu.global.add.s32 $0, [$1], $2;", "=r,l,r", True))  # fmt: skip
+
+
+@dsl_user_op
+def ld_global_f32(gmem_addr, *, loc=None, ip=None):
+    """A 4-byte global load that may read what other CTAs of this grid wrote (not ``.nc``)."""
+    return Float32(_asm(T.f32(), [Int64(gmem_addr).ir_value(loc=loc, ip=ip)], "ld.global.f32 $0, [$1];", "=f,l", True))
+
+
+@dsl_user_op
+def ld_global_v4_f32(gmem_addr, *, loc=None, ip=None):
+    """A 16-byte global load (16-byte aligned) that may read what other CTAs of this grid wrote."""
+    res = _asm(_struct(4, T.f32()), [Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
+               "ld.global.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l", side_effects=True)  # fmt: skip
+    return _unpack(res, 4, T.f32(), Float32)
+
+
+@dsl_user_op
 def st_global_v2_f32(gmem_addr, v0, v1, *, loc=None, ip=None):
     _asm(None, [Int64(gmem_addr).ir_value(loc=loc, ip=ip), _f32(v0, loc, ip), _f32(v1, loc, ip)],
          "st.global.v2.f32 [$0], {$1, $2};", "l,f,f", side_effects=True)  # fmt: skip
@@ -506,6 +529,9 @@ __all__ = [
     "st_shared_b16",
     "st_global_b32",
     "st_global_v2_f32",
+    "atom_add_acq_rel_gpu",
+    "ld_global_f32",
+    "ld_global_v4_f32",
     "f32x2_to_e4m3x2",
     "ldmatrix_x4",
     "mma_m16n8k16",

@@ -105,7 +105,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
         ks_page: cutlass.Int32, ks_row: cutlass.Int32, ks_head: cutlass.Int32, vs_page: cutlass.Int32,
         vs_row: cutlass.Int32, vs_head: cutlass.Int32, scale_qs: cutlass.Float32,
         scale_qs_log2_e: cutlass.Float32, scale_o: cutlass.Float32, num_pages: cutlass.Int32, atom_k, tma_k,
-        atom_v, tma_v,
+        atom_v, tma_v, mCnt: cute.Tensor,
     ):  # fmt: skip
         cfg = self.config
         f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
@@ -283,6 +283,11 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                 row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b,
                 h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, wg, wq, g, c, key_warp,
             )  # fmt: skip
+            if cutlass.const_expr(self.fused_merge):
+                self._merge_if_last(
+                    ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, mCnt, seq, head, hb, b, h_k, n_q, n_base, o_seq,
+                    scale_o,
+                )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------
     @cute.jit

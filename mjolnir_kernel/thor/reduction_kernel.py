@@ -35,7 +35,7 @@
 
 One CTA per (128 head-dim elements, packed query row, sequence); thread = head-dim element.
 Arithmetic (NUMERICS.md section 5, step 11): m_max = max_j m_j; w_j = exp2(log2e * (m_j - m_max))
-(0 where m_j is -inf); l = sum_j w_j l_j and o = sum_j w_j o_j in split order;
+(0 where m_j is -inf); l = sum_j w_j l_j and o = sum_j w_j o_j in split order, each term one fma;
 out = bf16(scale_o * o * (1 / l)) (0 where l is 0); lse = m_max + log(l).
 Sequences with one chunk were finished by the decode kernel and are left alone.
 """
@@ -49,6 +49,37 @@ import cutlass.cute as cute
 LOG2_E = math.log2(math.e)
 D_PER_CTA = 128
 _exp2 = partial(cute.math.exp2, fastmath=True)
+
+
+# -- the merge arithmetic, shared with the Hopper kernel's fused merge (same instructions, same bits) --
+@cute.jit
+def split_weight(m_j: cutlass.Float32, m_max: cutlass.Float32) -> cutlass.Float32:
+    """``w_j = ex2(log2e * (m_j - m_max))``, 0 where the chunk saw no key (``m_j`` = -inf)."""
+    w = cutlass.Float32(0)
+    if m_j != -cutlass.Float32.inf:
+        w = _exp2(LOG2_E * (m_j - m_max))
+    return w
+
+
+@cute.jit
+def weighted_add(acc: cutlass.Float32, w: cutlass.Float32, x: cutlass.Float32) -> cutlass.Float32:
+    """``acc + w * x`` with one rounding (the fma ptxas contracts the spec's multiply-add into)."""
+    return cute.math.fma(w, x, acc)
+
+
+@cute.jit
+def inverse_sum(l_acc: cutlass.Float32) -> cutlass.Float32:
+    """``1 / l`` (IEEE division), 0 where l is 0 (a row no chunk saw a key of)."""
+    inv_l = cutlass.Float32(0)
+    if l_acc > cutlass.Float32(0):
+        inv_l = 1.0 / l_acc
+    return inv_l
+
+
+@cute.jit
+def merged_lse(m_max: cutlass.Float32, l_acc: cutlass.Float32) -> cutlass.Float32:
+    """``m_max + log(l)`` (natural log, full-precision ``log``)."""
+    return m_max + cute.math.log(l_acc, fastmath=False)
 
 
 class SplitReduction:
@@ -120,18 +151,13 @@ class SplitReduction:
         l_acc = cutlass.Float32(0)
         o_acc = cutlass.Float32(0)
         for j in cutlass.range_constexpr(splits):
-            w = cutlass.Float32(0)
-            if m[j] != -cutlass.Float32.inf:
-                w = _exp2(LOG2_E * (m[j] - m_max))
-            l_acc += w * lsum[j]
-            o_acc += w * part[j]
-
-        inv_l = cutlass.Float32(0)
-        if l_acc > cutlass.Float32(0):
-            inv_l = 1.0 / l_acc
+            w = split_weight(m[j], m_max)
+            l_acc = weighted_add(l_acc, w, lsum[j])
+            o_acc = weighted_add(o_acc, w, part[j])
+        inv_l = inverse_sum(l_acc)
 
         if used > 1:  # one chunk: the decode kernel already wrote O and LSE
             if d_idx < o.shape[0]:
                 o[d_idx, row, seq] = o.element_type(scale_o * o_acc * inv_l)
             if d_blk == 0 and tid == 0:
-                lse[row, seq] = m_max + cute.math.log(l_acc, fastmath=False)
+                lse[row, seq] = merged_lse(m_max, l_acc)

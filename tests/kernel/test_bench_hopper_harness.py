@@ -37,3 +37,23 @@ def test_back_to_back_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         bh.main(["--back-to-back", "0"])
     assert "--back-to-back" in capsys.readouterr().err
+
+
+def test_kernel_times_picks_the_two_grids_by_name():
+    """profile_hopper_decode --kernel-times: the decode and reduction grids' mean durations, by the names
+    the CuTe DSL gives them; other kernels (a fill, a copy) are left out."""
+    from benchmarks.profile_hopper_decode import kernel_times
+
+    def ev(key, count, total):
+        return SimpleNamespace(key=key, count=count, device_time_total=total)
+
+    prof = SimpleNamespace(
+        key_averages=lambda: [
+            ev("kernel_cutlass_kernel_mjolnir_kernelhopperdecode_kernelHopperDecodeKernel_object_at_0x7f", 20, 400.0),
+            ev("kernel_cutlass_kernel_mjolnir_kernelthorreduction_kernelSplitReduction_object_at_0x7f", 20, 58.0),
+            ev("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>", 3, 6.0),
+            ev("cudaLaunchKernelExC", 40, 0.0),
+        ]
+    )
+    times = kernel_times(prof)
+    assert times == {"HopperDecodeKernel": (20, 20.0), "SplitReduction": (20, 2.9)}

@@ -206,7 +206,7 @@ def test_cli_bench_compile_only_rejects_thor_options_for_hopper(monkeypatch, cap
 def _compile_and_check(cfg):
     r = kc.compile_decode(cfg, kc.HOPPER_ARCH)
     assert "decode" in r.resources, f"no ptxas report for {cfg.short_name()}"
-    assert ("reduction" in r.resources) == (cfg.max_splits > 1)
+    assert ("reduction" in r.resources) == (cfg.max_splits > 1 and cfg.merge == "kernel")
     assert "for 'sm_90a'" in r.log, "ptxas did not compile for sm_90a"
     assert ("HopperWgmmaDecodeKernel" if cfg.mma == "wgmma" else "HopperDecodeKernel") in r.log
     problems = kc.spill_regressions(r, kc.load_spill_baseline())
@@ -228,6 +228,18 @@ def test_hopper_pdl_config_compiles():
     assert cfg.short_name().endswith("-pdl")
     r = _compile_and_check(cfg)
     assert r.resources["decode"].spill_stores == 0 and r.resources["reduction"].spill_stores == 0
+
+
+@needs_cutlass
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+def test_hopper_split_merges_compile(merge):
+    """The fused merge (the last CTA of a split sequence merges it, no reduction grid) and the reduction
+    grid both lower for sm_90a at 32 splits and d = 256 without spills; test_hopper_conformance checks
+    that they give the same bits on the device."""
+    cfg = HopperConfig(head_dim=256, page_size=64, q_dtype="e4m3", max_splits=32, merge=merge)
+    r = _compile_and_check(cfg)
+    assert all(res.spill_stores == 0 for res in r.resources.values())
+    assert sorted(r.resources) == (["decode"] if merge == "fused" else ["decode", "reduction"])
 
 
 @needs_cutlass
@@ -271,6 +283,17 @@ def test_cli_bench_compile_only_for_hopper(capsys):
     # the bench's default heads give at most 8 query rows per KV head: decode() compiles q_rows=8
     name = HopperConfig(head_dim=128, page_size=128, q_dtype="bf16", max_splits=16, q_rows=8).short_name()
     assert f"{name} [decode] sm_90a" in out and "registers" in out
+
+
+@needs_cutlass
+def test_cli_bench_compile_only_fused_merge(capsys):
+    """--merge fused compiles one grid (no [reduction] line); the default has the reduction grid."""
+    args = ["bench", "--compile-only", "--arch", "sm_90a", "--head-dim", "128", "--page-size", "128"]
+    assert main(args + ["--merge", "fused"]) == 0
+    out = capsys.readouterr().out
+    assert "-fm [decode] sm_90a" in out and "[reduction]" not in out
+    assert main(args) == 0
+    assert "[reduction] sm_90a" in capsys.readouterr().out
 
 
 def _spread(matrix):

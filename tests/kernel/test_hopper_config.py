@@ -53,6 +53,7 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"loads": "bulk", "mma": "wgmma", "q_dtype": "e4m3"}, ["loads='bulk'", "mma='sync'"]),
         ({"prefetch": 32}, ["prefetch=32"]),
         ({"prefetch": 256, "loads": "bulk"}, ["prefetch=256 with loads='bulk'"]),
+        ({"merge": "grid"}, ["merge='grid'", "'kernel', 'fused'"]),
         ({"evict_first": 1}, ["evict_first=1"]),
     ],
 )
@@ -129,3 +130,19 @@ def test_load_paths_and_l2_hints():
     assert select_hopper_config(**kw, prefetch=256).prefetch == 256
     with pytest.raises(ConfigError, match="prefetch=256 with loads='bulk'"):
         select_hopper_config(**kw, loads="bulk", prefetch=256)
+
+
+def test_split_merge_choice():
+    """Split sequences merge in a reduction grid by default; "fused" merges them inside the decode grid,
+    and one chunk per sequence (max_splits 1) has nothing to merge."""
+    from mjolnir_kernel.api import select_hopper_config
+
+    assert HopperConfig().merge == "kernel" and not HopperConfig(max_splits=16).fused_merge
+    assert HopperConfig(max_splits=16, merge="fused").fused_merge
+    assert not HopperConfig(max_splits=1, merge="fused").fused_merge
+    assert HopperConfig(merge="fused").short_name().endswith("-fm") and "-fm" not in HopperConfig().short_name()
+    kw = dict(head_dim=128, page_size=64, q_len=1, kv_format="e4m3", q_dtype="bf16")
+    assert select_hopper_config(**kw).merge == "kernel"
+    assert select_hopper_config(**kw, merge="fused").merge == "fused"
+    with pytest.raises(ConfigError, match="merge='grid'"):
+        select_hopper_config(**kw, merge="grid")

@@ -219,3 +219,80 @@ def test_hopper_pdl_gives_the_same_bits():
     assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(l1, l2)
     report = compare_outputs(o2.cpu(), l2.cpu(), o_ref.cpu(), lse_ref.cpu(), o_flip_atol=_flip_atol(inputs, case))
     assert report.ok, report.summary()
+
+
+def _merge_plan(case: DecodeCase):
+    """The plan decode() would make on the H200 (132 SMs, up to 32 chunks), ``force_splits`` honoured."""
+    rows = case.q_len * (case.heads_q // case.heads_k)
+    return plan_split_kv(
+        list(case.seq_lens), case.heads_k, n_q_tiles=max(1, math.ceil(rows / Q_TILE)), sm_count=132,
+        max_splits=32, force_splits=case.force_splits,
+    )  # fmt: skip
+
+
+# cases whose plan splits some sequence (the merge runs), plus 32 chunks over three query tiles
+SPLIT_CASES = tuple(c for c in HOPPER_CASES if max(_merge_plan(c).n_splits) > 1) + (
+    DecodeCase(
+        "hopper_32_splits_three_q_tiles",
+        (4096, 3, 0, 2600),
+        q_len=3,
+        heads_q=48,
+        heads_k=4,
+        force_splits=32,
+        notes="n_q 36; 32 and 21 chunks, an empty sequence, a three-key one",
+    ),  # fmt: skip
+)
+
+
+@pytest.mark.parametrize("mma", ["sync", "wgmma"])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: c.name)
+def test_hopper_fused_merge_gives_the_reduction_kernels_bits(case, mma):
+    """The fused merge (the last CTA of each split (sequence, KV head, query tile) merges it in the decode
+    grid) gives the same O and LSE bits as the reduction grid, which test_hopper_matches_spec holds to
+    the spec."""
+    from mjolnir_kernel import decode
+
+    if mma == "wgmma" and case.q_dtype != "e4m3":
+        pytest.skip("wgmma needs e4m3 Q")
+    inputs = case.build("cuda")
+    kw = inputs.emulator_kwargs()
+    kw["plan"] = _merge_plan(case)
+    assert max(kw["plan"].n_splits) > 1
+    o_k, lse_k = decode(inputs.q, inputs.cache, **kw, mma=mma, merge="kernel")
+    o_f, lse_f = decode(inputs.q, inputs.cache, **kw, mma=mma, merge="fused")
+    same = (o_f.view(torch.int16) == o_k.view(torch.int16)).float().mean().item()
+    assert torch.equal(o_f.view(torch.int16), o_k.view(torch.int16)), f"{case.name}: {same:.2%} of O same"
+    assert torch.equal(lse_f.view(torch.int32), lse_k.view(torch.int32)), f"{case.name}: LSE differs"
+
+
+def test_hopper_fused_merge_counts_return_to_zero():
+    """Each launch leaves the merge's arrival counts at zero, so launches and CUDA-graph replays of one
+    prepared call repeat the same bits (a count left behind would make the wrong CTA merge, or none)."""
+    from mjolnir_kernel.api import prepare
+
+    case = next(c for c in SPLIT_CASES if c.name == "hopper_32_splits_three_q_tiles")
+    inputs = case.build("cuda")
+    kw = inputs.emulator_kwargs()
+    kw["plan"] = _merge_plan(case)
+    assert kw["plan"].n_splits == (32, 1, 1, 21)
+    stream = torch.cuda.Stream()  # the prepared launch is bound to the stream current at prepare time
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        prep = prepare(inputs.q, inputs.cache, merge="fused", **kw)
+        counts = prep._keep["split_counters"]
+        assert prep.config.fused_merge and counts.numel() == len(case.seq_lens) * case.heads_k * 3
+        prep.launch()
+        o1, l1 = (t.clone() for t in prep.outputs())
+        stream.synchronize()
+        assert int(counts.abs().sum()) == 0, "a launch left arrival counts behind"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            prep.launch()
+        for _ in range(3):
+            prep._o4.fill_(float("nan"))
+            prep._lse.fill_(float("nan"))
+            graph.replay()
+            o2, l2 = prep.outputs()
+            assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(l1, l2)
+        stream.synchronize()
+        assert int(counts.abs().sum()) == 0

@@ -610,9 +610,11 @@ def test_bad_plan():
 # committed before the speed work (25886d8): blocking of the GEMMs, one band split / combine per
 # step, padded GEMM rows and the cheaper rounding paths must leave every bit as it was. The inputs
 # are exactly representable and the model is exact, so the digests hold on any machine.
+# forced_splits/kernel was re-recorded when the reduction's weighted sums became one fma per term (the
+# reduction kernel's FFMA; it was a multiply then an add): 1 of its 16 LSE values moved, no O bit.
 PINNED_DIGESTS = {
     "varlen/kernel": "e6a57cddb2e71432",
-    "forced_splits/kernel": "db307d24c0823cfa",
+    "forced_splits/kernel": "4a3d28569cd22988",
     "bf16_q/kernel": "d3e30fdcddf8f455",
     "q_len4_causal/kernel": "1497788a960e77f6",
     "poisoned_pages/kernel": "2a72b707bc577c3c",
