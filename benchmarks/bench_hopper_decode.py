@@ -43,13 +43,15 @@ GiB = 1 << 30
 DESCALE = 0.02  # per-tensor K and V descale of the benchmark pools (the codes span e4m3's whole range)
 GRAPHS = True  # time CUDA-graph replays (what a serving loop runs); --eager times Python launches
 BACK_TO_BACK = 1  # calls per timed replay (--back-to-back)
+QUEUED = False  # --queued: no host sync between timed replays, so the GPU never idles between them
 
 
 def _time_ms(fn, iters: int, warmup: int = 3, stream=None) -> float:
     """Median milliseconds per call of ``fn`` over ``iters`` CUDA-event-timed replays of a CUDA graph
     captured on ``stream`` (the stream ``fn`` launches on; Python launches if GRAPHS is False). A replay
     holds ``BACK_TO_BACK`` calls; ``fn`` may be a list of callables (the same call on distinct input
-    copies), which the calls cycle through."""
+    copies), which the calls cycle through. The host waits for each replay before launching the next
+    unless ``QUEUED`` (then the replays follow each other on the GPU with no idle gap)."""
     calls = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     n = BACK_TO_BACK
 
@@ -69,16 +71,18 @@ def _time_ms(fn, iters: int, warmup: int = 3, stream=None) -> float:
         with torch.cuda.graph(graph, stream=stream):
             body()
         run = graph.replay
-    times = []
+    events = []
     with torch.cuda.stream(stream):
         for _ in range(iters):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             run()
             b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / n)
-    return statistics.median(times)
+            if not QUEUED:
+                b.synchronize()  # the GPU idles until the next replay is launched
+            events.append((a, b))
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(b) / n for a, b in events)
 
 
 def input_copies(nbytes: float) -> int:
@@ -315,12 +319,16 @@ def main(argv=None) -> int:
     ap.add_argument("--back-to-back", type=int, default=1, metavar="N",
                     help="calls per timed replay (1: single calls; N > 1: the steady state of N calls in a row,"
                     " cycling through input copies where one would fit in L2)")  # fmt: skip
+    ap.add_argument("--queued", action="store_true",
+                    help="queue the timed replays without a host sync between them (the GPU does not idle"
+                    " between replays; each is still timed by its own pair of events)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.back_to_back < 1:
         ap.error(f"--back-to-back: expected a positive number of calls, got {args.back_to_back}")
-    global GRAPHS, BACK_TO_BACK
+    global GRAPHS, BACK_TO_BACK, QUEUED
     GRAPHS = not args.eager
     BACK_TO_BACK = args.back_to_back
+    QUEUED = args.queued
     stage_list = [int(x) for x in args.stages.split(",")]
     mma_list = [m for m in args.mma.split(",") if m]
     rows_list = [None if r == "auto" else int(r) for r in args.q_rows.split(",") if r]
@@ -343,6 +351,8 @@ def main(argv=None) -> int:
     timing = "CUDA-graph replays" if GRAPHS else "eager launches"
     if BACK_TO_BACK > 1:
         timing += f" of {BACK_TO_BACK} calls in a row (time per call)"
+    if QUEUED:
+        timing += ", queued without a host sync between replays"
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; L = {args.seqlen}, page size"
         f" {args.page_size}, {args.layout} pools; median of {args.iters} {timing}"

@@ -9,14 +9,16 @@ The README's profile of the Hopper kernel (DRAM / L2 busy, issue rate, stall rea
 
 (stall reasons: ``--metrics smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio``).
 ``--kernel-times`` needs no Nsight: it times the launches with ``torch.profiler`` and prints each grid's
-mean duration (the decode grid, and the reduction grid of split sequences unless ``--merge fused``). The
-pools are the bench's (``benchmarks.bench_hopper_decode.build_pools``: L = 32768, page size 64,
+mean duration (the decode grid, and the reduction grid of split sequences unless ``--merge fused``);
+with ``--graph-calls N`` the launches are CUDA-graph replays of N calls each, as the bench times them.
+The pools are the bench's (``benchmarks.bench_hopper_decode.build_pools``: L = 32768, page size 64,
 shuffled pages, 32/8 heads at d = 128 or 24/4 at d = 256).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 import torch
@@ -33,7 +35,11 @@ def main(argv=None) -> int:
     ap.add_argument("--mma", default=None, choices=("sync", "wgmma"))
     ap.add_argument("--merge", default=None, choices=("kernel", "fused"), help="split merge (HopperConfig.merge)")
     ap.add_argument("--kernel-times", action="store_true", help="print each grid's mean duration (torch.profiler)")
+    ap.add_argument("--graph-calls", type=int, default=0, metavar="N",
+                    help="launch through CUDA-graph replays of N calls each (0: eager launches)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.graph_calls < 0 or args.launches < 1:
+        ap.error("--graph-calls: expected N >= 0 and --launches >= 1")
     if not torch.cuda.is_available():
         print("profile_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -50,26 +56,37 @@ def main(argv=None) -> int:
     q_descale = None
     if args.q_dtype == "e4m3":
         q, q_descale = quantize_q(q, args.batch, 1, h_k)
-    prep = prepare_decode(
-        q, k_pool, v_pool, bt, lens, kd, vd, kv_format=args.format, q_descale=q_descale, mma=args.mma,
-        merge=args.merge, **scales,
-    )  # fmt: skip
-    if args.kernel_times:
+    stream = torch.cuda.Stream()  # a prepared call launches on the stream current when it was prepared
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        prep = prepare_decode(
+            q, k_pool, v_pool, bt, lens, kd, vd, kv_format=args.format, q_descale=q_descale, mma=args.mma,
+            merge=args.merge, **scales,
+        )  # fmt: skip
         for _ in range(3):  # warm-up: the first launch loads the module
             prep.launch()
-        torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.launches):
+    torch.cuda.synchronize()
+    launch = prep.launch
+    if args.graph_calls:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(args.graph_calls):
                 prep.launch()
-            torch.cuda.synchronize()
-    else:
-        for _ in range(args.launches):
-            prep.launch()
+        launch = graph.replay
+    cuda = [torch.profiler.ProfilerActivity.CUDA]
+    prof = torch.profiler.profile(activities=cuda) if args.kernel_times else contextlib.nullcontext()
+    replays = -(-args.launches // max(1, args.graph_calls))
+    with torch.cuda.stream(stream), prof:
+        for _ in range(replays):
+            launch()
         torch.cuda.synchronize()
     splits = max(prep._keep["n_splits"].tolist())
     print(
-        f"profile_hopper_decode: {args.launches} launches of {prep.config.short_name()} (batch {args.batch}, L"
-        f" {args.seqlen}, {splits} chunks per sequence), {nbytes / 1e9:.3f} GB of KV"
+        f"profile_hopper_decode: {replays * max(1, args.graph_calls)} launches of {prep.config.short_name()} (batch"
+        f" {args.batch}, L"
+        f" {args.seqlen}, {splits} chunks per sequence; "
+        + (f"CUDA-graph replays of {args.graph_calls} calls" if args.graph_calls else "eager")
+        + f"), {nbytes / 1e9:.3f} GB of KV"
     )
     if args.kernel_times:
         for name, (count, us) in kernel_times(prof).items():

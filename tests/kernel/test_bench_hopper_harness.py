@@ -57,3 +57,12 @@ def test_kernel_times_picks_the_two_grids_by_name():
     )
     times = kernel_times(prof)
     assert times == {"HopperDecodeKernel": (20, 20.0), "SplitReduction": (20, 2.9)}
+
+
+@pytest.mark.parametrize("argv", [["--graph-calls", "-1"], ["--launches", "0"]])
+def test_profile_rejects_negative_graph_calls(argv, capsys):
+    from benchmarks.profile_hopper_decode import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "--graph-calls" in capsys.readouterr().err
