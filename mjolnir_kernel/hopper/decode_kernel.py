@@ -101,7 +101,8 @@ def _fmax(a, b):
 
 class HopperDecodeKernel:
     """The Hopper decode kernel for one ``HopperConfig``; ``__call__`` takes the Thor kernel's arguments
-    (see ``mjolnir_kernel.thor.decode_kernel.ThorDecodeKernel``)."""
+    (see ``mjolnir_kernel.thor.decode_kernel.ThorDecodeKernel``) plus ``split_counters_ptr`` after
+    ``l_part_ptr``: the fused merge's int32 arrival counts (``mjolnir_kernel.host.takes_split_counters``)."""
 
     def __init__(self, config: HopperConfig):
         can_implement_hopper(config)
