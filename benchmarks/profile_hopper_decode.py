@@ -38,8 +38,10 @@ def main(argv=None) -> int:
     ap.add_argument("--graph-calls", type=int, default=0, metavar="N",
                     help="launch through CUDA-graph replays of N calls each (0: eager launches)")  # fmt: skip
     args = ap.parse_args(argv)
-    if args.graph_calls < 0 or args.launches < 1:
-        ap.error("--graph-calls: expected N >= 0 and --launches >= 1")
+    if args.graph_calls < 0:
+        ap.error(f"--graph-calls: expected N >= 0 (0: eager launches), got {args.graph_calls}")
+    if args.launches < 1:
+        ap.error(f"--launches: expected at least 1, got {args.launches}")
     if not torch.cuda.is_available():
         print("profile_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -81,12 +83,11 @@ def main(argv=None) -> int:
             launch()
         torch.cuda.synchronize()
     splits = max(prep._keep["n_splits"].tolist())
+    how = f"CUDA-graph replays of {args.graph_calls} calls" if args.graph_calls else "eager"
+    launches = replays * max(1, args.graph_calls)
     print(
-        f"profile_hopper_decode: {replays * max(1, args.graph_calls)} launches of {prep.config.short_name()} (batch"
-        f" {args.batch}, L"
-        f" {args.seqlen}, {splits} chunks per sequence; "
-        + (f"CUDA-graph replays of {args.graph_calls} calls" if args.graph_calls else "eager")
-        + f"), {nbytes / 1e9:.3f} GB of KV"
+        f"profile_hopper_decode: {launches} launches of {prep.config.short_name()} (batch {args.batch},"
+        f" L {args.seqlen}, {splits} chunks per sequence; {how}), {nbytes / 1e9:.3f} GB of KV"
     )
     if args.kernel_times:
         for name, (count, us) in kernel_times(prof).items():

@@ -59,10 +59,16 @@ def test_kernel_times_picks_the_two_grids_by_name():
     assert times == {"HopperDecodeKernel": (20, 20.0), "SplitReduction": (20, 2.9)}
 
 
-@pytest.mark.parametrize("argv", [["--graph-calls", "-1"], ["--launches", "0"]])
-def test_profile_rejects_negative_graph_calls(argv, capsys):
+@pytest.mark.parametrize(
+    "argv, name",
+    [
+        (["--graph-calls", "-1"], "--graph-calls"),
+        (["--launches", "0"], "--launches"),
+    ],
+)
+def test_profile_rejects_bad_counts(argv, name, capsys):
     from benchmarks.profile_hopper_decode import main
 
     with pytest.raises(SystemExit) as e:
         main(argv)
-    assert e.value.code == 2 and "--graph-calls" in capsys.readouterr().err
+    assert e.value.code == 2 and f"{name}: expected" in capsys.readouterr().err
