@@ -1043,7 +1043,9 @@ class HopperDecodeKernel:
 
     def _stat_offset(self, slot, hb, n, b, h_k, n_q):
         """Element offset of query row ``n``'s m (or l) in the (splits, b, h_k, n_q) fp32 partials
-        (``hb`` = head + h_k * seq), as ``mMp[n, hb, slot]``."""
+        (``hb`` = head + h_k * seq): ``mMp[n, hb, slot]`` without splitting ``hb`` back into its
+        (h_k, b) coordinates (indexing the tensor does that by an integer division, 176 more SASS
+        instructions in the merge)."""
         i64 = cutlass.Int64
         return (i64(slot) * i64(b * h_k) + i64(hb)) * i64(n_q) + i64(n)
 

@@ -206,20 +206,20 @@ class ThorDecodeKernel:
         )
         return v
 
-    def _smem_layouts(self, tiled_mma_kq, tiled_mma_vp, q_dtype, kv_smem_dtype):
+    def _smem_layouts(self, kq_mma, vp_mma, q_dtype, kv_stage_dtype):
         dv = self.config.derived
         tiler = (MMA_M, self.config.q_tile, MMA_K)
         lay = SimpleNamespace()
-        lay.q = sm100_utils.make_smem_layout_b(tiled_mma_kq, tiler, q_dtype, dv.q_stages)
-        lay.k = sm100_utils.make_smem_layout_a(tiled_mma_kq, tiler, kv_smem_dtype, dv.kv_stages)
-        lay.v = sm100_utils.make_smem_layout_a(tiled_mma_vp, tiler, kv_smem_dtype, dv.kv_stages, is_k_major=False)
+        lay.q = sm100_utils.make_smem_layout_b(kq_mma, tiler, q_dtype, dv.q_stages)
+        lay.k = sm100_utils.make_smem_layout_a(kq_mma, tiler, kv_stage_dtype, dv.kv_stages)
+        lay.v = sm100_utils.make_smem_layout_a(vp_mma, tiler, kv_stage_dtype, dv.kv_stages, is_k_major=False)
         # O tile: only its shape is used (TMEM fragment / softmax partition); O is stored from registers.
         atom_o = tcgen05.make_smem_layout_atom(tcgen05.mma.SmemLayoutAtomKind.MN_SW128, cutlass.Float32)
         o = cute.tile_to_shape(atom_o, (self.config.head_dim, self.config.q_tile), order=(1, 0))
         lay.o = cute.flat_divide(o, (MMA_M, self.config.q_tile))
         return lay
 
-    def _tma_atoms(self, views, lay, tiled_mma_kq, tiled_mma_vp, kv_smem_dtype):
+    def _tma_atoms(self, views, lay, kq_mma, vp_mma, kv_stage_dtype):
         """TMA atoms for Q (whole rows) and K/V: one box per page (PS < 128), one box per stage
         (PS == 128), or packed e2m1 boxes of one page x the whole head dim (nvfp4)."""
         cfg = self.config
@@ -228,7 +228,7 @@ class ThorDecodeKernel:
         op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         atoms = SimpleNamespace()
         atoms.q, atoms.q_tensor = cute.nvgpu.make_tiled_tma_atom_B(
-            op, views.q, cute.select(lay.q, MMA_MODES), tiler, tiled_mma_kq
+            op, views.q, cute.select(lay.q, MMA_MODES), tiler, kq_mma
         )
         if cfg.kv_format == "nvfp4":
             box = cute.make_layout((ps, cfg.head_dim), stride=(cfg.head_dim, 1))
@@ -236,10 +236,10 @@ class ThorDecodeKernel:
             atoms.v, atoms.v_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(op, views.v_tok, box, (ps, cfg.head_dim))
         elif ps == TILE_KEYS:
             atoms.k, atoms.k_tensor = cute.nvgpu.make_tiled_tma_atom_A(
-                op, views.k, cute.select(lay.k, MMA_MODES), tiler, tiled_mma_kq, internal_type=kv_smem_dtype
+                op, views.k, cute.select(lay.k, MMA_MODES), tiler, kq_mma, internal_type=kv_stage_dtype
             )
             atoms.v, atoms.v_tensor = cute.nvgpu.make_tiled_tma_atom_A(
-                op, views.v, cute.select(lay.v, MMA_MODES), tiler, tiled_mma_vp, internal_type=kv_smem_dtype
+                op, views.v, cute.select(lay.v, MMA_MODES), tiler, vp_mma, internal_type=kv_stage_dtype
             )
         else:
             # A stage (MMA, #MMA_M, #MMA_K) flattens colexicographically to m + 128 * k: relabel
@@ -247,10 +247,10 @@ class ThorDecodeKernel:
             k_box = cute.composition(cute.select(lay.k, MMA_MODES), cute.make_layout((ps, MMA_K), stride=(1, MMA_M)))
             v_box = cute.composition(cute.select(lay.v, MMA_MODES), cute.make_layout((MMA_M, ps), stride=(1, MMA_M)))
             atoms.k, atoms.k_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                op, views.k, k_box, (ps, MMA_K), internal_type=kv_smem_dtype
+                op, views.k, k_box, (ps, MMA_K), internal_type=kv_stage_dtype
             )
             atoms.v, atoms.v_tensor = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                op, views.v, v_box, (MMA_M, ps), internal_type=kv_smem_dtype
+                op, views.v, v_box, (MMA_M, ps), internal_type=kv_stage_dtype
             )
         return atoms
 
@@ -288,8 +288,8 @@ class ThorDecodeKernel:
     ):
         cfg = self.config
         q_dtype = q_ptr.dtype
-        kv_mma_dtype, kv_smem_dtype, _ = self._operand_types(q_dtype)
-        tiled_mma_kq, tiled_mma_vp = self._tiled_mmas(q_dtype, kv_mma_dtype)
+        kv_mma_dtype, kv_stage_dtype, _ = self._operand_types(q_dtype)
+        kq_mma, vp_mma = self._tiled_mmas(q_dtype, kv_mma_dtype)
         ptrs = SimpleNamespace(
             q=q_ptr, k=k_ptr, v=v_ptr, k_scales=k_scales_ptr, v_scales=v_scales_ptr, block_table=block_table_ptr,
             seq_lens=seq_lens_ptr, n_splits=n_splits_ptr, q_descale=q_descale_ptr, k_descale=k_descale_ptr,
@@ -297,12 +297,12 @@ class ThorDecodeKernel:
         )  # fmt: skip
         views = self._views(problem_shape, max_blocks, num_pages, strides, ptrs)
         work = cute.make_tensor(work_ptr, cute.make_layout((num_work, 4), stride=(4, 1)))
-        lay = self._smem_layouts(tiled_mma_kq, tiled_mma_vp, q_dtype, kv_smem_dtype)
-        atoms = self._tma_atoms(views, lay, tiled_mma_kq, tiled_mma_vp, kv_smem_dtype)
+        lay = self._smem_layouts(kq_mma, vp_mma, q_dtype, kv_stage_dtype)
+        atoms = self._tma_atoms(views, lay, kq_mma, vp_mma, kv_stage_dtype)
         b, h_k, n_q, d = problem_shape
 
         self.kernel(
-            tiled_mma_kq, tiled_mma_vp, q_dtype, kv_smem_dtype,
+            kq_mma, vp_mma, q_dtype, kv_stage_dtype,
             lay.q, atoms.q, atoms.q_tensor, lay.k, atoms.k, atoms.k_tensor, lay.v, atoms.v, atoms.v_tensor, lay.o,
             views.block_table, views.seq_lens, work, views.n_splits, views.q_descale, views.k_descale,
             views.v_descale, views.k_scales, views.v_scales, views.o, views.lse, views.o_part, views.m_part,
@@ -328,21 +328,21 @@ class ThorDecodeKernel:
     @cute.kernel
     def kernel(
         self,
-        tiled_mma_kq: cute.TiledMma,
-        tiled_mma_vp: cute.TiledMma,
+        kq_mma: cute.TiledMma,
+        vp_mma: cute.TiledMma,
         q_dtype: Type[cutlass.Numeric],
-        kv_smem_dtype: Type[cutlass.Numeric],
-        smem_layout_q: cute.ComposedLayout,
-        tma_atom_q: cute.CopyAtom,
+        kv_stage_dtype: Type[cutlass.Numeric],
+        q_smem: cute.ComposedLayout,
+        q_atom: cute.CopyAtom,
         mQ: cute.Tensor,
-        smem_layout_k: cute.ComposedLayout,
-        tma_atom_k: cute.CopyAtom,
+        k_smem: cute.ComposedLayout,
+        k_atom: cute.CopyAtom,
         mK: cute.Tensor,
-        smem_layout_v: cute.ComposedLayout,
-        tma_atom_v: cute.CopyAtom,
+        v_smem: cute.ComposedLayout,
+        v_atom: cute.CopyAtom,
         mV: cute.Tensor,
-        smem_layout_o: cute.ComposedLayout,
-        mBlockTable: cute.Tensor,
+        o_smem: cute.ComposedLayout,
+        mBT: cute.Tensor,
         mSeqLens: cute.Tensor,
         mWork: cute.Tensor,
         mNSplits: cute.Tensor,
@@ -390,20 +390,20 @@ class ThorDecodeKernel:
 
         smem = cutlass.memory.SmemAllocator()
         if warp_idx == 0 and not idle:
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_q)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_k)
-            cute.nvgpu.cpasync.prefetch_descriptor(tma_atom_v)
+            cute.nvgpu.cpasync.prefetch_descriptor(q_atom)
+            cute.nvgpu.cpasync.prefetch_descriptor(k_atom)
+            cute.nvgpu.cpasync.prefetch_descriptor(v_atom)
         tmem_holder = smem.allocate_array(cutlass.Int32)
         if warp_idx == 1 and not idle:
             cute.arch.alloc_tmem(dv.tmem_cols, tmem_holder)
 
-        kv_tx_bytes = cute.size_in_bytes(self._operand_types(q_dtype)[2], cute.select(smem_layout_k, MMA_MODES))
-        pipes = self._pipelines(smem, q_dtype, smem_layout_q, kv_tx_bytes)
+        kv_tx_bytes = cute.size_in_bytes(self._operand_types(q_dtype)[2], cute.select(k_smem, MMA_MODES))
+        pipes = self._pipelines(smem, q_dtype, q_smem, kv_tx_bytes)
         cute.arch.sync_threads()  # mbarrier inits and the TMEM address visible to every warp
 
         # -- shared memory and tensor memory --
-        thr_mma_kq = tiled_mma_kq.get_slice(0)
-        thr_mma_vp = tiled_mma_vp.get_slice(0)
+        thr_mma_kq = kq_mma.get_slice(0)
+        thr_mma_vp = vp_mma.get_slice(0)
         acc = cutlass.Float32
         # Running column max, double-buffered by tile parity: buffer s % 2 is written at tile s and
         # read right after a barrier; it is next written at tile s + 2, after the next barrier, so a
@@ -414,10 +414,10 @@ class ThorDecodeKernel:
         sL = smem.allocate_tensor(
             acc, cute.make_layout((MMA_M, n_tile, WARPS_PER_WARPGROUP), stride=(0, 1, n_tile)), 16
         )
-        tBsQ = smem.allocate_tensor(q_dtype, smem_layout_q.outer, SWIZZLE_ALIGN, smem_layout_q.inner)
-        tAsK = smem.allocate_tensor(kv_smem_dtype, smem_layout_k.outer, SWIZZLE_ALIGN, smem_layout_k.inner)
+        tBsQ = smem.allocate_tensor(q_dtype, q_smem.outer, SWIZZLE_ALIGN, q_smem.inner)
+        tAsK = smem.allocate_tensor(kv_stage_dtype, k_smem.outer, SWIZZLE_ALIGN, k_smem.inner)
         tAsV = cute.make_tensor(
-            cute.recast_ptr(tAsK.iterator, smem_layout_v.inner, dtype=kv_smem_dtype), smem_layout_v.outer
+            cute.recast_ptr(tAsK.iterator, v_smem.inner, dtype=kv_stage_dtype), v_smem.outer
         )  # V shares the ring
         sKVp = None
         if cutlass.const_expr(nvfp4):
@@ -429,13 +429,13 @@ class ThorDecodeKernel:
                 128,
             )
         # P: the (keys, rows) C tile of GEMM1 read as the (rows, keys) B tile of GEMM2.
-        p_layout = sm100_utils.make_smem_layout_b(tiled_mma_vp, (None, n_tile, MMA_M), q_dtype, SP_STAGES)
+        p_layout = sm100_utils.make_smem_layout_b(vp_mma, (None, n_tile, MMA_M), q_dtype, SP_STAGES)
         tBsP = smem.allocate_tensor(q_dtype, p_layout.outer, SWIZZLE_ALIGN, p_layout.inner)
         tBsP_nk = cute.local_tile(tBsP, thr_mma_vp.partition_shape_B((n_tile, MMA_K)), (0, 0, None, None))
-        tCtS_shape = tiled_mma_kq.partition_shape_C((MMA_M, n_tile, SP_STAGES))
+        tCtS_shape = kq_mma.partition_shape_C((MMA_M, n_tile, SP_STAGES))
         tCsP = cute.composition(tBsP, cute.make_ordered_layout(tCtS_shape, order=((2, 0), 3, 1, 4)))
         # O (shape only; aliases the Q buffer, never written)
-        sO = cute.make_tensor(cute.recast_ptr(tBsQ.iterator, smem_layout_o.inner, dtype=acc), smem_layout_o.outer)
+        sO = cute.make_tensor(cute.recast_ptr(tBsQ.iterator, o_smem.inner, dtype=acc), o_smem.outer)
         tCsO = thr_mma_vp.partition_C(sO)
 
         tmem = cute.arch.retrieve_tmem_ptr(cutlass.Int32, 16, tmem_holder)
@@ -445,8 +445,8 @@ class ThorDecodeKernel:
             tAV = thr_mma_vp.make_fragment_A(tAsV)
         else:
             # bf16 path: converted K/V stages live in TMEM (K and V stages share the columns)
-            k_frag = thr_mma_kq.make_fragment_A(tiled_mma_kq.partition_shape_A((MMA_M, MMA_K, dv.cvt_stages)))
-            v_frag = thr_mma_vp.make_fragment_A(tiled_mma_vp.partition_shape_A((MMA_M, MMA_K, dv.cvt_stages)))
+            k_frag = thr_mma_kq.make_fragment_A(kq_mma.partition_shape_A((MMA_M, MMA_K, dv.cvt_stages)))
+            v_frag = thr_mma_vp.make_fragment_A(vp_mma.partition_shape_A((MMA_M, MMA_K, dv.cvt_stages)))
             tAK = cute.make_tensor(cute.recast_ptr(tmem + col, dtype=q_dtype), k_frag.layout)
             tAV = cute.make_tensor(cute.recast_ptr(tmem + col, dtype=q_dtype), v_frag.layout)
             col += tcgen05.find_tmem_tensor_col_offset(tAK)
@@ -461,10 +461,10 @@ class ThorDecodeKernel:
         ctx = SimpleNamespace(
             seq=seq, tile_begin=tile_begin, n_iters=n_iters, slot=slot, kv_head=kv_head, h_k=h_k, n_q=n_q,
             hb=kv_head + h_k * seq, seq_len=mSeqLens[seq], n_splits=mNSplits[seq], q_tile_idx=q_tile_idx,
-            num_pages=num_pages, q_dtype=q_dtype, kv_smem_dtype=kv_smem_dtype, tmem=tmem, tmem_holder=tmem_holder,
-            tiled_mma_kq=tiled_mma_kq, tiled_mma_vp=tiled_mma_vp, thr_mma_kq=thr_mma_kq, thr_mma_vp=thr_mma_vp,
-            tma_atom_q=tma_atom_q, tma_atom_k=tma_atom_k, tma_atom_v=tma_atom_v, mQ=mQ, mK=mK, mV=mV, mKS=mKS,
-            mVS=mVS, mBlockTable=mBlockTable, mQD=mQD, mKD=mKD, mVD=mVD, mO=mO, mLSE=mLSE, mOp=mOp, mMp=mMp,
+            num_pages=num_pages, q_dtype=q_dtype, kv_stage_dtype=kv_stage_dtype, tmem=tmem, tmem_holder=tmem_holder,
+            kq_mma=kq_mma, vp_mma=vp_mma, thr_mma_kq=thr_mma_kq, thr_mma_vp=thr_mma_vp,
+            q_atom=q_atom, k_atom=k_atom, v_atom=v_atom, mQ=mQ, mK=mK, mV=mV, mKS=mKS,
+            mVS=mVS, mBT=mBT, mQD=mQD, mKD=mKD, mVD=mVD, mO=mO, mLSE=mLSE, mOp=mOp, mMp=mMp,
             mLp=mLp, tBsQ=tBsQ, tAsK=tAsK, tAsV=tAsV, sKVp=sKVp, tAK=tAK, tAV=tAV, tCtS=tCtS, tCtO=tCtO,
             tCsP=tCsP, tBsP_nk=tBsP_nk, tCsO=tCsO, sM0=sM0, sM1=sM1, sL=sL, scale_qs=scale_qs,
             scale_qs_log2_e=scale_qs_log2_e, scale_o=scale_o, p=pipes,
@@ -489,7 +489,7 @@ class ThorDecodeKernel:
             self.softmax(ctx)
         return
 
-    def _pipelines(self, smem, q_dtype, smem_layout_q, kv_tx_bytes):
+    def _pipelines(self, smem, q_dtype, q_smem, kv_tx_bytes):
         """mbarrier pipelines between the roles (plain Python, traced inside the kernel)."""
         cfg = self.config
         dv = cfg.derived
@@ -510,7 +510,7 @@ class ThorDecodeKernel:
         bars = {name: smem.allocate_array(cutlass.Int64, n * 2) for name, n in storage.items()}
         p.q_producer, p.q_consumer = pipeline.PipelineTmaAsync.create(
             num_stages=dv.q_stages, producer_group=one, consumer_group=wg,
-            tx_count=cute.size_in_bytes(q_dtype, cute.select(smem_layout_q, MMA_MODES)),
+            tx_count=cute.size_in_bytes(q_dtype, cute.select(q_smem, MMA_MODES)),
             barrier_storage=bars["q"], tidx=0, cta_layout_vmnk=no_mcast, defer_sync=True,
         ).make_participants()  # fmt: skip
         p.pk_producer = p.pk_consumer = p.cvt_producer = p.cvt_consumer = None
@@ -578,7 +578,7 @@ class ThorDecodeKernel:
         padding, which may hold garbage, is never read)."""
         page = c.num_pages
         if block * self.config.page_size < c.seq_len:
-            page = c.mBlockTable[c.seq, block]
+            page = c.mBT[c.seq, block]
         return c.kv_head + c.h_k * page
 
     @cute.jit
@@ -606,8 +606,8 @@ class ThorDecodeKernel:
         pages_per_tile = TILE_KEYS // ps
         whole_page = ps == TILE_KEYS
         kv_producer = c.p.kv_producer.clone()
-        atom_k = c.tma_atom_k
-        atom_v = c.tma_atom_v
+        atom_k = c.k_atom
+        atom_v = c.v_atom
         if cutlass.const_expr(whole_page):
             gK = cute.local_tile(c.mK, tiler=(TILE_KEYS, cfg.head_dim), coord=(0, 0, None))
             gV = cute.local_tile(c.mV, tiler=(cfg.head_dim, TILE_KEYS), coord=(0, 0, None))
@@ -673,10 +673,10 @@ class ThorDecodeKernel:
         for j in cutlass.range_constexpr(pages_per_tile):
             block = tile * pages_per_tile + j
             if block * self.config.page_size < c.seq_len:
-                coord = c.kv_head + c.h_k * c.mBlockTable[c.seq, block]
+                coord = c.kv_head + c.h_k * c.mBT[c.seq, block]
                 for dk in cutlass.range_constexpr(self.tiles_d):
-                    cute.prefetch(c.tma_atom_k, gK_t[None, 0, dk, coord])
-                    cute.prefetch(c.tma_atom_v, gV_t[None, dk, 0, coord])
+                    cute.prefetch(c.k_atom, gK_t[None, 0, dk, coord])
+                    cute.prefetch(c.v_atom, gV_t[None, dk, 0, coord])
 
     @cute.jit
     def _load_kv_packed(self, c, hint):
@@ -688,10 +688,10 @@ class ThorDecodeKernel:
         box = (ps, cfg.head_dim)
         s_box = cute.group_modes(cute.flat_divide(c.sKVp, box), 0, 2)  # (box, J, 1, packed stages)
         sK, gK_t = cute.nvgpu.cpasync.tma_partition(
-            c.tma_atom_k, 0, cute.make_layout((1, 1, 1, 1)), s_box, cute.group_modes(cute.flat_divide(c.mK, box), 0, 2)
+            c.k_atom, 0, cute.make_layout((1, 1, 1, 1)), s_box, cute.group_modes(cute.flat_divide(c.mK, box), 0, 2)
         )
         sV, gV_t = cute.nvgpu.cpasync.tma_partition(
-            c.tma_atom_v, 0, cute.make_layout((1, 1, 1, 1)), s_box, cute.group_modes(cute.flat_divide(c.mV, box), 0, 2)
+            c.v_atom, 0, cute.make_layout((1, 1, 1, 1)), s_box, cute.group_modes(cute.flat_divide(c.mV, box), 0, 2)
         )
         pk_producer = c.p.pk_producer.clone()
         n_iters = c.n_iters
@@ -702,17 +702,13 @@ class ThorDecodeKernel:
                 h = pk_producer.acquire_and_advance()
                 for j in cutlass.range_constexpr(pages_per_tile):
                     coord = self._page_coord(c, tile * pages_per_tile + j)
-                    cute.copy(
-                        c.tma_atom_k, gK_t[None, 0, 0, coord], sK[None, j, 0, h.index], tma_bar_ptr=h.barrier, **hint
-                    )
+                    cute.copy(c.k_atom, gK_t[None, 0, 0, coord], sK[None, j, 0, h.index], tma_bar_ptr=h.barrier, **hint)
             if s >= LEAD:
                 tile = tile_begin + s - LEAD
                 h = pk_producer.acquire_and_advance()
                 for j in cutlass.range_constexpr(pages_per_tile):
                     coord = self._page_coord(c, tile * pages_per_tile + j)
-                    cute.copy(
-                        c.tma_atom_v, gV_t[None, 0, 0, coord], sV[None, j, 0, h.index], tma_bar_ptr=h.barrier, **hint
-                    )
+                    cute.copy(c.v_atom, gV_t[None, 0, 0, coord], sV[None, j, 0, h.index], tma_bar_ptr=h.barrier, **hint)
 
     @cute.jit
     def load_q(self, c):
@@ -721,7 +717,7 @@ class ThorDecodeKernel:
         gQ = cute.local_tile(c.mQ, tiler=(cfg.q_tile, cfg.head_dim), coord=(c.q_tile_idx, 0, c.hb))
         tBgQ = c.thr_mma_kq.partition_B(cute.flat_divide(gQ, (cfg.q_tile, MMA_K)))
         sQ, gQ_t = cute.nvgpu.cpasync.tma_partition(
-            c.tma_atom_q,
+            c.q_atom,
             0,
             cute.make_layout((1, 1, 1, 1)),
             cute.group_modes(c.tBsQ, 0, 3),
@@ -730,7 +726,7 @@ class ThorDecodeKernel:
         q_producer = c.p.q_producer.clone()
         for dk in cutlass.range_constexpr(self.tiles_d):  # q_stages == tiles_d
             h = q_producer.acquire_and_advance()
-            cute.copy(c.tma_atom_q, gQ_t[None, 0, dk], sQ[None, dk], tma_bar_ptr=h.barrier)
+            cute.copy(c.q_atom, gQ_t[None, 0, dk], sQ[None, dk], tma_bar_ptr=h.barrier)
 
     # ------------------------------------------------------------------------------------------
     # Stage: convert warpgroups
@@ -744,7 +740,7 @@ class ThorDecodeKernel:
         self._set_registers(dv.convert_regs)
         groups = dv.convert_warpgroups
         q_dtype = c.q_dtype
-        kv_dtype = c.kv_smem_dtype
+        kv_dtype = c.kv_stage_dtype
         tid = cute.arch.thread_idx()[0] % WARPGROUP_THREADS
         kv_consumer = c.p.kv_consumer.clone()
         cvt_producer = c.p.cvt_producer.clone()
@@ -872,7 +868,7 @@ class ThorDecodeKernel:
         ps = cfg.page_size
         page = 0
         if block * ps < c.seq_len:
-            page = c.mBlockTable[c.seq, block]
+            page = c.mBT[c.seq, block]
         coord = c.kv_head + c.h_k * page
         scales8 = cute.make_rmem_tensor((2,), cutlass.Float8E4M3FN)
         if cutlass.const_expr(which == 0):
@@ -906,7 +902,7 @@ class ThorDecodeKernel:
     def mma_kq(self, c):
         """GEMM1 per tile: S[stage] = K . Q over tiles_d stages; then hand over to GEMM2."""
         self._set_registers(self.config.derived.mma_tma_regs)
-        tiled_mma = c.tiled_mma_kq
+        tiled_mma = c.kq_mma
         tCtS = c.tCtS
         tAK = c.tAK
         q_frag = c.thr_mma_kq.make_fragment_B(c.tBsQ)
@@ -950,7 +946,7 @@ class ThorDecodeKernel:
     def mma_vp(self, c):
         """GEMM2 per tile: O += V . P, accumulating in TMEM; then frees TMEM at the end."""
         self._set_registers(self.config.derived.mma_tma_regs)
-        tiled_mma = c.tiled_mma_vp
+        tiled_mma = c.vp_mma
         tCtO = c.tCtO
         tAV = c.tAV
         p_frag = c.thr_mma_vp.make_fragment_B(c.tBsP_nk)
