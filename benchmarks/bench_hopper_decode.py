@@ -217,7 +217,8 @@ def _hint(text):
 
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
-                peers=True, mma=None, q_rows=None, ctas=None, loads=None, hint=(None, None), merge=None):  # fmt: skip
+                peers=True, mma=None, q_rows=None, ctas=None, loads=None, hint=(None, None), merge=None,
+                v_operand=None):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
@@ -238,7 +239,7 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
             preps.append(prepare_decode(
                 q, kp, vp, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
                 mma=mma, q_rows=q_rows, ctas_per_sm=ctas, loads=loads, prefetch=hint[0], evict_first=hint[1],
-                merge=merge,
+                merge=merge, v_operand=v_operand,
                 **sc,
             ))  # fmt: skip
     ms = _time_ms([p.launch for p in preps], iters, stream=stream)
@@ -312,6 +313,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--merge", default="auto",
                     help="comma-separated split merges to compare: auto (HopperConfig's), fused, kernel")  # fmt: skip
+    ap.add_argument("--v-operand", default="auto",
+                    help="comma-separated V^T operands of the wgmma rows to compare: auto (HopperConfig's),"
+                    " registers, smem, f16")  # fmt: skip
     ap.add_argument("--l2-hints", default="default",
                     help="comma-separated L2 hints of the KV loads to compare: default (HopperConfig's), none, ef"
                     " (evict-first), pf64 / pf128 / pf256 (cp.async prefetch size), or joined by +")  # fmt: skip
@@ -336,6 +340,7 @@ def main(argv=None) -> int:
     loads_list = [None if x == "auto" else x for x in args.loads.split(",") if x]
     hint_list = [_hint(h) for h in args.l2_hints.split(",") if h]
     merge_list = [None if x == "auto" else x for x in args.merge.split(",") if x]
+    vo_list = [None if x == "auto" else x for x in args.v_operand.split(",") if x]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -369,10 +374,10 @@ def main(argv=None) -> int:
     for h_q, h_k, d in SHAPES:
         for b in batches:
             for fmt in formats:
-                variants = [("e4m3", m) for m in mma_list]
+                variants = [("e4m3", m, vo) for m in mma_list for vo in (vo_list if m == "wgmma" else [None])]
                 if fmt == "e4m3":
-                    variants.insert(0, ("bf16", "sync"))
-                for q_dtype, mma in variants:
+                    variants.insert(0, ("bf16", "sync", None))
+                for q_dtype, mma, v_operand in variants:
                     q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
                     combos = [(s, r, c, ld, h, mg) for s in stage_list for r in rows_list for c in ctas_list
                               for ld in loads_list for h in hint_list for mg in merge_list]  # fmt: skip
@@ -385,11 +390,12 @@ def main(argv=None) -> int:
                         shape += f" {loads or 'cp_async'}" if len(loads_list) > 1 else ""
                         shape += f" {hint[2]}" if len(hint_list) > 1 else ""
                         shape += f" {merge or 'auto'}" if len(merge_list) > 1 else ""
+                        shape += f" v{v_operand or 'auto'}" if mma == "wgmma" and len(vo_list) > 1 else ""
                         try:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
                                 sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows, ctas, loads,
-                                hint[:2], merge,
+                                hint[:2], merge, v_operand,
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")

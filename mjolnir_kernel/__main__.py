@@ -171,7 +171,7 @@ def _hopper_bench_config(args):
             head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
             q_dtype=_q_dtype(args), causal=not args.non_causal, max_splits=args.max_splits,
             ring_depth=args.ring_depth, pdl=args.pdl, mma=args.mma, n_q=args.q_len * (args.heads_q // args.heads_k),
-            ctas_per_sm=args.ctas_per_sm, loads=args.loads, merge=args.merge,
+            ctas_per_sm=args.ctas_per_sm, loads=args.loads, merge=args.merge, v_operand=args.v_operand,
             evict_first=None if args.evict_first < 0 else bool(args.evict_first),
         )  # fmt: skip
     except ConfigError as e:
@@ -225,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Hopper only: KV tiles by cp.async (default), bulk copies or TMA (e4m3 KV)")  # fmt: skip
     b.add_argument("--merge", choices=("kernel", "fused"), default=None,
                    help="Hopper only: split merge by a reduction grid (default) or in the decode grid")  # fmt: skip
+    b.add_argument("--v-operand", choices=("registers", "smem", "f16"), default=None,
+                   help="Hopper --mma wgmma only: V^T from registers (default), a K-major shared-memory tile, "
+                        "or widened to f16")  # fmt: skip
     b.add_argument("--l2-prefetch", type=int, default=0)
     b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1),
                    help="-1: the default (Thor: on for e4m3 Q; Hopper: on)")  # fmt: skip

@@ -28,7 +28,9 @@ class DeviceError(RuntimeError):
 
 HOPPER_MAX_SPLITS = 32  # H200: 132 SMs want more chunks per sequence at small batch than Thor's 20
 THOR_ONLY_OPTIONS = {"l2_prefetch": 0}  # knobs the Hopper kernel lacks
-HOPPER_ONLY_OPTIONS = {"mma": None, "q_rows": None, "loads": None, "prefetch": None, "merge": None}  # not on Thor
+HOPPER_ONLY_OPTIONS = {  # not on Thor
+    "mma": None, "q_rows": None, "loads": None, "prefetch": None, "merge": None, "v_operand": None,
+}  # fmt: skip
 HOPPER_DEFAULT_MMA = "sync"  # HopperConfig.mma when decode() is not given one
 
 
@@ -51,13 +53,15 @@ def select_hopper_config(
     prefetch: Optional[int] = None,
     evict_first: Optional[bool] = None,
     merge: Optional[str] = None,
+    v_operand: Optional[str] = None,
 ):
     """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints, strs and bools as in
     ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1;
     ``mma`` None = :data:`HOPPER_DEFAULT_MMA`; ``n_q`` = q_len * h_r query rows per KV head, when known:
     at most 8 selects ``q_rows=8`` on the mma.sync path; ``q_rows`` 8 or 16 overrides that choice;
     ``ctas_per_sm`` None = what shared memory and the register budget allow, else ``HopperConfig.ctas``;
-    ``loads``, ``prefetch``, ``evict_first``, ``merge`` None = the ``HopperConfig`` defaults, else those fields).
+    ``loads``, ``prefetch``, ``evict_first``, ``merge``, ``v_operand`` None = the ``HopperConfig`` defaults,
+    else those fields).
     Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement, and ValueError
     for ``q_rows=8`` with more than 8 query rows."""
     from .hopper.config import HopperConfig, can_implement_hopper
@@ -75,7 +79,7 @@ def select_hopper_config(
         cfg, q_rows=q_rows, ctas=ctas_per_sm or 0, loads=cfg.loads if loads is None else loads,
         prefetch=cfg.prefetch if prefetch is None else prefetch,
         evict_first=cfg.evict_first if evict_first is None else evict_first,
-        merge=cfg.merge if merge is None else merge,
+        merge=cfg.merge if merge is None else merge, v_operand=cfg.v_operand if v_operand is None else v_operand,
     )  # fmt: skip
     can_implement_hopper(cfg)
     return cfg
@@ -180,6 +184,7 @@ def prepare_decode(
     loads: Optional[str] = None,
     prefetch: Optional[int] = None,
     merge: Optional[str] = None,
+    v_operand: Optional[str] = None,
     out: Optional[torch.Tensor] = None,
     check_values: bool = True,
 ) -> PreparedDecode:
@@ -213,11 +218,13 @@ def prepare_decode(
             head_dim=problem.head_dim, page_size=problem.page_size, q_len=q_len, kv_format=kv_format,
             q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl, mma=mma,
             n_q=problem.n_q, q_rows=q_rows, ctas_per_sm=ctas_per_sm, loads=loads, prefetch=prefetch,
-            evict_first=evict_first, merge=merge,
+            evict_first=evict_first, merge=merge, v_operand=v_operand,
         )  # fmt: skip
         ctas_per_sm = cfg.ctas_per_sm
     else:
-        for name, value in {"mma": mma, "q_rows": q_rows, "loads": loads, "prefetch": prefetch, "merge": merge}.items():
+        hopper_given = {"mma": mma, "q_rows": q_rows, "loads": loads, "prefetch": prefetch, "merge": merge,
+                        "v_operand": v_operand}  # fmt: skip
+        for name, value in hopper_given.items():
             if value != HOPPER_ONLY_OPTIONS[name]:
                 raise ValueError(f"{name}: a Hopper-kernel option; the Thor kernel has no such knob (got {value!r})")
         cfg = select_config(
@@ -316,7 +323,8 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
         hardware swizzle); ``HopperConfig.loads``. prefetch: Hopper only:
         the cp.async L2 prefetch-size hint, 0 (None), 64, 128 or 256 bytes. merge: Hopper only: "kernel"
         (None: a reduction grid after the decode grid) or "fused" (the last CTA of each split sequence
-        merges its chunks in the decode grid); ``HopperConfig.merge``, bit-identical either way.
+        merges its chunks in the decode grid); ``HopperConfig.merge``, bit-identical either way. v_operand:
+        Hopper, mma="wgmma" only: "registers" (None), "smem" or "f16"; ``HopperConfig.v_operand``.
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).
       check_values: read seq_lens on the host to check the block table and plan (a device sync).
 
@@ -350,7 +358,8 @@ def decode(
         sequence lengths, K/V descales and NVFP4 scales come from it).
       q_descale, softmax_scale, scale_o, q_len, causal, plan, chunk_tiles: as ``emulate_decode``.
       kernel_options: ``decode_paged`` knobs (max_splits, force_splits, pad_to, sm_count, ctas_per_sm,
-        ring_depth, pdl, l2_prefetch, evict_first, mma, q_rows, loads, prefetch, merge, out, check_values).
+        ring_depth, pdl, l2_prefetch, evict_first, mma, q_rows, loads, prefetch, merge, v_operand, out,
+        check_values).
 
     Returns:
       (o, lse): bfloat16 (num_seqs * q_len, h_q, d) and float32 (num_seqs, h_k, q_len * h_r), natural

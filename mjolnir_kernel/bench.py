@@ -90,6 +90,8 @@ def run_bench(args) -> int:
         opts["loads"] = args.loads
     if args.merge is not None:
         opts["merge"] = args.merge
+    if args.v_operand is not None:
+        opts["v_operand"] = args.v_operand
     print(f"config {cfg.short_name()}  plan {plan}  seq_lens {lens[:8]}{' ...' if len(lens) > 8 else ''}")
     o, lse = decode(q, cache, **opts)
     torch.cuda.synchronize()

@@ -44,6 +44,7 @@ HEAD_DIMS = (128, 256)
 MMA_KINDS = ("sync", "wgmma")
 LOAD_KINDS = ("cp_async", "bulk", "tma")
 MERGE_KINDS = ("kernel", "fused")
+V_OPERANDS = ("registers", "smem", "f16")  # how the wgmma path makes V^T K-major (HopperConfig.v_operand)
 PREFETCH_SIZES = (0, 64, 128, 256)  # L2 prefetch-size hints of cp.async (.L2::64B / 128B / 256B)
 BULK_ROW_PAD = 16  # bytes after each key row of a bulk-loaded ring stage (ldmatrix rows on distinct banks)
 
@@ -89,6 +90,15 @@ class HopperConfig:
                   EXPERIMENTAL warpgroup fp8 MMAs with the keys on M (e4m3 Q only; e4m3 bytes straight
                   into the tensor cores), not bit-faithful: Hopper's fp8 MMAs do not add exactly
                   (``wgmma_kernel.py``)
+      v_operand   mma="wgmma" only: how V (stored d-contiguous) becomes the A operand V^T of O^T = V^T.P^T,
+                  which fp8 wgmma reads only K-major (keys contiguous): "registers" (default:
+                  ``ldmatrix.trans`` and two byte permutes per register, A from registers), "smem" (those
+                  fragments stored once per tile into a K-major V^T tile in shared memory, both operands
+                  from shared memory) or "f16" (V widened exactly to f16 in shared memory, which the 16-bit
+                  wgmma reads M-major, and P as f16: an f16 P.V). On the H200 registers are the fastest
+                  or within 1 % of it: "smem" 0.89x at d = 128, 0.99-1.01x at d = 256 (the same bits),
+                  "f16" 0.69-0.77x (``python -m benchmarks.bench_hopper_decode --mma wgmma --v-operand
+                  registers,smem,f16``)
     """
 
     head_dim: int = 128
@@ -107,6 +117,7 @@ class HopperConfig:
     prefetch: int = 0
     evict_first: bool = True
     merge: str = "kernel"
+    v_operand: str = "registers"
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -125,6 +136,7 @@ class HopperConfig:
             + (f"-pf{self.prefetch}" if self.prefetch else "")
             + ("" if self.evict_first else "-noef")
             + ("-fm" if self.merge == "fused" else "")
+            + ({"smem": "-vs", "f16": "-vf16"}.get(self.v_operand, ""))
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -184,8 +196,9 @@ class HopperConfig:
     @property
     def smem_bytes(self) -> int:
         p = Q_TILE * (TILE_KEYS + P_ROW_PAD) * 2
-        if self.mma == "wgmma":  # e4m3 P and Q tiles in the wgmma operand layout
-            p = Q_TILE * TILE_KEYS + Q_TILE * self.head_dim
+        if self.mma == "wgmma":  # P (e4m3, or f16 for v_operand="f16") and Q tiles in the wgmma operand layout
+            p = Q_TILE * TILE_KEYS * (2 if self.v_operand == "f16" else 1) + Q_TILE * self.head_dim
+            p += self.v_operand_bytes
         stats = 2 * WARPS * Q_TILE * 4
         if self.packed:  # packed ring + one converted K and V tile
             ring = 2 * self.ring_stages * TILE_KEYS * self.packed_row_bytes + 2 * self.tile_bytes
@@ -198,6 +211,12 @@ class HopperConfig:
             if self.loads == "tma":  # the K and V rings aligned to 1024 bytes (the swizzle's period)
                 ring += 2 * 1024
         return ring + p + stats + 512
+
+    @property
+    def v_operand_bytes(self) -> int:
+        """Shared memory of the wgmma path's V^T tile: none in registers, d x 128 e4m3 bytes for "smem",
+        twice that in f16 for "f16"."""
+        return {"smem": 1, "f16": 2}.get(self.v_operand, 0) * self.tile_bytes
 
     @property
     def ctas_per_sm(self) -> int:
@@ -261,6 +280,10 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(f"q_rows={c.q_rows!r} (8 or {Q_TILE})")
     elif c.q_rows == 8 and c.mma == "wgmma":
         problems.append("q_rows=8 with mma='wgmma' (the wgmma path computes all 16 rows)")
+    if c.v_operand not in V_OPERANDS:
+        problems.append(f"v_operand={c.v_operand!r} (allowed {V_OPERANDS})")
+    elif c.v_operand != "registers" and c.mma != "wgmma":
+        problems.append(f"v_operand={c.v_operand!r} with mma={c.mma!r} (needs mma='wgmma')")
     if c.merge not in MERGE_KINDS:
         problems.append(f"merge={c.merge!r} (allowed {MERGE_KINDS})")
     if not isinstance(c.pdl, bool):

@@ -271,6 +271,14 @@ def ld_shared_v2_b32(smem_addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ld_shared_v4_b32(smem_addr, *, loc=None, ip=None):
+    """Four 32-bit words at a 16-byte aligned shared-memory address."""
+    res = _asm(_struct(4, T.i32()), [_i32(smem_addr, loc, ip)], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
+               "=r,=r,=r,=r,r", True)  # fmt: skip
+    return _unpack(res, 4, T.i32(), Int32)
+
+
+@dsl_user_op
 def ld_shared_u8(smem_addr, *, loc=None, ip=None):
     return Int32(_asm(T.i32(), [_i32(smem_addr, loc, ip)], "ld.shared.u8 $0, [$1];", "=r,r", True))
 
@@ -459,6 +467,47 @@ def wgmma_e4m3_rs(a, descs, *, n: int, loc=None, ip=None):
     return _unpack(res, nd, T.f32(), Float32)
 
 
+WGMMA_SS_KINDS = {  # dtype -> (k per instruction, the PTX type and trailing immediates)
+    "e4m3": (32, "e4m3.e4m3", "1, 1"),  # fp8: both operands K-major (no transpose immediates)
+    "f16": (16, "f16.f16", "1, 1, 1, 0"),  # A M-major (imm-trans-a 1), B K-major
+}
+
+
+@dsl_user_op
+def wgmma_ss(a_descs, b_descs, *, n: int, dtype: str, loc=None, ip=None):
+    """D = A . B over ``len(a_descs)`` k-steps of ``wgmma.mma_async.m64n{n}k{k}.f32`` with both operands
+    in shared memory, into fresh fp32 accumulators, waited for before returning (as ``wgmma_e4m3_rs``).
+
+    dtype "e4m3": k = 32, A and B K-major; "f16": k = 16, A M-major (the 16-bit types may be transposed),
+    B K-major. a_descs / b_descs: one Int64 descriptor each per k-step. Returns n / 2 Float32 in the
+    accumulator order of ``wgmma_e4m3_rs``; all 128 threads of the warpgroup must call it. Raises
+    ValueError (at trace time) for an unknown dtype, unequal descriptor counts or n outside 8 .. 256 in
+    steps of 8."""
+    if dtype not in WGMMA_SS_KINDS:
+        raise ValueError(f"wgmma_ss: dtype={dtype!r} (allowed {tuple(WGMMA_SS_KINDS)})")
+    steps = len(a_descs)
+    if len(b_descs) != steps or n % 8 or not 8 <= n <= 256:
+        raise ValueError(f"wgmma_ss: {steps} A and {len(b_descs)} B descriptors, n={n}")
+    k, types, imms = WGMMA_SS_KINDS[dtype]
+    nd = n // 2
+    d_regs = ", ".join(f"${i}" for i in range(nd))
+    z = f"${nd + 2 * steps}"
+    lines = ["{", ".reg .pred fresh, acc;", f"setp.ne.b32 fresh, {z}, 0;", f"setp.eq.b32 acc, {z}, 0;",
+             "wgmma.fence.sync.aligned;"]  # fmt: skip
+    for s in range(steps):
+        scale_d = "fresh" if s == 0 else "acc"
+        lines.append(
+            f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{types} {{{d_regs}}}, ${nd + s}, ${nd + steps + s}, "
+            f"{scale_d}, {imms};"
+        )
+    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+    operands = [Int64(x).ir_value(loc=loc, ip=ip) for x in list(a_descs) + list(b_descs)]
+    operands.append(_i32(0, loc, ip))
+    constraints = ",".join(["=f"] * nd + ["l"] * (2 * steps) + ["r"])
+    res = _asm(_struct(nd, T.f32()), operands, "\n\t".join(lines), constraints, side_effects=True)
+    return _unpack(res, nd, T.f32(), Float32)
+
+
 @dsl_user_op
 def prmt(a, b, selector: int, *, loc=None, ip=None):
     """``prmt.b32``: byte i of the result is byte ``(selector >> 4 i) & 7`` of (b:a), a's bytes 0-3."""
@@ -524,6 +573,9 @@ __all__ = [
     "GMMA_CORE_BYTES",
     "gmma_desc_bits",
     "wgmma_e4m3_rs",
+    "wgmma_ss",
+    "WGMMA_SS_KINDS",
+    "ld_shared_v4_b32",
     "prmt",
     "fence_proxy_async_shared",
     "st_shared_b16",

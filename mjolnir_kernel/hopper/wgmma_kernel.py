@@ -33,6 +33,12 @@ Orderings that are relabelings (the spec sums are order-free; masks and softmax 
 
 Each tile's P.V goes into fresh accumulators and is added to the fp32 O registers (no tensor-core
 accumulation longer than one tile: NUMERICS.md section 4).
+
+``HopperConfig.v_operand`` picks how V^T reaches the P.V wgmma (README "V^T for the fp8 wgmma"):
+"registers" (the above), "smem" (the same fragments stored into a K-major e4m3 V^T tile, both operands
+from shared memory: the same bits, 0.89x at d = 128 and 0.99-1.01x at d = 256 on the H200) or "f16"
+(V widened exactly to f16 into an M-major operand, P stored as f16, an f16 wgmma: 0.69-0.77x, and O a
+little closer to the spec since only S stays on the fp8 MMA).
 """
 
 import cutlass
@@ -43,11 +49,14 @@ from .config import Q_TILE, THREADS, TILE_KEYS, WARPS
 from .decode_kernel import CHUNK, HopperDecodeKernel, _fmax
 from .ptx import (
     GMMA_CORE_BYTES,
+    e4m3x4_to_pairs,
     f32x2_to_bf16_pair,
+    f32x2_to_e4m3_pair,
     f32x2_to_e4m3x2,
     fence_proxy_async_shared,
     gmma_desc_bits,
     ld_global_b32,
+    ld_shared_v4_b32,
     ld_shared_v4_f32,
     ldmatrix_x4,
     prmt,
@@ -56,7 +65,9 @@ from .ptx import (
     st_shared_b16,
     st_shared_b32,
     st_shared_f32,
+    st_shared_v4_b32,
     wgmma_e4m3_rs,
+    wgmma_ss,
 )
 
 WG_KEYS = TILE_KEYS // 2  # keys per warpgroup in S (M = 64)
@@ -65,6 +76,35 @@ K_STEP = 32  # k of one fp8 wgmma
 P_GROUP_BYTES = 8 * TILE_KEYS  # one 8-row group of P^T (K-major, no swizzle): 8 core matrices along K
 SEL_EVEN = 0x6240  # prmt: bytes 0, 2 of r0 and r1 -> (r0.b0, r1.b0, r0.b2, r1.b2)
 SEL_ODD = 0x7351  # (r0.b1, r1.b1, r0.b3, r1.b3)
+# v_operand="f16": V^T (M-major) and P^T (K-major) as f16, 8-row groups of 16 core matrices (8 keys each)
+F16_GROUP_BYTES = 2 * 8 * TILE_KEYS
+BYTES_EVEN = 0x6420  # prmt(w0, w1): bytes 0, 2, 4, 6 of the pair -> one word (head dims 0, 2, 4, 6 of 8)
+BYTES_ODD = 0x7531  # bytes 1, 3, 5, 7
+
+
+def m_row_dim(m: int) -> int:
+    """Head dim (inside a warpgroup's half) of V^T's M row ``m``: the relabeling ``ldmatrix.trans`` gives
+    (rows g and g + 8 of a warp's 16 hold 2g and 2g + 1), which the epilogue's stores assume."""
+    return 16 * (m // 16) + 2 * (m % 8) + (m % 16) // 8
+
+
+def f16_slot(key: int) -> int:
+    """v_operand="f16": position of a key (0 .. 127 of the tile) along P^T's and V^T's K axis: keys j and
+    j + 8 of each 16 sit side by side, so a thread's two S rows (keys g, g + 8) store as one f16x2."""
+    j = key % 16
+    return 16 * (key // 16) + 2 * (j % 8) + j // 8
+
+
+def f16_m_major_offset(m: int, k: int) -> int:
+    """Byte offset of (m, k) in an M-major, no-swizzle 16-bit wgmma operand: 8 M values contiguous, 8 k
+    rows of 16 bytes per core matrix, core matrices 128 bytes apart along K and F16_GROUP_BYTES along M
+    (PTX: ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)) with LBO 128, SBO F16_GROUP_BYTES)."""
+    return (m % 8) * 2 + (m // 8) * F16_GROUP_BYTES + (k % 8) * 16 + (k // 8) * GMMA_CORE_BYTES
+
+
+def f16_k_major_offset(row: int, k: int) -> int:
+    """Byte offset of (row, k) in a K-major, no-swizzle 16-bit wgmma operand (P^T for v_operand="f16")."""
+    return (row % 8) * 16 + (row // 8) * F16_GROUP_BYTES + (k % 8) * 2 + (k // 8) * GMMA_CORE_BYTES
 
 
 def p_slot(key_in_step: int) -> int:
@@ -139,7 +179,12 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
             ring = self._ring(smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page,
                               ks_row, ks_head, vs_page, vs_row, vs_head)  # fmt: skip
             q_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * d, byte_alignment=128).toint()
-            p_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * TILE_KEYS, byte_alignment=128).toint()
+            vo = cfg.v_operand
+            p_bytes = Q_TILE * TILE_KEYS * (2 if vo == "f16" else 1)
+            p_buf = smem.allocate_array(cutlass.Uint8, p_bytes, byte_alignment=128).toint()
+            vt_buf = p_buf
+            if cutlass.const_expr(vo != "registers"):  # V^T of the current tile, per warpgroup: d / 2 rows
+                vt_buf = smem.allocate_array(cutlass.Uint8, cfg.v_operand_bytes, byte_alignment=128).toint()
             s_max = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(1, WARPS)), 16)
             s_sum = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(Q_TILE, 1)), 16)
             s_max_addr = s_max.iterator.toint()
@@ -158,8 +203,12 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                 st_shared_b32(q_buf + b_operand_offset(row, kb, self.q_group_bytes), w)
             fence_proxy_async_shared()  # the first tile's barrier publishes Q to the warpgroups
             q_desc = i64((q_buf >> 4) & 0x3FFF) | i64(gmma_desc_bits(GMMA_CORE_BYTES, self.q_group_bytes))
-            p_desc = i64((p_buf >> 4) & 0x3FFF) | i64(gmma_desc_bits(GMMA_CORE_BYTES, P_GROUP_BYTES))
+            group_bytes = F16_GROUP_BYTES if vo == "f16" else P_GROUP_BYTES  # P^T's (and V^T's) 8-row groups
+            p_desc = i64((p_buf >> 4) & 0x3FFF) | i64(gmma_desc_bits(GMMA_CORE_BYTES, group_bytes))
+            # V^T in shared memory: K-major e4m3 (as P^T) or M-major f16 (LBO: along K, SBO: along M)
+            vt_desc = i64((vt_buf >> 4) & 0x3FFF) | i64(gmma_desc_bits(GMMA_CORE_BYTES, group_bytes))
             step_desc = 2 * GMMA_CORE_BYTES >> 4  # one k-step = two core matrices along K
+            wg_groups = d // 16  # 8-row groups of V^T per warpgroup (d / 2 rows)
 
             qk_descale = mQD[hb] * mKD[hb]
             exp_scale = scale_qs_log2_e * qk_descale
@@ -200,6 +249,13 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                 sacc = cute.make_rmem_tensor((8,), f32)
                 for e in cutlass.range_constexpr(8):
                     sacc[e] = sv[e]
+                # V^T of this warpgroup's d half into shared memory (published by the barrier below)
+                if cutlass.const_expr(vo == "smem"):
+                    self._store_v_transposed(v_stage, vt_buf + wg * (wg_groups * P_GROUP_BYTES), wg, wq, lane)
+                    fence_proxy_async_shared()
+                elif cutlass.const_expr(vo == "f16"):
+                    self._widen_v(v_stage, vt_buf, wg, tid % 128)
+                    fence_proxy_async_shared()
 
                 # 2. mask; row max over this warp's keys (in-thread pair, then lanes xor 4, 8, 16)
                 if (tile_begin + it + 1) * TILE_KEYS > mask_from:
@@ -246,13 +302,22 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                     sacc[e] = p
                     row_sum[e] = cute.math.fma(corr[rr], row_sum[e], p)
                 # keys g and g + 8 of this warp sit on adjacent P^T slots: one 16-bit store per row
-                step = key_warp // K_STEP
-                slot0 = step * K_STEP + 16 * (wq % 2) + 4 * (g // 2) + 2 * (g % 2)
-                for r in cutlass.range_constexpr(4):
-                    e = (r & 1) + 4 * (r >> 1)
-                    row = 2 * c + (r & 1) + 8 * (r >> 1)
-                    pp = f32x2_to_e4m3x2(sacc[e] * p_scale, sacc[e + 2] * p_scale)
-                    st_shared_b16(p_buf + b_operand_offset(row, slot0, P_GROUP_BYTES), pp)
+                if cutlass.const_expr(vo == "f16"):  # P = e4m3(p * 448) as f16; keys g, g + 8 at f16_slot
+                    ks = key_warp + 2 * g
+                    p_at = p_buf + (ks % 8) * 2 + (ks // 8) * GMMA_CORE_BYTES
+                    for r in cutlass.range_constexpr(4):
+                        e = (r & 1) + 4 * (r >> 1)
+                        row = 2 * c + (r & 1) + 8 * (r >> 1)
+                        pp = f32x2_to_e4m3_pair(sacc[e] * p_scale, sacc[e + 2] * p_scale)
+                        st_shared_b32(p_at + (row % 8) * 16 + (r >> 1) * F16_GROUP_BYTES, pp)
+                else:
+                    step = key_warp // K_STEP
+                    slot0 = step * K_STEP + 16 * (wq % 2) + 4 * (g // 2) + 2 * (g % 2)
+                    for r in cutlass.range_constexpr(4):
+                        e = (r & 1) + 4 * (r >> 1)
+                        row = 2 * c + (r & 1) + 8 * (r >> 1)
+                        pp = f32x2_to_e4m3x2(sacc[e] * p_scale, sacc[e + 2] * p_scale)
+                        st_shared_b16(p_buf + b_operand_offset(row, slot0, P_GROUP_BYTES), pp)
                 fence_proxy_async_shared()
                 if cute.arch.vote_any_sync(corr[0] != f32(1.0) or corr[1] != f32(1.0) or corr[2] != f32(1.0)
                                            or corr[3] != f32(1.0)):  # fmt: skip
@@ -261,8 +326,19 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                         o_acc[i] = o_acc[i] * corr[(e & 1) + 2 * (e >> 2)]
                 cute.arch.sync_threads()
 
-                # 4. O^T += V^T.P^T on this warpgroup's d half: V^T fragments by ldmatrix.trans + prmt
-                for mb in cutlass.range_constexpr(self.m_blocks):
+                # 4. O^T += V^T.P^T on this warpgroup's d half: V^T fragments by ldmatrix.trans + prmt, or
+                #    V^T from shared memory (v_operand "smem" / "f16")
+                if cutlass.const_expr(vo != "registers"):
+                    kind = "f16" if vo == "f16" else "e4m3"
+                    n_steps = TILE_KEYS // (16 if vo == "f16" else K_STEP)
+                    for mb in cutlass.range_constexpr(self.m_blocks):
+                        a0 = vt_desc + i64((wg * wg_groups + 8 * mb) * (group_bytes >> 4))
+                        adescs = [a0 + i64(s * step_desc) for s in range(n_steps)]
+                        bdescs = [p_desc + i64(s * step_desc) for s in range(n_steps)]
+                        pv = wgmma_ss(adescs, bdescs, n=Q_TILE, dtype=kind)
+                        for e in cutlass.range_constexpr(8):
+                            o_acc[8 * mb + e] = o_acc[8 * mb + e] + pv[e]
+                for mb in cutlass.range_constexpr(self.m_blocks if vo == "registers" else 0):
                     dch = wg * (d // 2 // CHUNK) + mb * (64 // CHUNK) + wq  # this warp's 16-wide d chunk
                     va = []
                     pdescs = []
@@ -288,6 +364,45 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                     ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, mCnt, seq, head, hb, b, h_k, n_q, n_base, o_seq,
                     scale_o,
                 )  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def _store_v_transposed(self, v_stage, vt_wg, wg, wq, lane):
+        """v_operand="smem": this warp's V^T fragments (``ldmatrix.trans`` + ``prmt``, as the register
+        path makes them) stored into the warpgroup's K-major e4m3 V^T tile ``vt_wg`` (the layout of P^T:
+        8-row groups of P_GROUP_BYTES), M row 16 wq + g (+ 8) at k = p_slot order."""
+        d = self.d
+        g = lane // 4
+        c = lane % 4
+        base = vt_wg + g * 16 + 4 * c + (2 * wq) * P_GROUP_BYTES
+        for mb in cutlass.range_constexpr(self.m_blocks):
+            dch = wg * (d // 2 // CHUNK) + mb * (64 // CHUNK) + wq
+            for s in cutlass.range_constexpr(self.pv_steps):
+                key = s * K_STEP + lane
+                vr = ldmatrix_x4(v_stage + key * d + ((dch ^ (key & 7)) * CHUNK), trans=True)
+                regs = (prmt(vr[0], vr[1], SEL_EVEN), prmt(vr[0], vr[1], SEL_ODD),
+                        prmt(vr[2], vr[3], SEL_EVEN), prmt(vr[2], vr[3], SEL_ODD))  # fmt: skip
+                for i in cutlass.range_constexpr(4):  # M row g + 8 (i % 2), k 32 s + 16 (i // 2) + 4c
+                    off = (8 * mb + i % 2) * P_GROUP_BYTES + (2 * s + i // 2) * GMMA_CORE_BYTES
+                    st_shared_b32(base + off, regs[i])
+
+    @cute.jit
+    def _widen_v(self, v_stage, vt_buf, wg, t):
+        """v_operand="f16": thread t of warpgroup wg widens key t's e4m3 V values of the warpgroup's d half
+        exactly to f16, into the M-major V^T operand (``f16_m_major_offset``; M rows relabeled as
+        ``m_row_dim``, so a 16-wide d chunk's even dims form one 8-row group and its odd dims the next; K at
+        ``f16_slot``). One 16-byte load, four byte permutes, eight cvt and two 16-byte stores per chunk."""
+        d = self.d
+        j = t % 16
+        k = 16 * (t // 16) + 2 * (j % 8) + j // 8  # f16_slot(t)
+        row_at = vt_buf + (k % 8) * 16 + (k // 8) * GMMA_CORE_BYTES
+        for cl in cutlass.range_constexpr(d // 2 // CHUNK):
+            ch = wg * (d // 2 // CHUNK) + cl
+            w = ld_shared_v4_b32(v_stage + t * d + ((ch ^ (t & 7)) * CHUNK))
+            for par, sel in ((0, BYTES_EVEN), (1, BYTES_ODD)):
+                e0, e1 = e4m3x4_to_pairs(prmt(w[0], w[1], sel), bf16=False)
+                e2, e3 = e4m3x4_to_pairs(prmt(w[2], w[3], sel), bf16=False)
+                st_shared_v4_b32(row_at + (2 * ch + par) * F16_GROUP_BYTES, e0, e1, e2, e3)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit

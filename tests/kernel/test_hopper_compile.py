@@ -254,6 +254,17 @@ def test_hopper_wgmma_configs_compile(fmt, d):
 
 
 @needs_cutlass
+@pytest.mark.parametrize("v_operand, fmt, d", [("smem", "e4m3", 256), ("f16", "e4m3", 256), ("f16", "e2m1", 128)])
+def test_hopper_wgmma_v_operands_compile(v_operand, fmt, d):
+    """The wgmma path's two shared-memory V^T operands (a K-major e4m3 tile, or V widened to f16 and read
+    M-major) lower for sm_90a without spills; test_hopper_conformance checks them on the device."""
+    cfg = HopperConfig(head_dim=d, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, mma="wgmma",
+                       v_operand=v_operand)  # fmt: skip
+    r = _compile_and_check(cfg)
+    assert r.resources["decode"].spill_stores == 0
+
+
+@needs_cutlass
 @pytest.mark.parametrize("loads, d, ps", [("bulk", 128, 64), ("tma", 256, 16), ("tma", 128, 128)])
 def test_hopper_load_paths_compile(loads, d, ps):
     """The bulk-copy and TMA load paths (not in the matrix: options, not defaults) lower for sm_90a without
@@ -294,6 +305,19 @@ def test_cli_bench_compile_only_fused_merge(capsys):
     assert "-fm [decode] sm_90a" in out and "[reduction]" not in out
     assert main(args) == 0
     assert "[reduction] sm_90a" in capsys.readouterr().out
+
+
+@needs_cutlass
+def test_cli_bench_v_operand(capsys):
+    """--v-operand compiles the wgmma variant it names; without --mma wgmma the config is refused with the
+    field named (exit 2, nothing compiled)."""
+    args = ["bench", "--compile-only", "--arch", "sm_90a", "--head-dim", "128", "--page-size", "64", "--q-dtype",
+            "e4m3", "--v-operand", "f16"]  # fmt: skip
+    assert main(args + ["--mma", "wgmma"]) == 0
+    assert "-wg-vf16 [decode] sm_90a" in capsys.readouterr().out
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert "v_operand='f16' with mma='sync'" in captured.err and "[decode]" not in captured.out
 
 
 def _spread(matrix):

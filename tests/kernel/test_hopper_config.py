@@ -1,5 +1,7 @@
 """Backend selection by compute capability and the Hopper kernel's config rules (no GPU, no cutlass)."""
 
+from dataclasses import replace
+
 import pytest
 
 from mjolnir_kernel.arch import backend_of_capability
@@ -55,6 +57,8 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"prefetch": 256, "loads": "bulk"}, ["prefetch=256 with loads='bulk'"]),
         ({"merge": "grid"}, ["merge='grid'", "'kernel', 'fused'"]),
         ({"evict_first": 1}, ["evict_first=1"]),
+        ({"v_operand": "tmem", "mma": "wgmma", "q_dtype": "e4m3"}, ["v_operand='tmem'", "'registers', 'smem', 'f16'"]),
+        ({"v_operand": "f16"}, ["v_operand='f16' with mma='sync'", "needs mma='wgmma'"]),
     ],
 )
 def test_invalid_configs_name_every_offending_field(kwargs, names):
@@ -62,6 +66,18 @@ def test_invalid_configs_name_every_offending_field(kwargs, names):
         can_implement_hopper(HopperConfig(**kwargs))
     for name in names:
         assert name in str(e.value)
+
+
+def test_v_operand_names_and_shared_memory():
+    base = HopperConfig(head_dim=128, q_dtype="e4m3", mma="wgmma")
+    by_v = {v: replace(base, v_operand=v) for v in ("registers", "smem", "f16")}
+    assert [c.short_name().split("-r2")[1] for c in by_v.values()] == ["-wg", "-wg-vs", "-wg-vf16"]
+    # V^T tile: d x 128 e4m3 bytes for "smem"; f16 V^T (twice that) and f16 P (one more 16 x 128 bytes)
+    assert by_v["smem"].smem_bytes - by_v["registers"].smem_bytes == 128 * 128
+    assert by_v["f16"].smem_bytes - by_v["registers"].smem_bytes == 2 * 128 * 128 + 16 * 128
+    for c in by_v.values():
+        can_implement_hopper(c)
+    assert by_v["f16"].ctas_per_sm == 2 and replace(by_v["f16"], head_dim=256).ctas_per_sm == 1
 
 
 def test_resource_plan():

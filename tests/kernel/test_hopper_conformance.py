@@ -81,15 +81,19 @@ def test_hopper_matches_spec(case):
 WGMMA_CASES = tuple(c for c in HOPPER_CASES if c.q_dtype == "e4m3")
 
 
+@pytest.mark.parametrize("v_operand", ["registers", "smem", "f16"])
 @pytest.mark.parametrize("case", WGMMA_CASES, ids=lambda c: c.name)
-def test_hopper_wgmma_stays_within_the_fp8_mma_bound(case):
+def test_hopper_wgmma_stays_within_the_fp8_mma_bound(case, v_operand):
     """The experimental fp8 warpgroup-MMA path (keys on M) is not bit-faithful: Hopper's fp8 tensor cores
     do not add exactly (conformance.FP8_MMA_REL_ERROR). What must hold: its LSE is within that error of
     the spec's, propagated through logsumexp, and its O is no further from the exact float64 reference
-    than the spec's own O plus a fraction of a bf16 step."""
+    than the spec's own O plus a fraction of a bf16 step. For each way V^T reaches the tensor cores
+    (``HopperConfig.v_operand``); with "f16" only S is an fp8 MMA."""
     from mjolnir_numerics.reference import reference_decode
 
-    inputs, kw, (o, lse), (o_spec, lse_spec) = _run_both(case, mma="wgmma")
+    inputs, kw, (o, lse), (o_spec, lse_spec) = _run_both(case, mma="wgmma", v_operand=v_operand)
+    spec_report = compare_outputs(o.cpu(), lse.cpu(), o_spec.cpu(), lse_spec.cpu())
+    print(f"WGMMA-{v_operand} {case.name} vs spec: {spec_report.summary()}")
     assert not torch.isnan(o.float()).any(), f"{case.name}: NaN in O"
     lse, lse_spec = lse.cpu().double(), lse_spec.cpu().double()
     finite = torch.isfinite(lse_spec)
@@ -106,10 +110,27 @@ def test_hopper_wgmma_stays_within_the_fp8_mma_bound(case):
     norm = o_x.norm().clamp_min(1e-300)
     err_wg = ((o.cpu().double() - o_x).norm() / norm).item()
     err_spec = ((o_spec.cpu().double() - o_x).norm() / norm).item()
-    print(f"WGMMA {case.name}: rel L2 to exact {err_wg:.3e} (spec {err_spec:.3e}), "
+    print(f"WGMMA-{v_operand} {case.name}: rel L2 to exact {err_wg:.3e} (spec {err_spec:.3e}), "
           f"max |dLSE| {(lse - lse_spec).abs()[finite].max().item() if finite.any() else 0:.2e}")  # fmt: skip
     allowed = WGMMA_O_ERROR_FACTOR * err_spec + WGMMA_O_ERROR_SLACK
     assert err_wg <= allowed, f"{case.name}: O {err_wg:.3e} from exact vs the spec's {err_spec:.3e}"
+
+
+@pytest.mark.parametrize("case", WGMMA_CASES, ids=lambda c: c.name)
+def test_hopper_wgmma_v_through_shared_memory_gives_the_register_paths_bits(case):
+    """v_operand="smem" stores the same e4m3 V^T fragments to shared memory and reads them back as a
+    K-major wgmma operand: the tensor cores multiply the same bytes in the same order, so O and LSE
+    must not move a bit against the register operand."""
+    from mjolnir_kernel import decode
+
+    inputs = case.build("cuda")
+    kw = inputs.emulator_kwargs()
+    if kw["plan"] is None:
+        kw["plan"] = _plan(case)
+    o_r, lse_r = decode(inputs.q, inputs.cache, **kw, mma="wgmma")
+    o_s, lse_s = decode(inputs.q, inputs.cache, **kw, mma="wgmma", v_operand="smem")
+    assert torch.equal(o_s.view(torch.int16), o_r.view(torch.int16)), f"{case.name}: O differs"
+    assert torch.equal(lse_s.view(torch.int32), lse_r.view(torch.int32)), f"{case.name}: LSE differs"
 
 
 # load-path variants that must not change a bit: (name, decode options, KV formats they apply to)
