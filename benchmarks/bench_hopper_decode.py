@@ -101,6 +101,18 @@ def stream_tbps(gib: float = 4.0, iters: int = 20) -> float:
     return x_bytes_tb(gib * GiB, _time_ms(x.sum, iters))
 
 
+def size_matched_read_ms(nbytes: float, iters: int) -> float:
+    """Milliseconds of the read-only stream's own kernel (torch.sum over int64) reading ``nbytes``, timed
+    as the decode rows are (graph replays; back to back it cycles through as many distinct copies as the
+    KV does): what a bare read of the same bytes costs, launch and ramp included."""
+    n = max(1, int(nbytes) // 8)
+    copies = [torch.ones(n, dtype=torch.int64, device="cuda") for _ in range(input_copies(nbytes))]
+    ms = _time_ms([c.sum for c in copies], iters)
+    del copies
+    torch.cuda.empty_cache()
+    return ms
+
+
 def launch_floor_us(iters: int = 20) -> float:
     """Microseconds per call of a one-element add timed the same way (graph replay between two events):
     what a kernel that reads nothing costs in this harness, for reading the short batch-1 rows. A
@@ -320,6 +332,9 @@ def main(argv=None) -> int:
                     help="comma-separated L2 hints of the KV loads to compare: default (HopperConfig's), none, ef"
                     " (evict-first), pf64 / pf128 / pf256 (cp.async prefetch size), or joined by +")  # fmt: skip
     ap.add_argument("--no-peers", action="store_true", help="time the Hopper kernel only (no SDPA, no FlashInfer)")
+    ap.add_argument("--size-matched-stream", action="store_true",
+                    help="after each format's rows, a 'sum' row: torch.sum over int64 reading the same bytes,"
+                    " timed the same way, and the rows' time over it (x read)")  # fmt: skip
     ap.add_argument("--back-to-back", type=int, default=1, metavar="N",
                     help="calls per timed replay (1: single calls; N > 1: the steady state of N calls in a row,"
                     " cycling through input copies where one would fit in L2)")  # fmt: skip
@@ -377,6 +392,7 @@ def main(argv=None) -> int:
                 variants = [("e4m3", m, vo) for m in mma_list for vo in (vo_list if m == "wgmma" else [None])]
                 if fmt == "e4m3":
                     variants.insert(0, ("bf16", "sync", None))
+                fmt_rows = []  # (label, ms, bytes) of this format's rows, for the size-matched read
                 for q_dtype, mma, v_operand in variants:
                     q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
                     combos = [(s, r, c, ld, h, mg) for s in stage_list for r in rows_list for c in ctas_list
@@ -406,6 +422,8 @@ def main(argv=None) -> int:
                             f" {ms_sdpa / ms:>6.2f}x"
                         )
                         rows.append((shape, fmt, q_label, ms, tb))
+                        label = f"{shape.removeprefix(f'b{b} {h_q}/{h_k} d{d}')} {q_label}".strip()
+                        fmt_rows.append((label, ms, nbytes))
                         if isinstance(fi, str):
                             fi_note = f"# FlashInfer: {fi}"
                         elif fi is not None:
@@ -415,6 +433,15 @@ def main(argv=None) -> int:
                                 f"{shape:<22} {fmt:<6} {'fi':<7} {fi_ms * 1e3:>9.1f} {tb_f:>6.2f} {tb_f / stream:>8.1%}"
                                 f" {ms_sdpa / fi_ms:>6.2f}x  FlashInfer ({path}); mjolnir {fi_ms / ms:.2f}x faster"
                             )
+                if args.size_matched_stream and fmt_rows:
+                    nbytes = fmt_rows[0][2]
+                    ms_r = size_matched_read_ms(nbytes, args.iters)
+                    tb_r = x_bytes_tb(nbytes, ms_r)
+                    shape = f"b{b} {h_q}/{h_k} d{d}"
+                    print(f"{shape:<22} {'int64':<6} {'sum':<7} {ms_r * 1e3:>9.1f} {tb_r:>6.2f} {tb_r / stream:>8.1%}"
+                          f"  torch.sum over the same {nbytes / 1e6:.0f} MB")  # fmt: skip
+                    ratios = ", ".join(f"{label} {ms_r / ms:.0%}" for label, ms, _ in fmt_rows)
+                    print(f"#   {fmt} rows at this size, as a fraction of that read's speed: {ratios}")
             if args.no_peers:
                 continue
             ms_sdpa, b16, ms_widen, b8 = sdpa_cache[(b, args.seqlen, h_q, h_k, d)]
