@@ -119,6 +119,14 @@ def _bench_cmd(args) -> int:
         if reason:
             print(f"bench: {reason}", file=sys.stderr)
             return 2
+        if args.arch != HOPPER_ARCH:
+            hopper_only = {"--mma": args.mma, "--loads": args.loads, "--merge": args.merge,
+                           "--v-operand": args.v_operand}  # fmt: skip
+            given = [name for name, value in hopper_only.items() if value is not None]
+            if given:
+                print(f"bench: {', '.join(given)}: Hopper-kernel options (--arch sm_90a); the {args.arch} kernel"
+                      " has none", file=sys.stderr)  # fmt: skip
+                return 2
         cfg = _hopper_bench_config(args) if args.arch == HOPPER_ARCH else bench_config(args)
         if cfg is None:
             return 2

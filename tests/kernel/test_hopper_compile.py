@@ -320,6 +320,16 @@ def test_cli_bench_v_operand(capsys):
     assert "v_operand='f16' with mma='sync'" in captured.err and "[decode]" not in captured.out
 
 
+@needs_cutlass
+def test_cli_bench_refuses_hopper_options_for_thor(capsys):
+    """--mma / --loads / --merge / --v-operand configure only the Hopper kernel: compiling for Thor with one
+    of them is refused with the options named, not compiled without them."""
+    rc = main(["bench", "--compile-only", "--arch", "sm_110a", "--merge", "fused", "--v-operand", "f16"])
+    captured = capsys.readouterr()
+    assert rc == 2 and "[decode]" not in captured.out
+    assert "--merge, --v-operand: Hopper-kernel options" in captured.err
+
+
 def _spread(matrix):
     """Two configs of every (Q dtype, KV format) block of the matrix, at offsets rotating by 7 from block to
     block (so the blocks together vary head dim, page size, q_len / causal and splits)."""
