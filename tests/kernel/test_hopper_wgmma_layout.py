@@ -155,3 +155,14 @@ def test_f16_slot_and_m_rows_are_permutations():
     assert sorted(f16_slot(k) for k in range(128)) == list(range(128))
     assert sorted(m_row_dim(m) for m in range(64)) == list(range(64))
     assert [m_row_dim(m) for m in range(16)] == [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15]
+
+
+def test_wgmma_ss_refuses_what_it_cannot_emit():
+    from mjolnir_kernel.hopper.ptx import wgmma_ss
+
+    with pytest.raises(ValueError, match="dtype='bf16'"):
+        wgmma_ss([0], [0], n=16, dtype="bf16")
+    with pytest.raises(ValueError, match="1 A and 2 B descriptors"):
+        wgmma_ss([0], [0, 1], n=16, dtype="f16")
+    with pytest.raises(ValueError, match="n=12"):
+        wgmma_ss([0], [0], n=12, dtype="e4m3")
