@@ -432,6 +432,24 @@ def gmma_desc_bits(lbo: int, sbo: int) -> int:
     return ((lbo >> 4) << 16) | ((sbo >> 4) << 32)
 
 
+def _wgmma_waited(n, steps, mma, operands, in_constraints, loc, ip):
+    """One asm block of ``steps`` warpgroup MMAs into fresh fp32 accumulators: fence, the k-steps, commit,
+    wait (so the compiler cannot touch the registers while the MMA is in flight). ``mma(s, d_regs,
+    scale_d)`` gives k-step s's instruction (its inputs numbered from n / 2, after the n / 2 outputs; the
+    first k-step overwrites D, the others add to it). Returns the n / 2 Float32 accumulators."""
+    nd = n // 2
+    d_regs = "{" + ", ".join(f"${i}" for i in range(nd)) + "}"
+    z = f"${nd + len(operands)}"  # a zero operand after the inputs, for the two predicates
+    lines = ["{", ".reg .pred fresh, acc;", f"setp.ne.b32 fresh, {z}, 0;", f"setp.eq.b32 acc, {z}, 0;",
+             "wgmma.fence.sync.aligned;"]  # fmt: skip
+    lines += [mma(s, d_regs, "fresh" if s == 0 else "acc") for s in range(steps)]
+    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+    constraints = ",".join(["=f"] * nd + list(in_constraints) + ["r"])
+    res = _asm(_struct(nd, T.f32()), list(operands) + [_i32(0, loc, ip)], "\n\t".join(lines), constraints,
+               side_effects=True)  # fmt: skip
+    return _unpack(res, nd, T.f32(), Float32)
+
+
 @dsl_user_op
 def wgmma_e4m3_rs(a, descs, *, n: int, loc=None, ip=None):
     """D = A . B over ``len(descs)`` k-steps of ``wgmma.mma_async.m64n{n}k32.f32.e4m3.e4m3`` into fresh
@@ -448,23 +466,14 @@ def wgmma_e4m3_rs(a, descs, *, n: int, loc=None, ip=None):
     if len(a) != 4 * steps or n % 8 or not 8 <= n <= 256:
         raise ValueError(f"wgmma_e4m3_rs: {len(a)} A registers for {steps} k-steps, n={n}")
     nd = n // 2
-    d_regs = ", ".join(f"${i}" for i in range(nd))
-    z = f"${nd + 5 * steps}"
-    lines = ["{", ".reg .pred fresh, acc;", f"setp.ne.b32 fresh, {z}, 0;", f"setp.eq.b32 acc, {z}, 0;",
-             "wgmma.fence.sync.aligned;"]  # fmt: skip
-    for s in range(steps):
+
+    def mma(s, d_regs, scale_d):
         a_regs = ", ".join(f"${nd + 4 * s + i}" for i in range(4))
-        scale_d = "fresh" if s == 0 else "acc"  # scale-d false: D = A.B; true: D += A.B
-        lines.append(
-            f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{d_regs}}}, {{{a_regs}}}, "
-            f"${nd + 4 * steps + s}, {scale_d}, 1, 1;"
-        )
-    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+        return (f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {d_regs}, {{{a_regs}}}, "
+                f"${nd + 4 * steps + s}, {scale_d}, 1, 1;")  # fmt: skip
+
     operands = [_i32(x, loc, ip) for x in a] + [Int64(x).ir_value(loc=loc, ip=ip) for x in descs]
-    operands.append(_i32(0, loc, ip))  # a zero, for the two predicates
-    constraints = ",".join(["=f"] * nd + ["r"] * (4 * steps) + ["l"] * steps + ["r"])
-    res = _asm(_struct(nd, T.f32()), operands, "\n\t".join(lines), constraints, side_effects=True)
-    return _unpack(res, nd, T.f32(), Float32)
+    return _wgmma_waited(n, steps, mma, operands, ["r"] * (4 * steps) + ["l"] * steps, loc, ip)
 
 
 WGMMA_SS_KINDS = {  # dtype -> (k per instruction, the PTX type and trailing immediates)
@@ -490,22 +499,13 @@ def wgmma_ss(a_descs, b_descs, *, n: int, dtype: str, loc=None, ip=None):
         raise ValueError(f"wgmma_ss: {steps} A and {len(b_descs)} B descriptors, n={n}")
     k, types, imms = WGMMA_SS_KINDS[dtype]
     nd = n // 2
-    d_regs = ", ".join(f"${i}" for i in range(nd))
-    z = f"${nd + 2 * steps}"
-    lines = ["{", ".reg .pred fresh, acc;", f"setp.ne.b32 fresh, {z}, 0;", f"setp.eq.b32 acc, {z}, 0;",
-             "wgmma.fence.sync.aligned;"]  # fmt: skip
-    for s in range(steps):
-        scale_d = "fresh" if s == 0 else "acc"
-        lines.append(
-            f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{types} {{{d_regs}}}, ${nd + s}, ${nd + steps + s}, "
-            f"{scale_d}, {imms};"
-        )
-    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+
+    def mma(s, d_regs, scale_d):
+        return (f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{types} {d_regs}, ${nd + s}, ${nd + steps + s}, "
+                f"{scale_d}, {imms};")  # fmt: skip
+
     operands = [Int64(x).ir_value(loc=loc, ip=ip) for x in list(a_descs) + list(b_descs)]
-    operands.append(_i32(0, loc, ip))
-    constraints = ",".join(["=f"] * nd + ["l"] * (2 * steps) + ["r"])
-    res = _asm(_struct(nd, T.f32()), operands, "\n\t".join(lines), constraints, side_effects=True)
-    return _unpack(res, nd, T.f32(), Float32)
+    return _wgmma_waited(n, steps, mma, operands, ["l"] * (2 * steps), loc, ip)
 
 
 @dsl_user_op
