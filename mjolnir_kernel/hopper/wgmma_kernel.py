@@ -343,12 +343,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                     va = []
                     pdescs = []
                     for s in cutlass.range_constexpr(self.pv_steps):
-                        key = s * K_STEP + lane  # matrices: keys +0-7, +8-15, +16-23, +24-31
-                        vr = ldmatrix_x4(v_stage + key * d + ((dch ^ (key & 7)) * CHUNK), trans=True)
-                        va.append(prmt(vr[0], vr[1], SEL_EVEN))  # M row g (d 2g), keys 0-15 of the step
-                        va.append(prmt(vr[0], vr[1], SEL_ODD))  # M row g + 8 (d 2g + 1)
-                        va.append(prmt(vr[2], vr[3], SEL_EVEN))  # keys 16-31
-                        va.append(prmt(vr[2], vr[3], SEL_ODD))
+                        va.extend(self._v_fragments(v_stage, dch, s, lane))
                         pdescs.append(p_desc + i64(s * step_desc))
                     pv = wgmma_e4m3_rs(va, pdescs, n=Q_TILE)
                     for e in cutlass.range_constexpr(8):
@@ -366,6 +361,15 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                 )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------
+    def _v_fragments(self, v_stage, dch, s, lane):
+        """The four A registers of V^T for k-step ``s`` (32 keys) and 16-wide d chunk ``dch``: one
+        ``ldmatrix.trans`` (matrices: keys +0-7, +8-15, +16-23, +24-31), then byte permutes: M row g (d 2g)
+        and g + 8 (d 2g + 1) of keys 0-15 of the step, then of keys 16-31. Trace-time only."""
+        key = s * K_STEP + lane
+        vr = ldmatrix_x4(v_stage + key * self.d + ((dch ^ (key & 7)) * CHUNK), trans=True)
+        return (prmt(vr[0], vr[1], SEL_EVEN), prmt(vr[0], vr[1], SEL_ODD),
+                prmt(vr[2], vr[3], SEL_EVEN), prmt(vr[2], vr[3], SEL_ODD))  # fmt: skip
+
     @cute.jit
     def _store_v_transposed(self, v_stage, vt_wg, wg, wq, lane):
         """v_operand="smem": this warp's V^T fragments (``ldmatrix.trans`` + ``prmt``, as the register
@@ -378,10 +382,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
         for mb in cutlass.range_constexpr(self.m_blocks):
             dch = wg * (d // 2 // CHUNK) + mb * (64 // CHUNK) + wq
             for s in cutlass.range_constexpr(self.pv_steps):
-                key = s * K_STEP + lane
-                vr = ldmatrix_x4(v_stage + key * d + ((dch ^ (key & 7)) * CHUNK), trans=True)
-                regs = (prmt(vr[0], vr[1], SEL_EVEN), prmt(vr[0], vr[1], SEL_ODD),
-                        prmt(vr[2], vr[3], SEL_EVEN), prmt(vr[2], vr[3], SEL_ODD))  # fmt: skip
+                regs = self._v_fragments(v_stage, dch, s, lane)
                 for i in cutlass.range_constexpr(4):  # M row g + 8 (i % 2), k 32 s + 16 (i // 2) + 4c
                     off = (8 * mb + i % 2) * P_GROUP_BYTES + (2 * s + i // 2) * GMMA_CORE_BYTES
                     st_shared_b32(base + off, regs[i])
