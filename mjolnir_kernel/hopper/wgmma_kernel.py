@@ -394,9 +394,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
         ``m_row_dim``, so a 16-wide d chunk's even dims form one 8-row group and its odd dims the next; K at
         ``f16_slot``). One 16-byte load, four byte permutes, eight cvt and two 16-byte stores per chunk."""
         d = self.d
-        j = t % 16
-        k = 16 * (t // 16) + 2 * (j % 8) + j // 8  # f16_slot(t)
-        row_at = vt_buf + (k % 8) * 16 + (k // 8) * GMMA_CORE_BYTES
+        row_at = vt_buf + f16_m_major_offset(0, f16_slot(t))  # key t's K position, M group 0
         for cl in cutlass.range_constexpr(d // 2 // CHUNK):
             ch = wg * (d // 2 // CHUNK) + cl
             w = ld_shared_v4_b32(v_stage + t * d + ((ch ^ (t & 7)) * CHUNK))
