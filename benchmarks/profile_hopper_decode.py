@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     launches = replays * max(1, args.graph_calls)
     print(
         f"profile_hopper_decode: {launches} launches of {prep.config.short_name()} (batch {args.batch},"
-        f" L {args.seqlen}, {splits} chunks per sequence; {how}), {nbytes / 1e9:.3f} GB of KV"
+        f" L {args.seqlen}, {splits} chunks per sequence; {how}), {nbytes / 1e9:.3f} GB ({int(nbytes)} bytes) of KV"
     )
     if args.kernel_times:
         for name, (count, us) in kernel_times(prof).items():
