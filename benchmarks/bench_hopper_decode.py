@@ -230,7 +230,7 @@ def _hint(text):
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
                 peers=True, mma=None, q_rows=None, ctas=None, loads=None, hint=(None, None), merge=None,
-                v_operand=None):  # fmt: skip
+                v_operand=None, kv_convert=None):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
@@ -251,7 +251,7 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
             preps.append(prepare_decode(
                 q, kp, vp, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
                 mma=mma, q_rows=q_rows, ctas_per_sm=ctas, loads=loads, prefetch=hint[0], evict_first=hint[1],
-                merge=merge, v_operand=v_operand,
+                merge=merge, v_operand=v_operand, kv_convert=kv_convert,
                 **sc,
             ))  # fmt: skip
     ms = _time_ms([p.launch for p in preps], iters, stream=stream)
@@ -328,6 +328,9 @@ def main(argv=None) -> int:
     ap.add_argument("--v-operand", default="auto",
                     help="comma-separated V^T operands of the wgmma rows to compare: auto (HopperConfig's),"
                     " registers, smem, f16")  # fmt: skip
+    ap.add_argument("--kv-convert", default="auto",
+                    help="comma-separated conversions of the e2m1 / e3m2 / e2m3 rows to compare: auto"
+                    " (HopperConfig's), exact, scaled")  # fmt: skip
     ap.add_argument("--l2-hints", default="default",
                     help="comma-separated L2 hints of the KV loads to compare: default (HopperConfig's), none, ef"
                     " (evict-first), pf64 / pf128 / pf256 (cp.async prefetch size), or joined by +")  # fmt: skip
@@ -356,11 +359,12 @@ def main(argv=None) -> int:
     hint_list = [_hint(h) for h in args.l2_hints.split(",") if h]
     merge_list = [None if x == "auto" else x for x in args.merge.split(",") if x]
     vo_list = [None if x == "auto" else x for x in args.v_operand.split(",") if x]
+    kc_list = [None if x == "auto" else x for x in args.kv_convert.split(",") if x]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
     from mjolnir_kernel.config import ConfigError
-    from mjolnir_kernel.hopper.config import KV_FORMATS
+    from mjolnir_kernel.hopper.config import KV_FORMATS, SCALED_KV_FORMATS
 
     batches = [1, 32] if args.quick else [int(x) for x in args.batches.split(",")]
     formats = ["e4m3"] if args.quick else [f for f in args.formats.split(",") if f]
@@ -395,9 +399,11 @@ def main(argv=None) -> int:
                 fmt_rows = []  # (label, ms, bytes) of this format's rows, for the size-matched read
                 for q_dtype, mma, v_operand in variants:
                     q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
-                    combos = [(s, r, c, ld, h, mg) for s in stage_list for r in rows_list for c in ctas_list
-                              for ld in loads_list for h in hint_list for mg in merge_list]  # fmt: skip
-                    for stages, q_rows, ctas, loads, hint, merge in combos:
+                    scaled = fmt in SCALED_KV_FORMATS and mma == "sync"
+                    combos = [(s, r, c, ld, h, mg, kc) for s in stage_list for r in rows_list for c in ctas_list
+                              for ld in loads_list for h in hint_list for mg in merge_list
+                              for kc in (kc_list if scaled else [None])]  # fmt: skip
+                    for stages, q_rows, ctas, loads, hint, merge, kv_convert in combos:
                         if loads in ("bulk", "tma") and (fmt != "e4m3" or mma != "sync" or hint[0]):
                             continue  # bulk and TMA read e4m3 KV with mma.sync only, without prefetch hints
                         shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
@@ -407,11 +413,12 @@ def main(argv=None) -> int:
                         shape += f" {hint[2]}" if len(hint_list) > 1 else ""
                         shape += f" {merge or 'auto'}" if len(merge_list) > 1 else ""
                         shape += f" v{v_operand or 'auto'}" if mma == "wgmma" and len(vo_list) > 1 else ""
+                        shape += f" {kv_convert or 'auto'}" if scaled and len(kc_list) > 1 else ""
                         try:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
                                 sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows, ctas, loads,
-                                hint[:2], merge, v_operand,
+                                hint[:2], merge, v_operand, kv_convert,
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")

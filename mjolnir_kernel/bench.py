@@ -92,6 +92,8 @@ def run_bench(args) -> int:
         opts["merge"] = args.merge
     if args.v_operand is not None:
         opts["v_operand"] = args.v_operand
+    if args.kv_convert is not None:
+        opts["kv_convert"] = args.kv_convert
     print(f"config {cfg.short_name()}  plan {plan}  seq_lens {lens[:8]}{' ...' if len(lens) > 8 else ''}")
     o, lse = decode(q, cache, **opts)
     torch.cuda.synchronize()

@@ -4,7 +4,8 @@ No cutlass import: configs are validated before anything compiles (CI, ``decode(
 
 The Hopper kernel computes what the Thor kernel computes (NUMERICS.md section 5) with warp-level
 ``mma.sync`` instead of tcgen05. Every KV value enters the MMA as an exact 16-bit value (f16 on the
-e4m3-Q path: e4m3 Q, K, V and P = e4m3(p * 448) are all f16 values; bf16 on the bf16-Q path), and each
+e4m3-Q path: e4m3 Q, K, V and P = e4m3(p * 448) are all f16 values; bf16 on the bf16-Q path; e2m1, e3m2
+and e2m3 K and V enter as value * 2^-k and Q and P as value * 2^k, so every product is the same), and each
 128-key tile's products are added to fp32 accumulators, so no contraction is longer than one tile
 (NUMERICS.md section 4). Hopper's native fp8 MMA (wgmma, with the keys on M since decode has 4-16 query
 rows) was built too (``mma="wgmma"``): its sums are not exact (about 2^-10 of sum |a b|) and it was not
@@ -44,6 +45,8 @@ HEAD_DIMS = (128, 256)
 MMA_KINDS = ("sync", "wgmma")
 LOAD_KINDS = ("cp_async", "bulk", "tma")
 MERGE_KINDS = ("kernel", "fused")
+KV_CONVERTS = ("auto", "exact", "scaled")  # how sub-byte codes become e4m3 bytes (HopperConfig.kv_convert)
+SCALED_KV_FORMATS = ("e2m1", "e3m2", "e2m3")  # the formats whose values times 2^-k are their bits, placed
 V_OPERANDS = ("registers", "smem", "f16")  # how the wgmma path makes V^T K-major (HopperConfig.v_operand)
 PREFETCH_SIZES = (0, 64, 128, 256)  # L2 prefetch-size hints of cp.async (.L2::64B / 128B / 256B)
 BULK_ROW_PAD = 16  # bytes after each key row of a bulk-loaded ring stage (ldmatrix rows on distinct banks)
@@ -99,6 +102,12 @@ class HopperConfig:
                   or within 1 % of it: "smem" 0.89x at d = 128, 0.99-1.01x at d = 256 (the same bits),
                   "f16" 0.69-0.77x (``python -m benchmarks.bench_hopper_decode --mma wgmma --v-operand
                   registers,smem,f16``)
+      kv_convert  how packed sub-byte codes become the e4m3 bytes of the MMA tiles: "exact" (each byte is
+                  the code's value: a byte-permute table for e2m1, an f16 multiply and e4m3 rounding for
+                  fp6), "scaled" (e2m1, e3m2, e2m3 with mma.sync: each byte is value * 2^-k, the code's
+                  bits shifted into place, and Q and P are multiplied by 2^k so every product is the
+                  same; the same bits, fewer instructions) or "auto" (default: "scaled" where it
+                  applies, else "exact"; NVFP4 always uses its table)
     """
 
     head_dim: int = 128
@@ -118,6 +127,7 @@ class HopperConfig:
     evict_first: bool = True
     merge: str = "kernel"
     v_operand: str = "registers"
+    kv_convert: str = "auto"
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -137,6 +147,7 @@ class HopperConfig:
             + ("" if self.evict_first else "-noef")
             + ("-fm" if self.merge == "fused" else "")
             + ({"smem": "-vs", "f16": "-vf16"}.get(self.v_operand, ""))
+            + ({"exact": "-kx", "scaled": "-ks"}.get(self.kv_convert, ""))
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -160,6 +171,13 @@ class HopperConfig:
     def packed(self) -> bool:
         """True for sub-byte formats: the ring holds packed codes, converted to e4m3 per tile."""
         return self.kv_format != "e4m3"
+
+    @property
+    def scaled_kv(self) -> bool:
+        """The packed codes become e4m3 bytes of value * 2^-k by bit placement, and Q and P are multiplied
+        by 2^k (``kv_convert``; "auto" picks it wherever it applies: e2m1, e3m2 and e2m3 with mma.sync)."""
+        applies = self.kv_format in SCALED_KV_FORMATS and self.mma == "sync"
+        return applies and self.kv_convert != "exact"
 
     @property
     def tile_bytes(self) -> int:
@@ -284,6 +302,13 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(f"v_operand={c.v_operand!r} (allowed {V_OPERANDS})")
     elif c.v_operand != "registers" and c.mma != "wgmma":
         problems.append(f"v_operand={c.v_operand!r} with mma={c.mma!r} (needs mma='wgmma')")
+    if c.kv_convert not in KV_CONVERTS:
+        problems.append(f"kv_convert={c.kv_convert!r} (allowed {KV_CONVERTS})")
+    elif c.kv_convert == "scaled" and (c.kv_format not in SCALED_KV_FORMATS or c.mma != "sync"):
+        problems.append(
+            f"kv_convert='scaled' with kv_format={c.kv_format!r}, mma={c.mma!r} (needs one of {SCALED_KV_FORMATS}"
+            " and mma='sync')"
+        )
     if c.merge not in MERGE_KINDS:
         problems.append(f"merge={c.merge!r} (allowed {MERGE_KINDS})")
     if not isinstance(c.pdl, bool):

@@ -66,8 +66,12 @@ from .ptx import (
     cp_async_8,
     cp_async_16,
     e2m1x8_to_e4m3x8,
+    e2m1x8_to_e4m3x8_scaled,
     nvfp4_block_table,
     fp6x16_to_e4m3x16,
+    fp6x16_to_e4m3x16_scaled,
+    f16x2_times_pow2,
+    SCALED_KV_EXPONENT,
     ld_shared_b32,
     ld_shared_u8,
     ld_shared_v2_b32,
@@ -317,6 +321,9 @@ class HopperDecodeKernel:
                         addr = q_base + (q_row0 + i64(row * d + s * 16 + 4 * c)) * q_bytes
                         if cutlass.const_expr(cfg.fp8):
                             q_lo, q_hi = e4m3x4_to_pairs(ld_global_b32(addr), bf16=False)
+                            if cutlass.const_expr(cfg.scaled_kv):  # K holds k * 2^-kx: q * 2^kx keeps q k
+                                q_lo = f16x2_times_pow2(q_lo, SCALED_KV_EXPONENT[cfg.kv_format])
+                                q_hi = f16x2_times_pow2(q_hi, SCALED_KV_EXPONENT[cfg.kv_format])
                         else:
                             q_lo, q_hi = ld_global_v2_b32(addr)
                     qf[s * 4 + half] = q_lo
@@ -417,6 +424,8 @@ class HopperDecodeKernel:
                         p_hi = sacc[j * 4 + 2 * half + 1]
                         if cutlass.const_expr(cfg.fp8):
                             pp = f32x2_to_e4m3_pair(p_lo * p_scale, p_hi * p_scale)
+                            if cutlass.const_expr(cfg.scaled_kv):  # V holds v * 2^-kx: P * 2^kx keeps p v
+                                pp = f16x2_times_pow2(pp, SCALED_KV_EXPONENT[cfg.kv_format])
                         else:
                             pp = f32x2_to_bf16_pair(p_lo, p_hi)
                         prow = g + 8 * half
@@ -733,7 +742,8 @@ class HopperDecodeKernel:
     def _convert_tiles(self, k_packed, v_packed, k_conv, v_conv, k_scales, v_scales, tid, batch_loads=True):
         """Packed codes of one K and one V tile -> e4m3 bytes in the swizzled layout the MMAs read: thread
         t converts the 16-element groups t + 256 i (key = group // (d / 16)) of each tile exactly (ptx.py):
-        fp6 / fp4 values are e4m3 values; NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block
+        fp6 / fp4 values are e4m3 values (with ``scaled_kv``: value * 2^-k, each code's bits placed, while the
+        Q fragments and P carry 2^k); NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block
         scales of this ring stage (``*_scales``: (keys, d / 16) bytes), looked up in a table made once per
         group. With ``batch_loads`` every packed word (and scale byte) of both tiles is loaded before the
         first conversion, so the loads' latency overlaps (1.03-1.14x faster at d = 256 on the H200; 15 of
@@ -763,8 +773,13 @@ class HopperDecodeKernel:
                     words.append(w)
                     scale_bytes.append(sb)
                 w = words[t * per_tile + i]
-                if cutlass.const_expr(bits == 6):
+                if cutlass.const_expr(bits == 6 and cfg.scaled_kv):
+                    o0, o1, o2, o3 = fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=fmt == "e3m2")
+                elif cutlass.const_expr(bits == 6):
                     o0, o1, o2, o3 = fp6x16_to_e4m3x16(w[0], w[1], w[2], e3m2=fmt == "e3m2")
+                elif cutlass.const_expr(cfg.scaled_kv):
+                    o0, o1 = e2m1x8_to_e4m3x8_scaled(w[0])
+                    o2, o3 = e2m1x8_to_e4m3x8_scaled(w[1])
                 elif cutlass.const_expr(fmt == "nvfp4"):
                     table = nvfp4_block_table(scale_bytes[t * per_tile + i])
                     o0, o1 = e2m1x8_to_e4m3x8(w[0], table)

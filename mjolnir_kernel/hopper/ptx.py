@@ -318,7 +318,7 @@ def st_shared_v4_b32(smem_addr, v0, v1, v2, v3, *, loc=None, ip=None):
 # e2m3, 12 for e3m2, subnormals included), so one exact f16 multiply by 2^k gives it and
 # cvt.rn.satfinite.e4m3x2.f16x2 stores it (every fp6 value is an e4m3 value); e4m3 is sign-magnitude,
 # so the code's sign bit is OR-ed into the byte. e2m1 and NVFP4: byte-permute tables (below).
-_F16X2_POW2 = {12: 0x6C006C00, 14: 0x74007400}
+_F16X2_POW2 = {4: 0x4C004C00, 6: 0x54005400, 12: 0x6C006C00, 14: 0x74007400}
 # Where a code's bits go in an f16 (sign shift, magnitude shift, magnitude mask) and the power of two k
 # that makes the f16 the code's value (tests/kernel/test_hopper_ptx_recipes.py checks every code); the
 # kernel places the magnitude and ORs the sign into the e4m3 byte, which is the same value.
@@ -414,6 +414,81 @@ def e2m1x8_to_e4m3x8(w, table=None, *, loc=None, ip=None):
     )
     res = _asm(_struct(2, T.i32()), ops, text, "=r,=r,r" + ",r,r" * (table is not None))
     return _unpack(res, 2, T.i32(), Int32)
+
+
+# -- sub-byte codes -> e4m3 bytes of value * 2^-k, by bit placement alone --------------------------
+# Every e2m1, e3m2 and e2m3 value times 2^-k is an e4m3 value whose byte is the code's own bits moved:
+# the magnitude bits (exponent and mantissa fields) shifted into e4m3's low exponent bits and top mantissa
+# bits, the sign to bit 7. The subnormals line up too (e2m1 / e2m3 subnormals are e4m3 subnormals at
+# k = 6, e3m2 at k = 4), so no table and no rounding is needed. The kernel multiplies Q and P (as f16, by
+# 2^k: exact) to undo the factor, so every product q k and p v is the same real number as with the exact
+# bytes and the MMAs return the same bits.
+SCALED_KV_EXPONENT = {"e2m1": 6, "e3m2": 4, "e2m3": 6}
+# e2m1, eight codes in a word: the even codes (low nibbles) and the odd codes (high nibbles) each become
+# four bytes -- magnitude (bits 0-2 of the code) to bits 2-4, sign (bit 3) to bit 7 -- then two byte
+# permutes interleave them back into code order. (shift left, mask) of each term; a negative shift is a
+# right shift.
+E2M1_SCALED_EVEN = ((2, 0x1C1C1C1C), (4, 0x80808080))
+E2M1_SCALED_ODD = ((-2, 0x1C1C1C1C), (0, 0x80808080))
+E2M1_SCALED_INTERLEAVE = (0x5140, 0x7362)  # prmt(even, odd, sel): codes 0-3 | codes 4-7
+# fp6, a 3-byte group of four codes (bits 6i .. 6i + 5): code i's five magnitude bits move 2i to byte i's
+# bits 0-4 and its sign 2i + 2 to bit 7; codes sharing a shift share a term. (shift left, mask) per term.
+# e2m3's bytes are these; e3m2's magnitude sits one bit higher (byte = r + (r & 0x1F1F1F1F)).
+FP6_SCALED_TERMS = ((0, 0x1F), (2, 0x1F80), (4, 0x1F8000), (6, 0x1F800000), (8, 0x80000000))
+FP6_SCALED_MAG = 0x1F1F1F1F
+
+
+def _shift_and(dst: str, src: str, shift: int, mask: int) -> str:
+    if shift > 0:
+        return f"shl.b32 {dst}, {src}, {shift};\n\tand.b32 {dst}, {dst}, {mask:#x};\n\t"
+    if shift < 0:  # a right shift as the high word of a product: the FMA pipe instead of the ALU pipe
+        return f"mul.hi.u32 {dst}, {src}, {1 << (32 + shift):#x};\n\tand.b32 {dst}, {dst}, {mask:#x};\n\t"
+    return f"and.b32 {dst}, {src}, {mask:#x};\n\t"
+
+
+@dsl_user_op
+def e2m1x8_to_e4m3x8_scaled(w, *, loc=None, ip=None):
+    """Eight e2m1 codes (code i in bits 4i .. 4i + 3) -> two words of e4m3 bytes of value * 2^-6 (codes
+    4k .. 4k + 3 in word k) by shifts, masks and two byte permutes (``E2M1_SCALED_*``)."""
+    text = "{\n\t.reg .b32 ev, od, t;\n\t"
+    for name, terms in (("ev", E2M1_SCALED_EVEN), ("od", E2M1_SCALED_ODD)):
+        (s0, m0), (s1, m1) = terms
+        text += _shift_and(name, "$2", s0, m0) + _shift_and("t", "$2", s1, m1) + f"or.b32 {name}, {name}, t;\n\t"
+    lo, hi = E2M1_SCALED_INTERLEAVE
+    text += f"prmt.b32 $0, ev, od, {lo:#x};\n\tprmt.b32 $1, ev, od, {hi:#x};\n\t}}"
+    res = _asm(_struct(2, T.i32()), [_i32(w, loc, ip)], text, "=r,=r,r")
+    return _unpack(res, 2, T.i32(), Int32)
+
+
+@dsl_user_op
+def fp6x16_to_e4m3x16_scaled(w0, w1, w2, *, e3m2: bool, loc=None, ip=None):
+    """Sixteen fp6 codes (a little-endian bitstream in w0 | w1 | w2, as ``fp6x16_to_e4m3x16``) -> four
+    words of e4m3 bytes of value * 2^-k (k = ``SCALED_KV_EXPONENT``: 4 for e3m2, 6 for e2m3) by shifts and
+    masks (``FP6_SCALED_TERMS``)."""
+    s1, s2 = FP6_GROUP_SELECTORS
+    text = "{\n\t.reg .b32 v<4>, r, t;\n\t"
+    text += f"mov.b32 v0, $4;\n\tprmt.b32 v1, $4, $5, {s1:#x};\n\tprmt.b32 v2, $5, $6, {s2:#x};\n\t"
+    text += "mul.hi.u32 v3, $6, 0x1000000;\n\t"  # w2 >> 8 on the FMA pipe
+    for g in range(4):
+        (s0, m0), *rest = FP6_SCALED_TERMS
+        text += _shift_and("r", f"v{g}", s0, m0)
+        for shift, mask in rest:
+            text += _shift_and("t", f"v{g}", shift, mask) + "or.b32 r, r, t;\n\t"
+        if e3m2:  # magnitude one bit higher: r + (r & mag) doubles the magnitude, leaves the sign
+            text += f"and.b32 t, r, {FP6_SCALED_MAG:#x};\n\tadd.u32 ${g}, r, t;\n\t"
+        else:
+            text += f"mov.b32 ${g}, r;\n\t"
+    text += "}"
+    res = _asm(_struct(4, T.i32()), [_i32(x, loc, ip) for x in (w0, w1, w2)], text, "=r,=r,=r,=r,r,r,r")
+    return _unpack(res, 4, T.i32(), Int32)
+
+
+@dsl_user_op
+def f16x2_times_pow2(x, k: int, *, loc=None, ip=None):
+    """An f16x2 pair times 2^k (``mul.rn.f16x2``): exact for k >= 0 unless a product overflows."""
+    c = f16x2_pow2(k)
+    text = f"{{\n\t.reg .b32 c;\n\tmov.b32 c, {c:#x};\n\tmul.rn.f16x2 $0, $1, c;\n\t}}"
+    return Int32(_asm(T.i32(), [_i32(x, loc, ip)], text, "=r,r"))
 
 
 # -- warpgroup MMA (keys on M: the fp8 path without conversions) ----------------------------------

@@ -265,6 +265,18 @@ def test_hopper_wgmma_v_operands_compile(v_operand, fmt, d):
 
 
 @needs_cutlass
+@pytest.mark.parametrize("fmt, d", [("e2m1", 256), ("e3m2", 128)])
+def test_hopper_exact_kv_conversion_compiles(fmt, d):
+    """kv_convert="exact" (the byte tables and f16 products that "auto" replaces for e2m1 / e3m2 / e2m3)
+    still lowers for sm_90a without spills; test_hopper_conformance checks on the device that both give the
+    same bits."""
+    cfg = HopperConfig(head_dim=d, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, q_rows=8,
+                       kv_convert="exact")  # fmt: skip
+    r = _compile_and_check(cfg)
+    assert r.resources["decode"].spill_stores == 0
+
+
+@needs_cutlass
 @pytest.mark.parametrize("loads, d, ps", [("bulk", 128, 64), ("tma", 256, 16), ("tma", 128, 128)])
 def test_hopper_load_paths_compile(loads, d, ps):
     """The bulk-copy and TMA load paths (not in the matrix: options, not defaults) lower for sm_90a without
@@ -321,13 +333,27 @@ def test_cli_bench_v_operand(capsys):
 
 
 @needs_cutlass
+def test_cli_bench_kv_convert(capsys):
+    """--kv-convert names the sub-byte conversion in the compiled config; for e4m3 KV "scaled" is refused
+    with the field named (exit 2, nothing compiled)."""
+    args = ["bench", "--compile-only", "--arch", "sm_90a", "--head-dim", "128", "--page-size", "64", "--q-dtype",
+            "e4m3", "--kv-convert"]  # fmt: skip
+    assert main(args + ["exact", "--format", "e2m3"]) == 0
+    assert "-kx [decode] sm_90a" in capsys.readouterr().out
+    assert main(args + ["scaled"]) == 2
+    captured = capsys.readouterr()
+    assert "kv_convert='scaled' with kv_format='e4m3'" in captured.err and "[decode]" not in captured.out
+
+
+@needs_cutlass
 def test_cli_bench_refuses_hopper_options_for_thor(capsys):
-    """--mma / --loads / --merge / --v-operand configure only the Hopper kernel: compiling for Thor with one
-    of them is refused with the options named, not compiled without them."""
-    rc = main(["bench", "--compile-only", "--arch", "sm_110a", "--merge", "fused", "--v-operand", "f16"])
+    """--mma / --loads / --merge / --v-operand / --kv-convert configure only the Hopper kernel: compiling for
+    Thor with one of them is refused with the options named, not compiled without them."""
+    rc = main(["bench", "--compile-only", "--arch", "sm_110a", "--merge", "fused", "--v-operand", "f16",
+               "--kv-convert", "exact"])  # fmt: skip
     captured = capsys.readouterr()
     assert rc == 2 and "[decode]" not in captured.out
-    assert "--merge, --v-operand: Hopper-kernel options" in captured.err
+    assert "--merge, --v-operand, --kv-convert: Hopper-kernel options" in captured.err
 
 
 def _spread(matrix):

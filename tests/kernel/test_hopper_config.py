@@ -59,6 +59,10 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"evict_first": 1}, ["evict_first=1"]),
         ({"v_operand": "tmem", "mma": "wgmma", "q_dtype": "e4m3"}, ["v_operand='tmem'", "'registers', 'smem', 'f16'"]),
         ({"v_operand": "f16"}, ["v_operand='f16' with mma='sync'", "needs mma='wgmma'"]),
+        ({"kv_convert": "lut", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["kv_convert='lut'", "'exact', 'scaled'"]),
+        ({"kv_convert": "scaled", "kv_format": "nvfp4", "q_dtype": "e4m3"}, ["kv_convert='scaled'", "'nvfp4'"]),
+        ({"kv_convert": "scaled"}, ["kv_convert='scaled' with kv_format='e4m3'"]),
+        ({"kv_convert": "scaled", "kv_format": "e3m2", "q_dtype": "e4m3", "mma": "wgmma"}, ["mma='wgmma'"]),
     ],
 )
 def test_invalid_configs_name_every_offending_field(kwargs, names):
@@ -78,6 +82,22 @@ def test_v_operand_names_and_shared_memory():
     for c in by_v.values():
         can_implement_hopper(c)
     assert by_v["f16"].ctas_per_sm == 2 and replace(by_v["f16"], head_dim=256).ctas_per_sm == 1
+
+
+def test_kv_convert_applies_to_the_formats_whose_bits_place():
+    """kv_convert="auto" scales e2m1, e3m2 and e2m3 on the mma.sync path (their values times 2^-k are their bits);
+    "exact" keeps the exact widening there; NVFP4, e4m3 and the wgmma path never scale. Only the explicit
+    choices show in the name, and no choice changes shared memory."""
+    for fmt in ("e2m1", "e3m2", "e2m3"):
+        auto = HopperConfig(kv_format=fmt, q_dtype="e4m3")
+        assert auto.scaled_kv and replace(auto, kv_convert="scaled").scaled_kv
+        assert not replace(auto, kv_convert="exact").scaled_kv
+        assert not replace(auto, mma="wgmma").scaled_kv
+        assert replace(auto, kv_convert="exact").short_name() == auto.short_name() + "-kx"
+        assert replace(auto, kv_convert="scaled").short_name() == auto.short_name() + "-ks"
+        assert replace(auto, kv_convert="exact").smem_bytes == auto.smem_bytes
+    assert not HopperConfig(kv_format="nvfp4", q_dtype="e4m3").scaled_kv
+    assert not HopperConfig().scaled_kv
 
 
 def test_resource_plan():

@@ -21,7 +21,7 @@ from mjolnir_kernel.conformance import (
     score_magnitude_max,
 )
 from mjolnir_kernel.config import SMEM_PER_CTA_MAX
-from mjolnir_kernel.hopper.config import KV_FORMATS, Q_TILE, HopperConfig
+from mjolnir_kernel.hopper.config import KV_FORMATS, Q_TILE, SCALED_KV_FORMATS, HopperConfig
 from mjolnir_numerics.cases import CASES, DecodeCase
 from mjolnir_numerics.plan import plan_split_kv
 
@@ -159,6 +159,7 @@ LOAD_VARIANTS = (
     ("tma", {"loads": "tma"}, ("e4m3",)),
     ("no_evict_first", {"evict_first": False}, KV_FORMATS),
     ("prefetch_256", {"prefetch": 256}, KV_FORMATS),
+    ("exact_convert", {"kv_convert": "exact"}, SCALED_KV_FORMATS),
 )
 LOAD_VARIANT_CASES = [
     pytest.param(name, opts, c, id=f"{name}-{c.name}")
@@ -173,7 +174,8 @@ def test_hopper_load_paths_give_the_same_bits(variant, options, case):
     """How the KV bytes reach shared memory must not change a bit of O or LSE against the default (which
     test_hopper_matches_spec holds to the spec; pages past the end are zero-filled on every path):
     ``loads="bulk"`` (cp.async.bulk per key row, an mbarrier per stage, padded rows), ``loads="tma"``
-    (tensor-map boxes per page, hardware swizzle) and the L2 hints."""
+    (tensor-map boxes per page, hardware swizzle) and the L2 hints; nor how sub-byte codes become e4m3
+    tiles (``kv_convert="exact"`` against the default "scaled": the same products, so the same bits)."""
     from mjolnir_kernel import decode
 
     inputs = case.build("cuda")

@@ -1,8 +1,10 @@
 """The bit recipes behind the Hopper kernel's sub-byte -> e4m3 conversions (mjolnir_kernel.hopper.ptx),
 replayed on the CPU for every code: where a code's bits go in an f16, the power of two that makes that
 f16 the code's value, the byte-permute table and sign selectors of e2m1, the byte selectors that gather
-fp6 code groups, and NVFP4's per-block table of e4m3(m * scale / 8). The PTX itself runs in the H200
-conformance tests; these pin the constants it is built from to the formats' definitions."""
+fp6 code groups, and NVFP4's per-block table of e4m3(m * scale / 8). The same for the scaled
+conversions (``kv_convert="scaled"``): shifts and masks that make each code's e4m3 byte of value * 2^-k.
+The PTX itself runs in the H200 conformance tests; these pin the constants it is built from to the
+formats' definitions."""
 
 import numpy as np
 import pytest
@@ -10,11 +12,17 @@ import torch
 
 from mjolnir_kernel.hopper.ptx import (
     E2M1_E4M3_LUT,
+    E2M1_SCALED_EVEN,
+    E2M1_SCALED_INTERLEAVE,
+    E2M1_SCALED_ODD,
     E2M1_SIGN_SELECTORS,
     F16_PLACEMENT,
     FP6_GROUP_SELECTORS,
     FP6_PAIR_SELECTORS,
+    FP6_SCALED_MAG,
+    FP6_SCALED_TERMS,
     NVFP4_MAG_F16X2,
+    SCALED_KV_EXPONENT,
     f16x2_pow2,
 )
 from mjolnir_numerics.formats import E4M3, get_format
@@ -130,3 +138,59 @@ def test_nvfp4_block_table_gives_e4m3_of_code_times_scale():
             assert got == [want[(w >> (4 * j)) & 15] for j in range(8)], (hex(sbyte), hex(w))
         tested += 1
     assert tested == 254  # every e4m3 byte but the two NaNs
+
+
+def _terms(w: int, terms) -> int:
+    """OR of (w shifted left by s, or right by -s) & mask over the (s, mask) terms, in 32 bits."""
+    out = 0
+    for shift, mask in terms:
+        out |= ((w << shift) if shift >= 0 else (w >> -shift)) & mask
+    return out & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("fmt", sorted(SCALED_KV_EXPONENT))
+def test_scaled_bytes_are_the_values_times_a_power_of_two(fmt):
+    """Every code's value times 2^-k is an e4m3 value (subnormals included), so the scaled conversion
+    loses nothing, and Q and P times 2^k (f16, below 65504) give back every product exactly."""
+    k = SCALED_KV_EXPONENT[fmt]
+    values = _values(fmt)
+    scaled = torch.as_tensor(values * 2.0**-k)
+    back = E4M3.values().double()[quantize(scaled, E4M3).long()].numpy()
+    np.testing.assert_array_equal(back, values * 2.0**-k)
+    assert 448 * 2.0**k < 65504  # the largest e4m3 Q or P times 2^k is still a finite f16
+    assert f16x2_pow2(k) == (np.float16(2.0**k).view(np.uint16).item() * 0x10001)
+
+
+def test_e2m1_scaled_conversion():
+    """Even codes (low nibbles) and odd codes (high nibbles) through their shift-and-mask terms, then the
+    two interleaving byte permutes -> the e4m3 byte of value * 2^-6 of every code in code order."""
+    want = _e4m3_bytes(_values("e2m1") * 2.0 ** -SCALED_KV_EXPONENT["e2m1"])
+    lo_sel, hi_sel = E2M1_SCALED_INTERLEAVE
+    rng = np.random.default_rng(2)
+    for w in [0, 0xFFFFFFFF, 0x88888888, 0x76543210, 0xFEDCBA98] + rng.integers(0, 2**32, 2000).tolist():
+        w = int(w)
+        ev, od = _terms(w, E2M1_SCALED_EVEN), _terms(w, E2M1_SCALED_ODD)
+        o0, o1 = _prmt(ev, od, lo_sel), _prmt(ev, od, hi_sel)
+        got = [(o0 >> (8 * i)) & 0xFF for i in range(4)] + [(o1 >> (8 * i)) & 0xFF for i in range(4)]
+        assert got == [want[(w >> (4 * j)) & 15] for j in range(8)], hex(w)
+
+
+@pytest.mark.parametrize("fmt", ["e3m2", "e2m3"])
+def test_fp6_scaled_conversion(fmt):
+    """16 codes in 12 bytes -> the four 3-byte groups (as for the exact conversion) -> per group the
+    shift-and-mask terms (e3m2: magnitude doubled by r + (r & mask)) -> the e4m3 byte of value * 2^-k of
+    every code, -0 included; the group's fourth byte (another group's bits) never reaches the result."""
+    want = _e4m3_bytes(_values(fmt) * 2.0 ** -SCALED_KV_EXPONENT[fmt])
+    sel1, sel2 = FP6_GROUP_SELECTORS
+    rng = np.random.default_rng(3)
+    for trial in range(600):
+        raw = rng.integers(0, 256, 12, dtype=np.uint8) if trial else np.full(12, 0xFF, dtype=np.uint8)
+        w0, w1, w2 = (int(x) for x in raw.view("<u4"))
+        stream = int.from_bytes(raw.tobytes(), "little")
+        got = []
+        for v in [w0, _prmt(w0, w1, sel1), _prmt(w1, w2, sel2), w2 >> 8]:
+            r = _terms(v, FP6_SCALED_TERMS)
+            if fmt == "e3m2":
+                r = (r + (r & FP6_SCALED_MAG)) & 0xFFFFFFFF
+            got += [(r >> (8 * i)) & 0xFF for i in range(4)]
+        assert got == [want[(stream >> (6 * i)) & 63] for i in range(16)]

@@ -120,3 +120,27 @@ def test_cli_sass_prints_the_loops(capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "innermost loops, largest first" in out and "HMMA 32" in out
+
+
+# kv_convert="scaled" against "exact": tile-loop instructions on the ALU pipe (F2FP, PRMT, LOP3, SHF), the
+# pipe the H200 profile shows busiest for the sub-byte formats (measured 2026-11-30, d = 128, 16 rows:
+# e2m1 204 / 249 = 0.82, e3m2 332 / 457 = 0.73, e2m3 303 / 521 = 0.58)
+SCALED_ALU_BUDGET = {"e2m1": 0.85, "e3m2": 0.78, "e2m3": 0.65}
+ALU_OPCODES = ("F2FP", "PRMT", "LOP3", "SHF")
+
+
+@needs_tools
+@pytest.mark.parametrize("fmt", sorted(SCALED_ALU_BUDGET))
+def test_scaled_kv_conversion_takes_fewer_alu_instructions(fmt):
+    """The scaled conversion places each code's bits instead of looking them up (e2m1) or multiplying and
+    rounding them through f16 (fp6): its tile loop converts no value to e4m3 (as many F2FP as the e4m3
+    loop: the MMA's unpacks), and its ALU-pipe instructions stay within SCALED_ALU_BUDGET of "exact"."""
+
+    def loop(conv):
+        cfg = HopperConfig(head_dim=128, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, kv_convert=conv)
+        return dict(sass.kernel_loops(cfg, kc.HOPPER_ARCH)[0].opcodes)
+
+    exact, scaled, e4m3 = loop("exact"), loop("scaled"), dict(_tile_loop("e4m3").opcodes)
+    assert scaled["F2FP"] == e4m3["F2FP"], (scaled, e4m3)
+    alu = {name: sum(mix.get(op, 0) for op in ALU_OPCODES) for name, mix in (("exact", exact), ("scaled", scaled))}
+    assert alu["scaled"] <= SCALED_ALU_BUDGET[fmt] * alu["exact"], alu
