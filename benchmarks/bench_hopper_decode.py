@@ -26,6 +26,7 @@ four times over, the calls cycle through enough distinct copies that the KV is r
     python -m benchmarks.bench_hopper_decode                 # the issue's shapes, e4m3 + sub-byte formats
     python -m benchmarks.bench_hopper_decode --quick         # two shapes, e4m3 only
     python -m benchmarks.bench_hopper_decode --back-to-back 20   # steady state: 20 calls per replay
+    python -m benchmarks.bench_hopper_decode --l2-resident --seqlen 8192   # the kernel's own pace, KV in L2
 """
 
 from __future__ import annotations
@@ -135,15 +136,17 @@ def random_codes(shape, fmt: str, gen: torch.Generator) -> torch.Tensor:
     return raw
 
 
-def build_pools(b, L, h_k, d, fmt, page_size, gen, layout="nhd"):
+def build_pools(b, L, h_k, d, fmt, page_size, gen, layout="nhd", shared=False):
     """Paged pools, a shuffled block table, seq_lens, descales (and NVFP4 scales). ``layout`` "nhd":
     (pages, PS, h_k, row) storage; "hnd": (pages, h_k, PS, row) storage (a head's page is contiguous),
-    both passed as the logical (pages, PS, h_k, row) view the kernel takes."""
+    both passed as the logical (pages, PS, h_k, row) view the kernel takes. ``shared``: every sequence's
+    block-table row names the same pages (one sequence's worth of KV, read b times: small enough, it stays
+    in L2); ``nbytes`` still counts the bytes the b sequences cover."""
     from mjolnir_numerics.formats import get_format
 
     bits = get_format(fmt).bits
     pages_per_seq = math.ceil(L / page_size)
-    num_pages = b * pages_per_seq
+    num_pages = (1 if shared else b) * pages_per_seq
     row = d * bits // 8
     if layout == "hnd":
         k_pool = random_codes((num_pages, h_k, page_size, row), fmt, gen).transpose(1, 2)
@@ -152,7 +155,7 @@ def build_pools(b, L, h_k, d, fmt, page_size, gen, layout="nhd"):
         k_pool = random_codes((num_pages, page_size, h_k, row), fmt, gen)
         v_pool = random_codes((num_pages, page_size, h_k, row), fmt, gen)
     perm = torch.randperm(num_pages, generator=gen, device="cuda").to(torch.int32)
-    block_table = perm.view(b, pages_per_seq).contiguous()
+    block_table = perm.view(-1, pages_per_seq).expand(b, pages_per_seq).contiguous()
     seq_lens = torch.full((b,), L, dtype=torch.int32, device="cuda")
     k_descale = torch.full((h_k,), DESCALE, device="cuda")
     v_descale = torch.full((h_k,), DESCALE, device="cuda")
@@ -230,13 +233,16 @@ def _hint(text):
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
                 peers=True, mma=None, q_rows=None, ctas=None, loads=None, hint=(None, None), merge=None,
-                v_operand=None, kv_convert=None):  # fmt: skip
+                v_operand=None, kv_convert=None, l2_resident=False):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
-    k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(b, L, h_k, d, fmt, page_size, gen, layout)
+    k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(
+        b, L, h_k, d, fmt, page_size, gen, layout, shared=l2_resident
+    )
     pools = [(k_pool, v_pool, scales)]  # back-to-back replays of a small cache: distinct copies
-    extra = (build_pools(b, L, h_k, d, fmt, page_size, gen, layout) for _ in range(input_copies(nbytes) - 1))
+    copies = 1 if l2_resident else input_copies(nbytes)
+    extra = (build_pools(b, L, h_k, d, fmt, page_size, gen, layout) for _ in range(copies - 1))
     pools += [(c[0], c[1], c[6]) for c in extra]
     del extra
     q = torch.randn(b, h_q, d, generator=gen, device="cuda").to(torch.bfloat16)
@@ -338,6 +344,10 @@ def main(argv=None) -> int:
     ap.add_argument("--size-matched-stream", action="store_true",
                     help="after each format's rows, a 'sum' row: torch.sum over int64 reading the same bytes,"
                     " timed the same way, and the rows' time over it (x read)")  # fmt: skip
+    ap.add_argument("--l2-resident", action="store_true",
+                    help="every sequence reads the same pages (one sequence's KV, which stays in L2 at --seqlen"
+                    " 8192): the rows time the kernel's own work per byte covered, not DRAM; %%stream may pass"
+                    " 100%% (no peers)")  # fmt: skip
     ap.add_argument("--back-to-back", type=int, default=1, metavar="N",
                     help="calls per timed replay (1: single calls; N > 1: the steady state of N calls in a row,"
                     " cycling through input copies where one would fit in L2)")  # fmt: skip
@@ -347,6 +357,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.back_to_back < 1:
         ap.error(f"--back-to-back: expected a positive number of calls, got {args.back_to_back}")
+    if args.l2_resident and args.size_matched_stream:
+        ap.error("--l2-resident: the size-matched read reads DRAM; pass one of --l2-resident, --size-matched-stream")
+    if args.l2_resident:
+        args.no_peers = True  # the peers would read b distinct sequences from DRAM: not the same work
     global GRAPHS, BACK_TO_BACK, QUEUED
     GRAPHS = not args.eager
     BACK_TO_BACK = args.back_to_back
@@ -382,6 +396,8 @@ def main(argv=None) -> int:
         f" {args.page_size}, {args.layout} pools; median of {args.iters} {timing}"
     )
     print(f"# read-only stream (torch.sum over 4 GiB int64): {stream:.2f} TB/s")
+    if args.l2_resident:
+        print("# --l2-resident: every sequence reads the same pages, held in L2: bytes covered per second")
     print(f"# launch floor (a one-element add, timed the same way): {launch_floor_us():.1f} us")
     if skipped:
         print(f"# not run (the Hopper kernel does not read them yet): {', '.join(skipped)}")
@@ -418,7 +434,7 @@ def main(argv=None) -> int:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
                                 sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows, ctas, loads,
-                                hint[:2], merge, v_operand, kv_convert,
+                                hint[:2], merge, v_operand, kv_convert, args.l2_resident,
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")

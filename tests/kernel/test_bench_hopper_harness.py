@@ -72,3 +72,9 @@ def test_profile_rejects_bad_counts(argv, name, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and f"{name}: expected" in capsys.readouterr().err
+
+
+def test_l2_resident_refuses_the_size_matched_read(capsys):
+    with pytest.raises(SystemExit):
+        bh.main(["--l2-resident", "--size-matched-stream"])
+    assert "--l2-resident" in capsys.readouterr().err
