@@ -26,12 +26,11 @@ import argparse
 import csv
 import io
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 
-FORMATS = ("e4m3", "e2m1", "nvfp4", "e3m2", "e2m3")
+from benchmarks._ncu import FORMATS, comma_list, run_ncu, tools_missing
+
 PHASES = ("convert", "S = QK", "softmax", "P.V", "other")
 SAMPLES = "Warp Stall Sampling (All Samples)"
 
@@ -89,42 +88,23 @@ def _profile(fmt: str, batch: int, workdir: str) -> str:
     report = os.path.join(workdir, f"phases_{fmt}")
     target = [sys.executable, "-m", "benchmarks.profile_hopper_decode", "--format", fmt, "--q-dtype", "e4m3",
               "--batch", str(batch), "--launches", "4"]  # fmt: skip
-    steps = (
-        ["ncu", "--target-processes", "all", "-k", "regex:Hopper", "--launch-skip", "3", "--launch-count", "1",
-         "--section", "SourceCounters", "-f", "-o", report, *target],
-        ["ncu", "--import", report + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
-    )  # fmt: skip
-    for cmd in steps:
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = (done.stdout + done.stderr).strip()[-2000:]
-            raise RuntimeError(f"phase_samples: ncu failed ({' '.join(cmd)}):\n{tail}")
-    return done.stdout
-
-
-def _csv(value: str) -> list:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    bad = [v for v in items if v not in FORMATS]
-    if bad or not items:
-        raise argparse.ArgumentTypeError(f"--formats: expected a comma list of {', '.join(FORMATS)}, got {value!r}")
-    return items
+    run_ncu(["ncu", "--target-processes", "all", "-k", "regex:Hopper", "--launch-skip", "3", "--launch-count", "1",
+             "--section", "SourceCounters", "-f", "-o", report, *target], "phase_samples")  # fmt: skip
+    export = ["ncu", "--import", report + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"]
+    return run_ncu(export, "phase_samples")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--formats", default=",".join(FORMATS), type=_csv)
+    ap.add_argument("--formats", default=",".join(FORMATS), type=comma_list(FORMATS, "--formats"))
     ap.add_argument("--batch", type=int, default=32)
     args = ap.parse_args(argv)
     if args.batch < 1:
         ap.error(f"--batch: expected at least 1, got {args.batch}")
-    if shutil.which("ncu") is None:
-        print("phase_samples: needs Nsight Compute's ncu on the PATH", file=sys.stderr)
+    if tools_missing("phase_samples"):
         return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("phase_samples: needs a CUDA GPU", file=sys.stderr)
-        return 2
     print(f"# {torch.cuda.get_device_name()}; Nsight Compute warp-state samples per tile-loop phase, % of all")
     print(f"# batch {args.batch}, L = 32768, 32/8 heads, d = 128, page size 64, e4m3 Q, mma.sync; one launch each")
     print("{:<7} ".format("format") + " ".join(f"{p:>8}" for p in PHASES))

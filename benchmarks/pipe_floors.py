@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
-import subprocess
 import sys
 
-FORMATS = ("e4m3", "e2m1", "nvfp4", "e3m2", "e2m3")
+from benchmarks._ncu import FORMATS, comma_list, run_ncu, tools_missing
+
 MMAS = ("sync", "wgmma")
 STREAM_BYTES = 3 << 29  # 1.5 GiB: one reduction kernel (torch splits a sum over more than 2^31 bytes)
 
@@ -121,11 +120,7 @@ def _ncu(target: list, kernel_regex: str, launch_skip: int) -> str:
         "-k", f"regex:{kernel_regex}", "--launch-skip", str(launch_skip), "--launch-count", "1",
         "--metrics", ",".join(METRICS), sys.executable, *target,
     ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = (done.stdout + done.stderr).strip()[-2000:]
-        raise RuntimeError(f"pipe_floors: ncu failed ({' '.join(cmd)}):\n{tail}")
-    return done.stdout
+    return run_ncu(cmd, "pipe_floors")
 
 
 def _stream_target() -> int:
@@ -139,18 +134,10 @@ def _stream_target() -> int:
     return 0
 
 
-def _csv(value: str, allowed: tuple, flag: str) -> list:
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    bad = [v for v in items if v not in allowed]
-    if bad or not items:
-        raise argparse.ArgumentTypeError(f"{flag}: expected a comma list of {', '.join(allowed)}, got {value!r}")
-    return items
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--formats", default=",".join(FORMATS), type=lambda v: _csv(v, FORMATS, "--formats"))
-    ap.add_argument("--mma", default=",".join(MMAS), type=lambda v: _csv(v, MMAS, "--mma"))
+    ap.add_argument("--formats", default=",".join(FORMATS), type=comma_list(FORMATS, "--formats"))
+    ap.add_argument("--mma", default=",".join(MMAS), type=comma_list(MMAS, "--mma"))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--stream-target", action="store_true", help=argparse.SUPPRESS)  # what ncu runs
     args = ap.parse_args(argv)
@@ -158,14 +145,9 @@ def main(argv=None) -> int:
         ap.error(f"--batch: expected at least 1, got {args.batch}")
     if args.stream_target:
         return _stream_target()
-    if shutil.which("ncu") is None:
-        print("pipe_floors: needs Nsight Compute's ncu on the PATH", file=sys.stderr)
+    if tools_missing("pipe_floors"):
         return 2
     import torch
-
-    if not torch.cuda.is_available():
-        print("pipe_floors: needs a CUDA GPU", file=sys.stderr)
-        return 2
 
     stream = parse_metrics(_ncu(["-m", "benchmarks.pipe_floors", "--stream-target"], "reduce", 2))
     stream_bytes = STREAM_BYTES

@@ -51,6 +51,24 @@ def _e4m3_bytes(x: np.ndarray) -> list:
     return quantize(torch.as_tensor(x, dtype=torch.float64), E4M3).tolist()
 
 
+def _e2m1_words(seed: int) -> list:
+    """Words of eight e2m1 codes: all zeros, all ones, every sign bit alone, both code orders, 2000 random."""
+    rng = np.random.default_rng(seed)
+    return [0, 0xFFFFFFFF, 0x88888888, 0x76543210, 0xFEDCBA98] + [int(w) for w in rng.integers(0, 2**32, 2000)]
+
+
+def _fp6_blocks(seed: int, trials: int = 600):
+    """(the four 3-byte code groups the kernel gathers with FP6_GROUP_SELECTORS, the 16 codes) of 12 bytes
+    of a little-endian fp6 bitstream: all ones first, then random bytes."""
+    sel1, sel2 = FP6_GROUP_SELECTORS
+    rng = np.random.default_rng(seed)
+    for trial in range(trials):
+        raw = rng.integers(0, 256, 12, dtype=np.uint8) if trial else np.full(12, 0xFF, dtype=np.uint8)
+        w0, w1, w2 = (int(x) for x in raw.view("<u4"))
+        stream = int.from_bytes(raw.tobytes(), "little")
+        yield [w0, _prmt(w0, w1, sel1), _prmt(w1, w2, sel2), w2 >> 8], [(stream >> (6 * i)) & 63 for i in range(16)]
+
+
 @pytest.mark.parametrize("fmt", sorted(F16_PLACEMENT))
 def test_f16_placement_gives_every_code_value(fmt):
     sign_shl, mag_shl, mag_mask, k = F16_PLACEMENT[fmt]
@@ -68,9 +86,7 @@ def test_e2m1_table_and_sign_selectors():
     lo, hi = E2M1_E4M3_LUT
     assert [_prmt(lo, hi, m) & 0xFF for m in range(8)] == want[:8]
     sel0, sel1 = E2M1_SIGN_SELECTORS
-    rng = np.random.default_rng(0)
-    for w in [0, 0xFFFFFFFF, 0x88888888, 0x76543210, 0xFEDCBA98] + rng.integers(0, 2**32, 2000).tolist():
-        w = int(w)
+    for w in _e2m1_words(0):
         w4 = (w << 4) & 0xFFFFFFFF
         o0 = _prmt(lo, hi, w & 0x7777) ^ (_prmt(w4, w, sel0) & 0x80808080)
         o1 = _prmt(lo, hi, (w >> 16) & 0x7777) ^ (_prmt(w4, w, sel1) & 0x80808080)
@@ -86,13 +102,7 @@ def test_fp6_group_gather_and_conversion(fmt):
     -> the e4m3 bytes of every code (-0 included)."""
     _, mag_shl, _, k = F16_PLACEMENT[fmt]
     want_byte = _e4m3_bytes(_values(fmt))
-    sel1, sel2 = FP6_GROUP_SELECTORS
-    rng = np.random.default_rng(1)
-    for trial in range(600):
-        raw = rng.integers(0, 256, 12, dtype=np.uint8) if trial else np.full(12, 0xFF, dtype=np.uint8)
-        w0, w1, w2 = (int(x) for x in raw.view("<u4"))
-        stream = int.from_bytes(raw.tobytes(), "little")
-        groups = [w0, _prmt(w0, w1, sel1), _prmt(w1, w2, sel2), w2 >> 8]
+    for groups, codes in _fp6_blocks(1):
         got = []
         for v in groups:
             r = v & 0x3F
@@ -105,7 +115,7 @@ def test_fp6_group_gather_and_conversion(fmt):
                 halves = np.array([x & 0xFFFF, x >> 16], dtype=np.uint16).view(np.float16).astype(np.float64)
                 word += _e4m3_bytes(halves * 2.0**k)
             got += [b | ((sg >> (8 * i)) & 0xFF) for i, b in enumerate(word)]
-        assert got == [want_byte[(stream >> (6 * i)) & 63] for i in range(16)]
+        assert got == [want_byte[c] for c in codes]
 
 
 def test_nvfp4_block_table_gives_e4m3_of_code_times_scale():
@@ -166,9 +176,7 @@ def test_e2m1_scaled_conversion():
     two interleaving byte permutes -> the e4m3 byte of value * 2^-6 of every code in code order."""
     want = _e4m3_bytes(_values("e2m1") * 2.0 ** -SCALED_KV_EXPONENT["e2m1"])
     lo_sel, hi_sel = E2M1_SCALED_INTERLEAVE
-    rng = np.random.default_rng(2)
-    for w in [0, 0xFFFFFFFF, 0x88888888, 0x76543210, 0xFEDCBA98] + rng.integers(0, 2**32, 2000).tolist():
-        w = int(w)
+    for w in _e2m1_words(2):
         ev, od = _terms(w, E2M1_SCALED_EVEN), _terms(w, E2M1_SCALED_ODD)
         o0, o1 = _prmt(ev, od, lo_sel), _prmt(ev, od, hi_sel)
         got = [(o0 >> (8 * i)) & 0xFF for i in range(4)] + [(o1 >> (8 * i)) & 0xFF for i in range(4)]
@@ -181,16 +189,11 @@ def test_fp6_scaled_conversion(fmt):
     shift-and-mask terms (e3m2: magnitude doubled by r + (r & mask)) -> the e4m3 byte of value * 2^-k of
     every code, -0 included; the group's fourth byte (another group's bits) never reaches the result."""
     want = _e4m3_bytes(_values(fmt) * 2.0 ** -SCALED_KV_EXPONENT[fmt])
-    sel1, sel2 = FP6_GROUP_SELECTORS
-    rng = np.random.default_rng(3)
-    for trial in range(600):
-        raw = rng.integers(0, 256, 12, dtype=np.uint8) if trial else np.full(12, 0xFF, dtype=np.uint8)
-        w0, w1, w2 = (int(x) for x in raw.view("<u4"))
-        stream = int.from_bytes(raw.tobytes(), "little")
+    for groups, codes in _fp6_blocks(3):
         got = []
-        for v in [w0, _prmt(w0, w1, sel1), _prmt(w1, w2, sel2), w2 >> 8]:
+        for v in groups:
             r = _terms(v, FP6_SCALED_TERMS)
             if fmt == "e3m2":
                 r = (r + (r & FP6_SCALED_MAG)) & 0xFFFFFFFF
             got += [(r >> (8 * i)) & 0xFF for i in range(4)]
-        assert got == [want[(stream >> (6 * i)) & 63] for i in range(16)]
+        assert got == [want[c] for c in codes]
