@@ -9,6 +9,8 @@ warp's state at one instant, so a phase's share is the fraction of the warps' ti
 named by what they hold:
 
 * ``convert``  sub-byte codes to e4m3 tiles (shared loads and stores, no MMA); the ring's wait comes first
+* ``conv+QK``  both in one stretch (``k_operand="registers"``: V's tile is converted, K's codes go straight
+               into the MMA fragments, between the ring's barrier and the row-max barrier)
 * ``S = QK``   the Q.K^T MMAs and the row max
 * ``softmax``  exp2, row sums, P to shared memory, the O rescale
 * ``P.V``      the P.V MMAs (``ldmatrix.trans`` of V)
@@ -16,6 +18,7 @@ named by what they hold:
 
     python -m benchmarks.phase_samples                     # e4m3 and the sub-byte formats
     python -m benchmarks.phase_samples --formats e2m1
+    python -m benchmarks.phase_samples --stalls            # and why: the stall reasons per phase
 
 Needs ``ncu`` on the PATH (the device has it) and permission to read the GPU's performance counters.
 """
@@ -31,8 +34,10 @@ import tempfile
 
 from benchmarks._ncu import FORMATS, comma_list, run_ncu, tools_missing
 
-PHASES = ("convert", "S = QK", "softmax", "P.V", "other")
+PHASES = ("convert", "conv+QK", "S = QK", "softmax", "P.V", "other")
 SAMPLES = "Warp Stall Sampling (All Samples)"
+STALL_PREFIX = "stall_"  # per-reason sample columns of the export ("stall_wait", ...; not the "(Not Issued)" ones)
+STALL_MIN = 2.0  # --stalls prints the reasons holding at least this % of a format's samples
 
 
 def _opcode(sass: str) -> str:
@@ -47,6 +52,8 @@ def phase_of(opcodes: list) -> str:
     mma = any(op.startswith("HMMA") for op in opcodes)
     if mma and any(op.startswith("LDSM") and ".MT88" in op for op in opcodes):
         return "P.V"
+    if mma and any(op.startswith("STS.128") for op in opcodes):  # a converted tile's 16-byte stores
+        return "conv+QK"
     if mma:
         return "S = QK"
     if any(op.startswith("MUFU.EX2") for op in opcodes):
@@ -56,32 +63,58 @@ def phase_of(opcodes: list) -> str:
     return "other"
 
 
-def phase_shares(source_csv: str) -> dict:
-    """``{phase: percent of all samples}`` from ``ncu --page source --csv --print-source sass`` output of one
-    kernel (a title row, then the header row, then one row per instruction). Raises ValueError when the
-    export has no sample column or no samples."""
+def phase_table(source_csv: str) -> dict:
+    """``{phase: {column: samples}}`` from ``ncu --page source --csv --print-source sass`` output of one kernel
+    (a title row, then the header row, then one row per instruction): the all-samples column (``SAMPLES``)
+    and every per-reason stall column (``stall_*``, issued or not) summed over the phase's stretches.
+    Raises ValueError when the export has no sample column or no samples."""
     rows = list(csv.reader(io.StringIO(source_csv)))
     head = next((i for i, r in enumerate(rows) if "Address" in r and "Source" in r), None)
     if head is None or SAMPLES not in rows[head]:
-        raise ValueError(f"phase_shares: no '{SAMPLES}' column in the source export")
+        raise ValueError(f"phase_table: no '{SAMPLES}' column in the source export")
     hdr = rows[head]
-    i_src, i_samples = hdr.index("Source"), hdr.index(SAMPLES)
-    shares = dict.fromkeys(PHASES, 0.0)
-    stretch, ops, first = 0.0, [], True
+    i_src = hdr.index("Source")
+    cols = {name: i for i, name in enumerate(hdr) if name == SAMPLES or
+            (name.startswith(STALL_PREFIX) and "Not Issued" not in name)}  # fmt: skip
+    table = {p: dict.fromkeys(cols, 0.0) for p in PHASES}
+    stretch, ops, first = dict.fromkeys(cols, 0.0), [], True
+
+    def close(name):
+        for col in cols:
+            table[name][col] += stretch[col]
+
     for r in rows[head + 1 :]:
-        if len(r) <= max(i_src, i_samples):
+        if len(r) <= max(i_src, *cols.values()):
             continue
         op = _opcode(r[i_src])
-        stretch += float(r[i_samples] or 0)
+        for col, i in cols.items():
+            stretch[col] += float(r[i] or 0)
         ops.append(op)
         if op.startswith("BAR.SYNC"):  # the stretch before the first barrier is the kernel's prologue
-            shares["other" if first else phase_of(ops)] += stretch
-            stretch, ops, first = 0.0, [], False
-    shares["other" if first else phase_of(ops)] += stretch
-    total = sum(shares.values())
-    if total <= 0:
-        raise ValueError("phase_shares: the export holds no samples")
-    return {k: 100.0 * v / total for k, v in shares.items()}
+            close("other" if first else phase_of(ops))
+            stretch, ops, first = dict.fromkeys(cols, 0.0), [], False
+    close("other" if first else phase_of(ops))
+    if sum(t[SAMPLES] for t in table.values()) <= 0:
+        raise ValueError("phase_table: the export holds no samples")
+    return table
+
+
+def phase_shares(source_csv: str) -> dict:
+    """``{phase: percent of all samples}`` (``phase_table``'s sample column)."""
+    table = phase_table(source_csv)
+    total = sum(t[SAMPLES] for t in table.values())
+    return {p: 100.0 * t[SAMPLES] / total for p, t in table.items()}
+
+
+def stall_shares(table: dict, min_share: float = STALL_MIN) -> tuple:
+    """(reasons, ``{phase: {reason: percent of all samples}}``) from ``phase_table``: the stall reasons
+    (without the ``stall_`` prefix) that hold at least ``min_share`` % of all samples, most first."""
+    total = sum(t[SAMPLES] for t in table.values())
+    stalls = {c for t in table.values() for c in t if c.startswith(STALL_PREFIX)}
+    overall = {c: 100.0 * sum(t[c] for t in table.values()) / total for c in stalls}
+    keep = sorted((c for c in stalls if overall[c] >= min_share), key=lambda c: -overall[c])
+    shares = {p: {c[len(STALL_PREFIX) :]: 100.0 * t[c] / total for c in keep} for p, t in table.items()}
+    return [c[len(STALL_PREFIX) :] for c in keep], shares
 
 
 def _profile(fmt: str, batch: int, workdir: str) -> str:
@@ -98,6 +131,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--formats", default=",".join(FORMATS), type=comma_list(FORMATS, "--formats"))
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--stalls", action="store_true", help="also print each phase's stall reasons")
     args = ap.parse_args(argv)
     if args.batch < 1:
         ap.error(f"--batch: expected at least 1, got {args.batch}")
@@ -108,10 +142,21 @@ def main(argv=None) -> int:
     print(f"# {torch.cuda.get_device_name()}; Nsight Compute warp-state samples per tile-loop phase, % of all")
     print(f"# batch {args.batch}, L = 32768, 32/8 heads, d = 128, page size 64, e4m3 Q, mma.sync; one launch each")
     print("{:<7} ".format("format") + " ".join(f"{p:>8}" for p in PHASES))
+    tables = {}
     with tempfile.TemporaryDirectory(prefix="mjolnir-phases-") as tmp:
         for fmt in args.formats:
-            shares = phase_shares(_profile(fmt, args.batch, tmp))
-            print(f"{fmt:<7} " + " ".join(f"{shares[p]:7.1f}%" for p in PHASES), flush=True)
+            tables[fmt] = phase_table(_profile(fmt, args.batch, tmp))
+            total = sum(t[SAMPLES] for t in tables[fmt].values())
+            print(f"{fmt:<7} " + " ".join(f"{100 * tables[fmt][p][SAMPLES] / total:7.1f}%" for p in PHASES), flush=True)
+    if args.stalls:
+        print(f"# stall reasons per phase, % of the format's samples (reasons holding >= {STALL_MIN:g} % of them;"
+              " 'selected' = issuing)")  # fmt: skip
+        for fmt, table in tables.items():
+            reasons, shares = stall_shares(table)
+            print(f"{fmt:<8}" + " ".join(f"{r[:12]:>12}" for r in reasons))
+            for p in PHASES:
+                if any(v > 0.05 for v in shares[p].values()):
+                    print(f"  {p:<6}" + " ".join(f"{shares[p][r]:11.1f}%" for r in reasons))
     return 0
 
 

@@ -121,7 +121,8 @@ def _bench_cmd(args) -> int:
             return 2
         if args.arch != HOPPER_ARCH:
             hopper_only = {"--mma": args.mma, "--loads": args.loads, "--merge": args.merge,
-                           "--v-operand": args.v_operand, "--kv-convert": args.kv_convert}  # fmt: skip
+                           "--v-operand": args.v_operand, "--kv-convert": args.kv_convert,
+                           "--k-operand": args.k_operand}  # fmt: skip
             given = [name for name, value in hopper_only.items() if value is not None]
             if given:
                 print(f"bench: {', '.join(given)}: Hopper-kernel options (--arch sm_90a); the {args.arch} kernel"
@@ -180,7 +181,8 @@ def _hopper_bench_config(args):
             q_dtype=_q_dtype(args), causal=not args.non_causal, max_splits=args.max_splits,
             ring_depth=args.ring_depth, pdl=args.pdl, mma=args.mma, n_q=args.q_len * (args.heads_q // args.heads_k),
             ctas_per_sm=args.ctas_per_sm, loads=args.loads, merge=args.merge, v_operand=args.v_operand,
-            kv_convert=args.kv_convert, evict_first=None if args.evict_first < 0 else bool(args.evict_first),
+            kv_convert=args.kv_convert, k_operand=args.k_operand,
+            evict_first=None if args.evict_first < 0 else bool(args.evict_first),
         )  # fmt: skip
     except ConfigError as e:
         print(f"bench: {e}", file=sys.stderr)
@@ -239,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kv-convert", choices=("auto", "exact", "scaled"), default=None,
                    help="Hopper only: e2m1 / e3m2 / e2m3 codes to e4m3 tiles exactly, or as value * 2^-k by bit "
                         "placement with 2^k folded into Q and P (auto: scaled where it applies)")  # fmt: skip
+    b.add_argument("--k-operand", choices=("auto", "tile", "registers"), default=None,
+                   help="Hopper only, sub-byte KV: K through an e4m3 shared-memory tile, or converted by each "
+                        "warp straight into its MMA fragments")  # fmt: skip
     b.add_argument("--l2-prefetch", type=int, default=0)
     b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1),
                    help="-1: the default (Thor: on for e4m3 Q; Hopper: on)")  # fmt: skip

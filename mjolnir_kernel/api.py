@@ -30,7 +30,7 @@ HOPPER_MAX_SPLITS = 32  # H200: 132 SMs want more chunks per sequence at small b
 THOR_ONLY_OPTIONS = {"l2_prefetch": 0}  # knobs the Hopper kernel lacks
 HOPPER_ONLY_OPTIONS = {  # not on Thor
     "mma": None, "q_rows": None, "loads": None, "prefetch": None, "merge": None, "v_operand": None,
-    "kv_convert": None,
+    "kv_convert": None, "k_operand": None,
 }  # fmt: skip
 HOPPER_DEFAULT_MMA = "sync"  # HopperConfig.mma when decode() is not given one
 
@@ -56,13 +56,14 @@ def select_hopper_config(
     merge: Optional[str] = None,
     v_operand: Optional[str] = None,
     kv_convert: Optional[str] = None,
+    k_operand: Optional[str] = None,
 ):
     """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints, strs and bools as in
     ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1;
     ``mma`` None = :data:`HOPPER_DEFAULT_MMA`; ``n_q`` = q_len * h_r query rows per KV head, when known:
     at most 8 selects ``q_rows=8`` on the mma.sync path; ``q_rows`` 8 or 16 overrides that choice;
     ``ctas_per_sm`` None = what shared memory and the register budget allow, else ``HopperConfig.ctas``;
-    ``loads``, ``prefetch``, ``evict_first``, ``merge``, ``v_operand``, ``kv_convert`` None = the
+    ``loads``, ``prefetch``, ``evict_first``, ``merge``, ``v_operand``, ``kv_convert``, ``k_operand`` None = the
     ``HopperConfig`` defaults, else those fields).
     Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement, and ValueError
     for ``q_rows=8`` with more than 8 query rows."""
@@ -83,6 +84,7 @@ def select_hopper_config(
         evict_first=cfg.evict_first if evict_first is None else evict_first,
         merge=cfg.merge if merge is None else merge, v_operand=cfg.v_operand if v_operand is None else v_operand,
         kv_convert=cfg.kv_convert if kv_convert is None else kv_convert,
+        k_operand=cfg.k_operand if k_operand is None else k_operand,
     )  # fmt: skip
     can_implement_hopper(cfg)
     return cfg
@@ -189,6 +191,7 @@ def prepare_decode(
     merge: Optional[str] = None,
     v_operand: Optional[str] = None,
     kv_convert: Optional[str] = None,
+    k_operand: Optional[str] = None,
     out: Optional[torch.Tensor] = None,
     check_values: bool = True,
 ) -> PreparedDecode:
@@ -222,12 +225,12 @@ def prepare_decode(
             head_dim=problem.head_dim, page_size=problem.page_size, q_len=q_len, kv_format=kv_format,
             q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl, mma=mma,
             n_q=problem.n_q, q_rows=q_rows, ctas_per_sm=ctas_per_sm, loads=loads, prefetch=prefetch,
-            evict_first=evict_first, merge=merge, v_operand=v_operand, kv_convert=kv_convert,
+            evict_first=evict_first, merge=merge, v_operand=v_operand, kv_convert=kv_convert, k_operand=k_operand,
         )  # fmt: skip
         ctas_per_sm = cfg.ctas_per_sm
     else:
         hopper_given = {"mma": mma, "q_rows": q_rows, "loads": loads, "prefetch": prefetch, "merge": merge,
-                        "v_operand": v_operand, "kv_convert": kv_convert}  # fmt: skip
+                        "v_operand": v_operand, "kv_convert": kv_convert, "k_operand": k_operand}  # fmt: skip
         for name, value in hopper_given.items():
             if value != HOPPER_ONLY_OPTIONS[name]:
                 raise ValueError(f"{name}: a Hopper-kernel option; the Thor kernel has no such knob (got {value!r})")
@@ -331,6 +334,9 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
         Hopper, mma="wgmma" only: "registers" (None), "smem" or "f16"; ``HopperConfig.v_operand``.
         kv_convert: Hopper only: how e2m1 / e3m2 / e2m3 codes become e4m3 tiles, "auto" (None), "exact" or
         "scaled" (bit placement with 2^k folded into Q and P: the same bits); ``HopperConfig.kv_convert``.
+        k_operand: Hopper only, sub-byte KV: "tile" (None: K converted to an e4m3 tile in shared memory) or
+        "registers" (each warp converts its keys' packed codes into its MMA fragments);
+        ``HopperConfig.k_operand``.
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).
       check_values: read seq_lens on the host to check the block table and plan (a device sync).
 
@@ -365,7 +371,7 @@ def decode(
       q_descale, softmax_scale, scale_o, q_len, causal, plan, chunk_tiles: as ``emulate_decode``.
       kernel_options: ``decode_paged`` knobs (max_splits, force_splits, pad_to, sm_count, ctas_per_sm,
         ring_depth, pdl, l2_prefetch, evict_first, mma, q_rows, loads, prefetch, merge, v_operand,
-        kv_convert, out, check_values).
+        kv_convert, k_operand, out, check_values).
 
     Returns:
       (o, lse): bfloat16 (num_seqs * q_len, h_q, d) and float32 (num_seqs, h_k, q_len * h_r), natural

@@ -37,6 +37,7 @@ DEFAULT_STAGES = 2
 MAX_SPLITS_LIMIT = 64
 MAX_CTAS_LIMIT = 4  # ctas= at most this (4 x 256 threads leave 64 registers per thread)
 MAX_CTAS_PER_SM = 2  # register budget: 2 CTAs of 256 threads at <= 128 registers (d = 128 needs ~125)
+MAX_CTAS_PER_SM_D256 = 1  # d = 256 needs 180-255 registers (2 CTAs would spill where shared memory allows them)
 # ---------------------------------------------------------------------------------------------
 
 KV_FORMATS = tuple(FORMATS)  # e4m3 read directly; fp6 / fp4 / nvfp4 converted to e4m3 in shared memory
@@ -47,6 +48,7 @@ LOAD_KINDS = ("cp_async", "bulk", "tma")
 MERGE_KINDS = ("kernel", "fused")
 KV_CONVERTS = ("auto", "exact", "scaled")  # how sub-byte codes become e4m3 bytes (HopperConfig.kv_convert)
 SCALED_KV_FORMATS = ("e2m1", "e3m2", "e2m3")  # the formats whose values times 2^-k are their bits, placed
+K_OPERANDS = ("auto", "tile", "registers")  # where packed K becomes MMA fragments (HopperConfig.k_operand)
 V_OPERANDS = ("registers", "smem", "f16")  # how the wgmma path makes V^T K-major (HopperConfig.v_operand)
 PREFETCH_SIZES = (0, 64, 128, 256)  # L2 prefetch-size hints of cp.async (.L2::64B / 128B / 256B)
 BULK_ROW_PAD = 16  # bytes after each key row of a bulk-loaded ring stage (ldmatrix rows on distinct banks)
@@ -108,6 +110,17 @@ class HopperConfig:
                   bits shifted into place, and Q and P are multiplied by 2^k so every product is the
                   same; the same bits, fewer instructions) or "auto" (default: "scaled" where it
                   applies, else "exact"; NVFP4 always uses its table)
+      k_operand   sub-byte K with mma.sync: "tile" (all warps convert the K tile to e4m3 bytes in shared
+                  memory, then every warp reads its keys by ``ldmatrix``: a store, a load and a block
+                  barrier per tile) or "registers" (each warp loads its own 16 keys' packed codes and
+                  converts them straight into its MMA fragments; only V goes through an e4m3 tile, and its
+                  barrier is the row-max barrier). The head-dim order inside the MMAs differs (a
+                  relabeling: the spec's sum is order-free), so the fp32 sums may differ in the last
+                  bits (on the 10 sub-byte conformance cases they did not). "auto" (default) picks
+                  "registers" for the scaled formats, "tile" for NVFP4 and the exact conversion: on the
+                  H200, back to back at batch 8 / 32, registers run e2m1 1.03-1.07x, e3m2 0.99-1.10x,
+                  e2m3 1.00-1.06x, NVFP4 0.96-0.99x
+                  (``python -m benchmarks.bench_hopper_decode --k-operand tile,registers``)
     """
 
     head_dim: int = 128
@@ -128,6 +141,7 @@ class HopperConfig:
     merge: str = "kernel"
     v_operand: str = "registers"
     kv_convert: str = "auto"
+    k_operand: str = "auto"
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -148,6 +162,7 @@ class HopperConfig:
             + ("-fm" if self.merge == "fused" else "")
             + ({"smem": "-vs", "f16": "-vf16"}.get(self.v_operand, ""))
             + ({"exact": "-kx", "scaled": "-ks"}.get(self.kv_convert, ""))
+            + ({"tile": "-kt", "registers": "-kr"}.get(self.k_operand, ""))
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -178,6 +193,14 @@ class HopperConfig:
         by 2^k (``kv_convert``; "auto" picks it wherever it applies: e2m1, e3m2 and e2m3 with mma.sync)."""
         applies = self.kv_format in SCALED_KV_FORMATS and self.mma == "sync"
         return applies and self.kv_convert != "exact"
+
+    @property
+    def k_registers(self) -> bool:
+        """Packed K goes from the ring stage straight into each warp's MMA fragments (``k_operand``; "auto"
+        picks it for the scaled conversion)."""
+        if not self.packed or self.mma != "sync":
+            return False
+        return self.k_operand == "registers" or (self.k_operand == "auto" and self.scaled_kv)
 
     @property
     def tile_bytes(self) -> int:
@@ -218,8 +241,11 @@ class HopperConfig:
             p = Q_TILE * TILE_KEYS * (2 if self.v_operand == "f16" else 1) + Q_TILE * self.head_dim
             p += self.v_operand_bytes
         stats = 2 * WARPS * Q_TILE * 4
-        if self.packed:  # packed ring + one converted K and V tile
-            ring = 2 * self.ring_stages * TILE_KEYS * self.packed_row_bytes + 2 * self.tile_bytes
+        if self.packed:  # packed ring + the converted V tile (and K tile, unless K goes to registers)
+            ring = (
+                2 * self.ring_stages * TILE_KEYS * self.packed_row_bytes
+                + (1 + (not self.k_registers)) * self.tile_bytes
+            )
             if self.kv_format == "nvfp4":  # block-scale rows of each stage
                 ring += 2 * self.ring_stages * TILE_KEYS * (self.head_dim // 16)
         else:
@@ -240,10 +266,11 @@ class HopperConfig:
     def ctas_per_sm(self) -> int:
         """Co-resident CTAs (the plan's occupancy and the launch's min_blocks_per_mp): ``ctas`` when set,
         else what shared memory allows, at most MAX_CTAS_PER_SM (which caps registers at 65536 / (256 * 2)
-        = 128 per thread)."""
+        = 128 per thread; at d = 256, MAX_CTAS_PER_SM_D256)."""
         if self.ctas:
             return self.ctas
-        return max(1, min(MAX_CTAS_PER_SM, self.smem_ctas_limit))
+        regs_limit = MAX_CTAS_PER_SM_D256 if self.head_dim == 256 else MAX_CTAS_PER_SM
+        return max(1, min(regs_limit, self.smem_ctas_limit))
 
     @property
     def smem_ctas_limit(self) -> int:
@@ -308,6 +335,13 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(
             f"kv_convert='scaled' with kv_format={c.kv_format!r}, mma={c.mma!r} (needs one of {SCALED_KV_FORMATS}"
             " and mma='sync')"
+        )
+    if c.k_operand not in K_OPERANDS:
+        problems.append(f"k_operand={c.k_operand!r} (allowed {K_OPERANDS})")
+    elif c.k_operand == "registers" and (not c.packed or c.mma != "sync"):
+        problems.append(
+            f"k_operand='registers' with kv_format={c.kv_format!r}, mma={c.mma!r} (needs a sub-byte format and"
+            " mma='sync')"
         )
     if c.merge not in MERGE_KINDS:
         problems.append(f"merge={c.merge!r} (allowed {MERGE_KINDS})")

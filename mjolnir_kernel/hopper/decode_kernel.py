@@ -24,7 +24,10 @@ tile). The head-dim order inside one MMA is a relabeling (the sum is order-free 
 Sub-byte formats: the ring holds the packed rows (and NVFP4's block-scale rows); after a tile lands,
 all warps convert it to e4m3 bytes in one K and one V tile buffer (fp6 by exact f16 arithmetic, e2m1 by
 a byte-permute table, NVFP4 by a table of the block's eight e4m3(m * scale / 8) built per 16 codes;
-``ptx.py``), which steps 1-4 then read like an e4m3 tile.
+``ptx.py``), which steps 1-4 then read like an e4m3 tile. With ``k_operand="registers"`` (the default for
+e2m1, e3m2 and e2m3) only V goes through an e4m3 tile: in step 1 each lane (g, c) loads its keys' packed
+bytes c d / 4 .. (c + 1) d / 4 (head dims in the same relabeling freedom as above; Q is loaded in that order)
+and converts them straight into its fragments, and the row-max barrier of step 2 also completes the V tile.
 
 Row sums follow the Thor kernel's order exactly: one running sum per key slot of the tile (a TMEM lane
 there), combined at the end with the same butterfly tree over each 32 keys (key xor 16, 8, 4, 2, 1)
@@ -75,7 +78,9 @@ from .ptx import (
     ld_shared_b32,
     ld_shared_u8,
     ld_shared_v2_b32,
+    ld_shared_v4_b32,
     ld_shared_v4_f32,
+    prmt,
     st_shared_v4_b32,
     e4m3x4_to_pairs,
     e4m3x4_to_pairs_transposed,
@@ -133,6 +138,10 @@ class HopperDecodeKernel:
         # q_rows 8: the MMA tile's rows 8-15 are padding (n_q <= 8); each thread's softmax, row sums and
         # O rescale cover its row g only, and P's rows 8-15 stay zero
         self.halves = 1 if config.q_rows == 8 else 2
+        # k_operand="registers": lane (g, c) of a warp converts bytes c * k_span .. + k_span of its keys'
+        # packed rows (d / 4 codes: head dims c d / 4 .. (c + 1) d / 4 - 1) into its MMA fragments
+        self.k_regs = config.k_registers
+        self.k_span = config.packed_row_bytes // 4 if config.packed else 0
         self.fused_merge = config.fused_merge  # the last CTA of a split (seq, head, q tile) merges it
         self.reduction = None
         if config.max_splits > 1 and not self.fused_merge:
@@ -320,7 +329,12 @@ class HopperDecodeKernel:
                     if valid_row:
                         addr = q_base + (q_row0 + i64(row * d + s * 16 + 4 * c)) * q_bytes
                         if cutlass.const_expr(cfg.fp8):
-                            q_lo, q_hi = e4m3x4_to_pairs(ld_global_b32(addr), bf16=False)
+                            q4 = i32(0)
+                            if cutlass.const_expr(self.k_regs):  # the head dims of K's k-step s in lane c
+                                q4 = self._q_in_k_order(q_base + q_row0 + i64(row * d), s, c)
+                            else:
+                                q4 = ld_global_b32(addr)
+                            q_lo, q_hi = e4m3x4_to_pairs(q4, bf16=False)
                             if cutlass.const_expr(cfg.scaled_kv):  # K holds k * 2^-kx: q * 2^kx keeps q k
                                 q_lo = f16x2_times_pow2(q_lo, SCALED_KV_EXPONENT[cfg.kv_format])
                                 q_hi = f16x2_times_pow2(q_hi, SCALED_KV_EXPONENT[cfg.kv_format])
@@ -355,7 +369,20 @@ class HopperDecodeKernel:
                 sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
                 sacc.fill(f32(0))
                 key_ld = warp * KEYS_PER_WARP + (lane % 8) + 8 * ((lane // 8) % 2)
-                for s2 in cutlass.range_constexpr(self.s_ksteps // 2):
+                if cutlass.const_expr(self.k_regs):  # this warp's packed K codes straight into fragments
+                    k_scales = ring.ks_ring + (it % self.stages) * 2 * self.scale_tile_bytes
+                    kw = []
+                    for j in cutlass.range_constexpr(NB_S):
+                        kw.append(self._k_words(k_stage, k_scales, warp * KEYS_PER_WARP + 8 * j + g, c))
+                    for s in cutlass.range_constexpr(self.s_ksteps):
+                        a = (qf[s * 4], qf[s * 4 + 1], qf[s * 4 + 2], qf[s * 4 + 3])
+                        for j in cutlass.range_constexpr(NB_S):
+                            b0, b1 = e4m3x4_to_pairs(kw[j][s], bf16=False)
+                            cc = (sacc[j * 4], sacc[j * 4 + 1], sacc[j * 4 + 2], sacc[j * 4 + 3])
+                            r = mma_m16n8k16(a, (b0, b1), cc, bf16=False)
+                            for e in cutlass.range_constexpr(4):
+                                sacc[j * 4 + e] = r[e]
+                for s2 in cutlass.range_constexpr(0 if self.k_regs else self.s_ksteps // 2):
                     chunk = 2 * s2 + lane // 16
                     kr = ldmatrix_x4(self._kv_row(k_stage, key_ld, chunk, lane & 7))
                     for ss in cutlass.range_constexpr(2):
@@ -598,7 +625,7 @@ class HopperDecodeKernel:
     def _ring_next(self, ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid, batch_loads=True):
         """Tile ``it``: wait until it landed, refill the stage tile it - 1 used with tile it + stages - 1,
         and for packed formats convert it to e4m3 (``_convert_tiles``). Returns the shared-memory addresses
-        of the e4m3 K and V tiles the MMAs read."""
+        of the e4m3 K and V tiles the MMAs read (with ``k_operand="registers"``, K's packed ring stage)."""
         stage = it % self.stages
         nxt = it + self.stages - 1
         if cutlass.const_expr(self.mbar):
@@ -623,11 +650,13 @@ class HopperDecodeKernel:
         if cutlass.const_expr(self.config.packed):
             k_scales = ring.ks_ring + stage * 2 * self.scale_tile_bytes
             v_scales = k_scales + self.scale_tile_bytes
+            k_conv = None if self.k_regs else ring.k_conv
             self._convert_tiles(ring.k_ring + stage * self.ring_tile_bytes, ring.v_ring + stage * self.ring_tile_bytes,
-                                ring.k_conv, ring.v_conv, k_scales, v_scales, tid, batch_loads)  # fmt: skip
-            k_stage = ring.k_conv
+                                k_conv, ring.v_conv, k_scales, v_scales, tid, batch_loads)  # fmt: skip
             v_stage = ring.v_conv
-            cute.arch.sync_threads()  # the e4m3 tile is complete
+            if cutlass.const_expr(not self.k_regs):  # K from registers: the row-max barrier completes V
+                k_stage = ring.k_conv
+                cute.arch.sync_threads()  # the e4m3 tiles are complete
         return k_stage, v_stage
 
     def _mask_from(self, seq_len):
@@ -757,13 +786,16 @@ class HopperDecodeKernel:
         words = []
         scale_bytes = []
         tiles = ((k_packed, k_scales), (v_packed, v_scales))
+        convs = (k_conv, v_conv)
+        if cutlass.const_expr(k_conv is None):  # K goes to registers (``_k_words``): V only
+            tiles, convs = tiles[1:], convs[1:]
         if cutlass.const_expr(batch_loads):  # both tiles' words, all before the first conversion
-            for t in cutlass.range_constexpr(2):
+            for t in cutlass.range_constexpr(len(tiles)):
                 for i in cutlass.range_constexpr(per_tile):
                     w, sb = self._load_group(tiles[t][0], tiles[t][1], tid + i * THREADS)
                     words.append(w)
                     scale_bytes.append(sb)
-        for t, conv in enumerate((k_conv, v_conv)):
+        for t, conv in enumerate(convs):
             for i in cutlass.range_constexpr(per_tile):
                 idx = tid + i * THREADS
                 key = idx // groups
@@ -788,6 +820,58 @@ class HopperDecodeKernel:
                     o0, o1 = e2m1x8_to_e4m3x8(w[0])
                     o2, o3 = e2m1x8_to_e4m3x8(w[1])
                 st_shared_v4_b32(conv + key * self.d + ((grp ^ (key & 7)) * CHUNK), o0, o1, o2, o3)
+
+    @cute.jit
+    def _k_words(self, k_packed, k_scales, key, c):
+        """``k_operand="registers"``: the e4m3 bytes of lane c's head dims of ``key``, one word per k-step of
+        S (``_q_in_k_order`` gives Q's bytes in the same order), converted from the packed ring stage as
+        ``_convert_tiles`` does. fp6, NVFP4 and exact e2m1 keep the code order (word s: dims base + 4s ..
+        + 3); scaled e2m1 skips the interleave (words 2u, 2u + 1: the even / odd codes of dims base + 8u
+        .. + 7)."""
+        cfg = self.config
+        fmt = cfg.kv_format
+        row = k_packed + key * cfg.packed_row_bytes + c * self.k_span
+        packed = []
+        if cutlass.const_expr(self.k_span % 16 == 0):  # e2m1 / NVFP4 (16 or 32 bytes), fp6 at d = 256 (48)
+            for h in cutlass.range_constexpr(self.k_span // 16):
+                packed += list(ld_shared_v4_b32(row + 16 * h))
+        else:  # fp6 at d = 128: 24 bytes, 8-byte aligned
+            for h in cutlass.range_constexpr(self.k_span // 8):
+                packed += list(ld_shared_v2_b32(row + 8 * h))
+        words = []
+        if cutlass.const_expr(self.fmt.bits == 6):
+            for v in cutlass.range_constexpr(len(packed) // 3):
+                w = packed[3 * v : 3 * v + 3]
+                if cutlass.const_expr(cfg.scaled_kv):
+                    words += list(fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=fmt == "e3m2"))
+                else:
+                    words += list(fp6x16_to_e4m3x16(w[0], w[1], w[2], e3m2=fmt == "e3m2"))
+        else:
+            table = None
+            for u in cutlass.range_constexpr(len(packed)):
+                if cutlass.const_expr(cfg.scaled_kv):
+                    words += list(e2m1x8_to_e4m3x8_scaled(packed[u], ordered=False))
+                elif cutlass.const_expr(fmt == "nvfp4"):
+                    if cutlass.const_expr(u % 2 == 0):  # a 16-code block: its scale byte, its table
+                        group = c * (self.d // 64) + u // 2
+                        table = nvfp4_block_table(ld_shared_u8(k_scales + key * (self.d // 16) + group))
+                    words += list(e2m1x8_to_e4m3x8(packed[u], table))
+                else:
+                    words += list(e2m1x8_to_e4m3x8(packed[u]))
+        return words
+
+    @cute.jit
+    def _q_in_k_order(self, q_row, s, c):
+        """Q's four e4m3 bytes (at global address ``q_row``, a query row) for k-step ``s`` of lane c,
+        in the head-dim order of ``_k_words``."""
+        base = q_row + c * self.k_span * 8 // self.fmt.bits  # lane c's first head dim (one byte per dim)
+        word = cutlass.Int32(0)
+        if cutlass.const_expr(self.config.scaled_kv and self.fmt.bits == 4):  # even / odd dims of 8
+            x0, x1 = ld_global_v2_b32(base + 8 * (s // 2))
+            word = prmt(x0, x1, 0x7531 if s % 2 else 0x6420)
+        else:
+            word = ld_global_b32(base + 4 * s)
+        return word
 
     @cute.jit
     def _load_pages(self, pages, tile, seq, seq_len, mBT):

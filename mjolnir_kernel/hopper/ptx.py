@@ -447,15 +447,19 @@ def _shift_and(dst: str, src: str, shift: int, mask: int) -> str:
 
 
 @dsl_user_op
-def e2m1x8_to_e4m3x8_scaled(w, *, loc=None, ip=None):
+def e2m1x8_to_e4m3x8_scaled(w, *, ordered: bool = True, loc=None, ip=None):
     """Eight e2m1 codes (code i in bits 4i .. 4i + 3) -> two words of e4m3 bytes of value * 2^-6 (codes
-    4k .. 4k + 3 in word k) by shifts, masks and two byte permutes (``E2M1_SCALED_*``)."""
+    4k .. 4k + 3 in word k) by shifts, masks and two byte permutes (``E2M1_SCALED_*``). ``ordered=False``
+    skips the permutes: the even codes 0, 2, 4, 6 in the first word, the odd codes in the second."""
     text = "{\n\t.reg .b32 ev, od, t;\n\t"
     for name, terms in (("ev", E2M1_SCALED_EVEN), ("od", E2M1_SCALED_ODD)):
         (s0, m0), (s1, m1) = terms
         text += _shift_and(name, "$2", s0, m0) + _shift_and("t", "$2", s1, m1) + f"or.b32 {name}, {name}, t;\n\t"
-    lo, hi = E2M1_SCALED_INTERLEAVE
-    text += f"prmt.b32 $0, ev, od, {lo:#x};\n\tprmt.b32 $1, ev, od, {hi:#x};\n\t}}"
+    if ordered:
+        lo, hi = E2M1_SCALED_INTERLEAVE
+        text += f"prmt.b32 $0, ev, od, {lo:#x};\n\tprmt.b32 $1, ev, od, {hi:#x};\n\t}}"
+    else:
+        text += "mov.b32 $0, ev;\n\tmov.b32 $1, od;\n\t}"
     res = _asm(_struct(2, T.i32()), [_i32(w, loc, ip)], text, "=r,=r,r")
     return _unpack(res, 2, T.i32(), Int32)
 

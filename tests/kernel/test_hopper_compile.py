@@ -277,6 +277,19 @@ def test_hopper_exact_kv_conversion_compiles(fmt, d):
 
 
 @needs_cutlass
+@pytest.mark.parametrize("fmt, d, k_operand", [("e2m1", 256, "registers"), ("e3m2", 128, "tile"), ("nvfp4", 128,
+                                               "registers")])  # fmt: skip
+def test_hopper_k_operand_compiles(fmt, d, k_operand):
+    """Both K paths lower for sm_90a without spills where "auto" does not pick them (the matrix covers the
+    defaults: registers for the scaled formats, the tile for NVFP4); at d = 256 the registers path keeps one
+    CTA per SM, so ptxas is not held to 128 registers."""
+    cfg = HopperConfig(head_dim=d, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, q_rows=8,
+                       k_operand=k_operand)  # fmt: skip
+    r = _compile_and_check(cfg)
+    assert r.resources["decode"].spill_stores == 0
+
+
+@needs_cutlass
 @pytest.mark.parametrize("loads, d, ps", [("bulk", 128, 64), ("tma", 256, 16), ("tma", 128, 128)])
 def test_hopper_load_paths_compile(loads, d, ps):
     """The bulk-copy and TMA load paths (not in the matrix: options, not defaults) lower for sm_90a without
@@ -346,14 +359,27 @@ def test_cli_bench_kv_convert(capsys):
 
 
 @needs_cutlass
+def test_cli_bench_k_operand(capsys):
+    """--k-operand names K's path in the compiled config; for e4m3 KV (no packed K) "registers" is refused
+    with the field named (exit 2, nothing compiled)."""
+    args = ["bench", "--compile-only", "--arch", "sm_90a", "--head-dim", "128", "--page-size", "64", "--q-dtype",
+            "e4m3", "--k-operand"]  # fmt: skip
+    assert main(args + ["tile", "--format", "e2m1"]) == 0
+    assert "-kt [decode] sm_90a" in capsys.readouterr().out
+    assert main(args + ["registers"]) == 2
+    captured = capsys.readouterr()
+    assert "k_operand='registers' with kv_format='e4m3'" in captured.err and "[decode]" not in captured.out
+
+
+@needs_cutlass
 def test_cli_bench_refuses_hopper_options_for_thor(capsys):
-    """--mma / --loads / --merge / --v-operand / --kv-convert configure only the Hopper kernel: compiling for
-    Thor with one of them is refused with the options named, not compiled without them."""
+    """--mma / --loads / --merge / --v-operand / --kv-convert / --k-operand configure only the Hopper kernel:
+    compiling for Thor with one of them is refused with the options named, not compiled without them."""
     rc = main(["bench", "--compile-only", "--arch", "sm_110a", "--merge", "fused", "--v-operand", "f16",
-               "--kv-convert", "exact"])  # fmt: skip
+               "--kv-convert", "exact", "--k-operand", "tile"])  # fmt: skip
     captured = capsys.readouterr()
     assert rc == 2 and "[decode]" not in captured.out
-    assert "--merge, --v-operand, --kv-convert: Hopper-kernel options" in captured.err
+    assert "--merge, --v-operand, --kv-convert, --k-operand: Hopper-kernel options" in captured.err
 
 
 def _spread(matrix):

@@ -63,6 +63,9 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"kv_convert": "scaled", "kv_format": "nvfp4", "q_dtype": "e4m3"}, ["kv_convert='scaled'", "'nvfp4'"]),
         ({"kv_convert": "scaled"}, ["kv_convert='scaled' with kv_format='e4m3'"]),
         ({"kv_convert": "scaled", "kv_format": "e3m2", "q_dtype": "e4m3", "mma": "wgmma"}, ["mma='wgmma'"]),
+        ({"k_operand": "smem", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["k_operand='smem'", "'tile', 'registers'"]),
+        ({"k_operand": "registers"}, ["k_operand='registers' with kv_format='e4m3'", "sub-byte"]),
+        ({"k_operand": "registers", "kv_format": "e2m1", "q_dtype": "e4m3", "mma": "wgmma"}, ["mma='wgmma'"]),
     ],
 )
 def test_invalid_configs_name_every_offending_field(kwargs, names):
@@ -87,7 +90,7 @@ def test_v_operand_names_and_shared_memory():
 def test_kv_convert_applies_to_the_formats_whose_bits_place():
     """kv_convert="auto" scales e2m1, e3m2 and e2m3 on the mma.sync path (their values times 2^-k are their bits);
     "exact" keeps the exact widening there; NVFP4, e4m3 and the wgmma path never scale. Only the explicit
-    choices show in the name, and no choice changes shared memory."""
+    choices show in the name, and the choice alone (K's path pinned) does not change shared memory."""
     for fmt in ("e2m1", "e3m2", "e2m3"):
         auto = HopperConfig(kv_format=fmt, q_dtype="e4m3")
         assert auto.scaled_kv and replace(auto, kv_convert="scaled").scaled_kv
@@ -95,9 +98,40 @@ def test_kv_convert_applies_to_the_formats_whose_bits_place():
         assert not replace(auto, mma="wgmma").scaled_kv
         assert replace(auto, kv_convert="exact").short_name() == auto.short_name() + "-kx"
         assert replace(auto, kv_convert="scaled").short_name() == auto.short_name() + "-ks"
-        assert replace(auto, kv_convert="exact").smem_bytes == auto.smem_bytes
+        assert replace(auto, kv_convert="exact", k_operand="registers").smem_bytes == auto.smem_bytes
     assert not HopperConfig(kv_format="nvfp4", q_dtype="e4m3").scaled_kv
     assert not HopperConfig().scaled_kv
+
+
+def test_k_operand_auto_takes_the_registers_path_for_the_scaled_formats():
+    """k_operand="auto" converts K straight into the MMA fragments for e2m1, e3m2 and e2m3 (scaled) and keeps
+    the K tile for NVFP4 and the exact conversion; the registers path holds one converted tile (V) instead
+    of two, and d = 256 stays at one CTA per SM even where shared memory would hold two (registers)."""
+    for fmt in ("e2m1", "e3m2", "e2m3"):
+        auto = HopperConfig(kv_format=fmt, q_dtype="e4m3")
+        tile = replace(auto, k_operand="tile")
+        assert auto.k_registers and replace(auto, k_operand="registers").k_registers and not tile.k_registers
+        assert not replace(auto, kv_convert="exact").k_registers
+        assert replace(auto, kv_convert="exact", k_operand="registers").k_registers
+        assert tile.smem_bytes - auto.smem_bytes == auto.tile_bytes == 128 * 128
+        assert tile.short_name() == auto.short_name() + "-kt"
+        assert replace(auto, k_operand="registers").short_name() == auto.short_name() + "-kr"
+        assert replace(auto, head_dim=256).ctas_per_sm == 1
+    e2m1_d256 = HopperConfig(head_dim=256, kv_format="e2m1", q_dtype="e4m3")
+    assert e2m1_d256.smem_ctas_limit >= 2 and e2m1_d256.ctas_per_sm == 1
+    assert replace(e2m1_d256, ctas=2).ctas_per_sm == 2  # an explicit choice stands
+    nvfp4 = HopperConfig(kv_format="nvfp4", q_dtype="e4m3")
+    assert not nvfp4.k_registers and replace(nvfp4, k_operand="registers").k_registers
+    assert (
+        not HopperConfig().k_registers and not HopperConfig(kv_format="e2m1", q_dtype="e4m3", mma="wgmma").k_registers
+    )
+    from mjolnir_kernel.api import select_hopper_config
+
+    kw = dict(head_dim=128, page_size=64, q_len=1, kv_format="e2m1", q_dtype="e4m3")
+    assert select_hopper_config(**kw).k_operand == "auto"
+    assert select_hopper_config(**kw, k_operand="tile").k_operand == "tile"
+    with pytest.raises(ConfigError, match="k_operand='registers' with kv_format='e4m3'"):
+        select_hopper_config(**{**kw, "kv_format": "e4m3"}, k_operand="registers")
 
 
 def test_resource_plan():
@@ -107,7 +141,7 @@ def test_resource_plan():
     assert small.smem_bytes < big.smem_bytes <= SMEM_PER_CTA_MAX
     assert 1 <= big.ctas_per_sm <= small.ctas_per_sm <= MAX_CTAS_PER_SM
     # packed formats hold a packed ring plus one converted tile; NVFP4 adds the block-scale rows
-    fp4 = HopperConfig(head_dim=256, kv_format="e2m1", q_dtype="e4m3")
+    fp4 = HopperConfig(head_dim=256, kv_format="e2m1", q_dtype="e4m3", k_operand="tile")
     nvfp4 = HopperConfig(head_dim=256, kv_format="nvfp4", q_dtype="e4m3")
     assert fp4.packed and not big.packed and fp4.packed_row_bytes == 128
     assert nvfp4.smem_bytes - fp4.smem_bytes == 2 * nvfp4.ring_stages * 128 * (256 // 16)

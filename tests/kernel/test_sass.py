@@ -137,10 +137,30 @@ def test_scaled_kv_conversion_takes_fewer_alu_instructions(fmt):
     loop: the MMA's unpacks), and its ALU-pipe instructions stay within SCALED_ALU_BUDGET of "exact"."""
 
     def loop(conv):
-        cfg = HopperConfig(head_dim=128, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, kv_convert=conv)
+        cfg = HopperConfig(head_dim=128, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, kv_convert=conv,
+                           k_operand="tile")  # fmt: skip
         return dict(sass.kernel_loops(cfg, kc.HOPPER_ARCH)[0].opcodes)
 
     exact, scaled, e4m3 = loop("exact"), loop("scaled"), dict(_tile_loop("e4m3").opcodes)
     assert scaled["F2FP"] == e4m3["F2FP"], (scaled, e4m3)
     alu = {name: sum(mix.get(op, 0) for op in ALU_OPCODES) for name, mix in (("exact", exact), ("scaled", scaled))}
     assert alu["scaled"] <= SCALED_ALU_BUDGET[fmt] * alu["exact"], alu
+
+
+@needs_tools
+@pytest.mark.parametrize("fmt", ("e2m1", "e3m2", "e2m3", "nvfp4"))
+def test_k_registers_path_drops_the_k_tile(fmt):
+    """``k_operand="registers"``: no K tile in shared memory, so the tile loop loses K's e4m3 stores, K's
+    ldmatrix and a block barrier, and is shorter than the tile path's."""
+
+    def loop(k_operand):
+        cfg = HopperConfig(head_dim=128, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16,
+                           k_operand=k_operand)  # fmt: skip
+        return sass.kernel_loops(cfg, kc.HOPPER_ARCH)[0]
+
+    tile, regs = loop("tile"), loop("registers")
+    t, r = dict(tile.opcodes), dict(regs.opcodes)
+    assert r["BAR"] == t["BAR"] - 1, (t, r)
+    assert r["LDSM"] == t["LDSM"] - 4, (t, r)  # d = 128: K's four ldmatrix.x4 per warp and tile
+    assert r["STS"] == t["STS"] - 4, (t, r)  # K's four 16-byte e4m3 stores per thread and tile
+    assert regs.instructions < tile.instructions, (tile.summary(), regs.summary())
