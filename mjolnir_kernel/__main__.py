@@ -122,7 +122,7 @@ def _bench_cmd(args) -> int:
         if args.arch != HOPPER_ARCH:
             hopper_only = {"--mma": args.mma, "--loads": args.loads, "--merge": args.merge,
                            "--v-operand": args.v_operand, "--kv-convert": args.kv_convert,
-                           "--k-operand": args.k_operand}  # fmt: skip
+                           "--k-operand": args.k_operand, "--v-convert": args.v_convert}  # fmt: skip
             given = [name for name, value in hopper_only.items() if value is not None]
             if given:
                 print(f"bench: {', '.join(given)}: Hopper-kernel options (--arch sm_90a); the {args.arch} kernel"
@@ -181,7 +181,7 @@ def _hopper_bench_config(args):
             q_dtype=_q_dtype(args), causal=not args.non_causal, max_splits=args.max_splits,
             ring_depth=args.ring_depth, pdl=args.pdl, mma=args.mma, n_q=args.q_len * (args.heads_q // args.heads_k),
             ctas_per_sm=args.ctas_per_sm, loads=args.loads, merge=args.merge, v_operand=args.v_operand,
-            kv_convert=args.kv_convert, k_operand=args.k_operand,
+            kv_convert=args.kv_convert, k_operand=args.k_operand, v_convert=args.v_convert,
             evict_first=None if args.evict_first < 0 else bool(args.evict_first),
         )  # fmt: skip
     except ConfigError as e:
@@ -244,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--k-operand", choices=("auto", "tile", "registers"), default=None,
                    help="Hopper only, sub-byte KV: K through an e4m3 shared-memory tile, or converted by each "
                         "warp straight into its MMA fragments")  # fmt: skip
+    b.add_argument("--v-convert", choices=("auto", "early", "late"), default=None,
+                   help="Hopper only, K in registers: V's tile converted before K's codes or after the "
+                        "QK MMAs")  # fmt: skip
     b.add_argument("--l2-prefetch", type=int, default=0)
     b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1),
                    help="-1: the default (Thor: on for e4m3 Q; Hopper: on)")  # fmt: skip

@@ -30,7 +30,7 @@ HOPPER_MAX_SPLITS = 32  # H200: 132 SMs want more chunks per sequence at small b
 THOR_ONLY_OPTIONS = {"l2_prefetch": 0}  # knobs the Hopper kernel lacks
 HOPPER_ONLY_OPTIONS = {  # not on Thor
     "mma": None, "q_rows": None, "loads": None, "prefetch": None, "merge": None, "v_operand": None,
-    "kv_convert": None, "k_operand": None,
+    "kv_convert": None, "k_operand": None, "v_convert": None,
 }  # fmt: skip
 HOPPER_DEFAULT_MMA = "sync"  # HopperConfig.mma when decode() is not given one
 
@@ -57,14 +57,15 @@ def select_hopper_config(
     v_operand: Optional[str] = None,
     kv_convert: Optional[str] = None,
     k_operand: Optional[str] = None,
+    v_convert: Optional[str] = None,
 ):
     """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints, strs and bools as in
     ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1;
     ``mma`` None = :data:`HOPPER_DEFAULT_MMA`; ``n_q`` = q_len * h_r query rows per KV head, when known:
     at most 8 selects ``q_rows=8`` on the mma.sync path; ``q_rows`` 8 or 16 overrides that choice;
     ``ctas_per_sm`` None = what shared memory and the register budget allow, else ``HopperConfig.ctas``;
-    ``loads``, ``prefetch``, ``evict_first``, ``merge``, ``v_operand``, ``kv_convert``, ``k_operand`` None = the
-    ``HopperConfig`` defaults, else those fields).
+    ``loads``, ``prefetch``, ``evict_first``, ``merge``, ``v_operand``, ``kv_convert``, ``k_operand``,
+    ``v_convert`` None = the ``HopperConfig`` defaults, else those fields).
     Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement, and ValueError
     for ``q_rows=8`` with more than 8 query rows."""
     from .hopper.config import HopperConfig, can_implement_hopper
@@ -85,6 +86,7 @@ def select_hopper_config(
         merge=cfg.merge if merge is None else merge, v_operand=cfg.v_operand if v_operand is None else v_operand,
         kv_convert=cfg.kv_convert if kv_convert is None else kv_convert,
         k_operand=cfg.k_operand if k_operand is None else k_operand,
+        v_convert=cfg.v_convert if v_convert is None else v_convert,
     )  # fmt: skip
     can_implement_hopper(cfg)
     return cfg
@@ -192,6 +194,7 @@ def prepare_decode(
     v_operand: Optional[str] = None,
     kv_convert: Optional[str] = None,
     k_operand: Optional[str] = None,
+    v_convert: Optional[str] = None,
     out: Optional[torch.Tensor] = None,
     check_values: bool = True,
 ) -> PreparedDecode:
@@ -226,11 +229,13 @@ def prepare_decode(
             q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl, mma=mma,
             n_q=problem.n_q, q_rows=q_rows, ctas_per_sm=ctas_per_sm, loads=loads, prefetch=prefetch,
             evict_first=evict_first, merge=merge, v_operand=v_operand, kv_convert=kv_convert, k_operand=k_operand,
+            v_convert=v_convert,
         )  # fmt: skip
         ctas_per_sm = cfg.ctas_per_sm
     else:
         hopper_given = {"mma": mma, "q_rows": q_rows, "loads": loads, "prefetch": prefetch, "merge": merge,
-                        "v_operand": v_operand, "kv_convert": kv_convert, "k_operand": k_operand}  # fmt: skip
+                        "v_operand": v_operand, "kv_convert": kv_convert, "k_operand": k_operand,
+                        "v_convert": v_convert}  # fmt: skip
         for name, value in hopper_given.items():
             if value != HOPPER_ONLY_OPTIONS[name]:
                 raise ValueError(f"{name}: a Hopper-kernel option; the Thor kernel has no such knob (got {value!r})")
@@ -336,7 +341,8 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
         "scaled" (bit placement with 2^k folded into Q and P: the same bits); ``HopperConfig.kv_convert``.
         k_operand: Hopper only, sub-byte KV: "tile" (None: K converted to an e4m3 tile in shared memory) or
         "registers" (each warp converts its keys' packed codes into its MMA fragments);
-        ``HopperConfig.k_operand``.
+        ``HopperConfig.k_operand``. v_convert: Hopper only, K in registers: when V's tile is converted,
+        "auto" (None), "early" or "late"; ``HopperConfig.v_convert``.
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).
       check_values: read seq_lens on the host to check the block table and plan (a device sync).
 
@@ -371,7 +377,7 @@ def decode(
       q_descale, softmax_scale, scale_o, q_len, causal, plan, chunk_tiles: as ``emulate_decode``.
       kernel_options: ``decode_paged`` knobs (max_splits, force_splits, pad_to, sm_count, ctas_per_sm,
         ring_depth, pdl, l2_prefetch, evict_first, mma, q_rows, loads, prefetch, merge, v_operand,
-        kv_convert, k_operand, out, check_values).
+        kv_convert, k_operand, v_convert, out, check_values).
 
     Returns:
       (o, lse): bfloat16 (num_seqs * q_len, h_q, d) and float32 (num_seqs, h_k, q_len * h_r), natural

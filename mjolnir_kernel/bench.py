@@ -96,6 +96,8 @@ def run_bench(args) -> int:
         opts["kv_convert"] = args.kv_convert
     if args.k_operand is not None:
         opts["k_operand"] = args.k_operand
+    if args.v_convert is not None:
+        opts["v_convert"] = args.v_convert
     print(f"config {cfg.short_name()}  plan {plan}  seq_lens {lens[:8]}{' ...' if len(lens) > 8 else ''}")
     o, lse = decode(q, cache, **opts)
     torch.cuda.synchronize()

@@ -49,6 +49,7 @@ MERGE_KINDS = ("kernel", "fused")
 KV_CONVERTS = ("auto", "exact", "scaled")  # how sub-byte codes become e4m3 bytes (HopperConfig.kv_convert)
 SCALED_KV_FORMATS = ("e2m1", "e3m2", "e2m3")  # the formats whose values times 2^-k are their bits, placed
 K_OPERANDS = ("auto", "tile", "registers")  # where packed K becomes MMA fragments (HopperConfig.k_operand)
+V_CONVERTS = ("auto", "early", "late")  # when the registers path converts V's tile (HopperConfig.v_convert)
 V_OPERANDS = ("registers", "smem", "f16")  # how the wgmma path makes V^T K-major (HopperConfig.v_operand)
 PREFETCH_SIZES = (0, 64, 128, 256)  # L2 prefetch-size hints of cp.async (.L2::64B / 128B / 256B)
 BULK_ROW_PAD = 16  # bytes after each key row of a bulk-loaded ring stage (ldmatrix rows on distinct banks)
@@ -121,6 +122,12 @@ class HopperConfig:
                   H200, back to back at batch 8 / 32, registers run e2m1 1.03-1.07x, e3m2 0.99-1.10x,
                   e2m3 1.00-1.06x, NVFP4 0.96-0.99x
                   (``python -m benchmarks.bench_hopper_decode --k-operand tile,registers``)
+      v_convert   with K in registers, when the warps convert V's tile (both before the row-max barrier
+                  that completes it): "early" (right after the ring's barrier, before K's codes) or "late"
+                  (after the QK MMAs are issued, so the conversion fills their latency); "auto" (default)
+                  is "late" at d = 256 and "early" at d = 128, as measured on the H200 back to back at
+                  batch 8 / 32: late runs 1.00-1.06x at d = 256 and 0.97-1.00x at d = 128
+                  (``python -m benchmarks.bench_hopper_decode --v-convert early,late``)
     """
 
     head_dim: int = 128
@@ -142,6 +149,7 @@ class HopperConfig:
     v_operand: str = "registers"
     kv_convert: str = "auto"
     k_operand: str = "auto"
+    v_convert: str = "auto"
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -163,6 +171,7 @@ class HopperConfig:
             + ({"smem": "-vs", "f16": "-vf16"}.get(self.v_operand, ""))
             + ({"exact": "-kx", "scaled": "-ks"}.get(self.kv_convert, ""))
             + ({"tile": "-kt", "registers": "-kr"}.get(self.k_operand, ""))
+            + ({"early": "-ve", "late": "-vl"}.get(self.v_convert, ""))
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -201,6 +210,13 @@ class HopperConfig:
         if not self.packed or self.mma != "sync":
             return False
         return self.k_operand == "registers" or (self.k_operand == "auto" and self.scaled_kv)
+
+    @property
+    def v_late(self) -> bool:
+        """With K in registers, V's tile is converted after the QK MMAs are issued (``v_convert``)."""
+        if not self.k_registers:
+            return False
+        return self.v_convert == "late" or (self.v_convert == "auto" and self.head_dim == 256)
 
     @property
     def tile_bytes(self) -> int:
@@ -342,6 +358,13 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(
             f"k_operand='registers' with kv_format={c.kv_format!r}, mma={c.mma!r} (needs a sub-byte format and"
             " mma='sync')"
+        )
+    if c.v_convert not in V_CONVERTS:
+        problems.append(f"v_convert={c.v_convert!r} (allowed {V_CONVERTS})")
+    elif c.v_convert != "auto" and c.k_operand in K_OPERANDS and not c.k_registers:
+        problems.append(
+            f"v_convert={c.v_convert!r} with k_operand={c.k_operand!r} (needs K in registers: a sub-byte"
+            " format, mma='sync' and k_operand='registers', or 'auto' for e2m1 / e3m2 / e2m3)"
         )
     if c.merge not in MERGE_KINDS:
         problems.append(f"merge={c.merge!r} (allowed {MERGE_KINDS})")

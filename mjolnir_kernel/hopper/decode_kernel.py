@@ -27,7 +27,8 @@ a byte-permute table, NVFP4 by a table of the block's eight e4m3(m * scale / 8) 
 ``ptx.py``), which steps 1-4 then read like an e4m3 tile. With ``k_operand="registers"`` (the default for
 e2m1, e3m2 and e2m3) only V goes through an e4m3 tile: in step 1 each lane (g, c) loads its keys' packed
 bytes c d / 4 .. (c + 1) d / 4 (head dims in the same relabeling freedom as above; Q is loaded in that order)
-and converts them straight into its fragments, and the row-max barrier of step 2 also completes the V tile.
+and converts them straight into its fragments, and the row-max barrier of step 2 also completes the V tile
+(converted before K's codes, or after the QK MMAs are issued: ``v_convert``, "late" by default at d = 256).
 
 Row sums follow the Thor kernel's order exactly: one running sum per key slot of the tile (a TMEM lane
 there), combined at the end with the same butterfly tree over each 32 keys (key xor 16, 8, 4, 2, 1)
@@ -395,6 +396,12 @@ class HopperDecodeKernel:
                             for e in cutlass.range_constexpr(4):
                                 sacc[j * 4 + e] = r[e]
 
+                if cutlass.const_expr(cfg.v_late):  # V's tile, while the QK MMAs are in flight
+                    stage = it % self.stages
+                    v_scales = ring.ks_ring + (2 * stage + 1) * self.scale_tile_bytes
+                    v_packed = ring.v_ring + stage * self.ring_tile_bytes
+                    self._convert_tiles(None, v_packed, None, ring.v_conv, None, v_scales, tid)
+
                 # 2. mask, row max of the tile (warp, then the warps through smem)
                 # (a tile whose keys every row sees needs no mask: all but the last one or two)
                 if (tile_begin + it + 1) * TILE_KEYS > mask_from:
@@ -651,8 +658,10 @@ class HopperDecodeKernel:
             k_scales = ring.ks_ring + stage * 2 * self.scale_tile_bytes
             v_scales = k_scales + self.scale_tile_bytes
             k_conv = None if self.k_regs else ring.k_conv
-            self._convert_tiles(ring.k_ring + stage * self.ring_tile_bytes, ring.v_ring + stage * self.ring_tile_bytes,
-                                k_conv, ring.v_conv, k_scales, v_scales, tid, batch_loads)  # fmt: skip
+            if cutlass.const_expr(not self.config.v_late):  # else after the QK MMAs (step 1)
+                k_packed = ring.k_ring + stage * self.ring_tile_bytes
+                v_packed = ring.v_ring + stage * self.ring_tile_bytes
+                self._convert_tiles(k_packed, v_packed, k_conv, ring.v_conv, k_scales, v_scales, tid, batch_loads)
             v_stage = ring.v_conv
             if cutlass.const_expr(not self.k_regs):  # K from registers: the row-max barrier completes V
                 k_stage = ring.k_conv

@@ -277,14 +277,16 @@ def test_hopper_exact_kv_conversion_compiles(fmt, d):
 
 
 @needs_cutlass
-@pytest.mark.parametrize("fmt, d, k_operand", [("e2m1", 256, "registers"), ("e3m2", 128, "tile"), ("nvfp4", 128,
-                                               "registers")])  # fmt: skip
-def test_hopper_k_operand_compiles(fmt, d, k_operand):
-    """Both K paths lower for sm_90a without spills where "auto" does not pick them (the matrix covers the
-    defaults: registers for the scaled formats, the tile for NVFP4); at d = 256 the registers path keeps one
-    CTA per SM, so ptxas is not held to 128 registers."""
+@pytest.mark.parametrize("fmt, d, k_operand, v_convert", [
+    ("e2m1", 256, "registers", "early"), ("e3m2", 128, "tile", "auto"), ("nvfp4", 128, "registers", "auto"),
+    ("e2m3", 128, "registers", "late"),
+])  # fmt: skip
+def test_hopper_k_operand_compiles(fmt, d, k_operand, v_convert):
+    """Both K paths and both V conversion points lower for sm_90a without spills where "auto" does not pick
+    them (the matrix covers the defaults: registers for the scaled formats, V late at d = 256, the tile for
+    NVFP4); at d = 256 the registers path keeps one CTA per SM, so ptxas is not held to 128 registers."""
     cfg = HopperConfig(head_dim=d, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, q_rows=8,
-                       k_operand=k_operand)  # fmt: skip
+                       k_operand=k_operand, v_convert=v_convert)  # fmt: skip
     r = _compile_and_check(cfg)
     assert r.resources["decode"].spill_stores == 0
 
@@ -373,13 +375,14 @@ def test_cli_bench_k_operand(capsys):
 
 @needs_cutlass
 def test_cli_bench_refuses_hopper_options_for_thor(capsys):
-    """--mma / --loads / --merge / --v-operand / --kv-convert / --k-operand configure only the Hopper kernel:
+    """--mma / --loads / --merge / --v-operand / --kv-convert / --k-operand / --v-convert configure only the
+    Hopper kernel:
     compiling for Thor with one of them is refused with the options named, not compiled without them."""
     rc = main(["bench", "--compile-only", "--arch", "sm_110a", "--merge", "fused", "--v-operand", "f16",
-               "--kv-convert", "exact", "--k-operand", "tile"])  # fmt: skip
+               "--kv-convert", "exact", "--k-operand", "tile", "--v-convert", "late"])  # fmt: skip
     captured = capsys.readouterr()
     assert rc == 2 and "[decode]" not in captured.out
-    assert "--merge, --v-operand, --kv-convert, --k-operand: Hopper-kernel options" in captured.err
+    assert "--merge, --v-operand, --kv-convert, --k-operand, --v-convert: Hopper-kernel options" in captured.err
 
 
 def _spread(matrix):

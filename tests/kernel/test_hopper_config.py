@@ -66,6 +66,9 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"k_operand": "smem", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["k_operand='smem'", "'tile', 'registers'"]),
         ({"k_operand": "registers"}, ["k_operand='registers' with kv_format='e4m3'", "sub-byte"]),
         ({"k_operand": "registers", "kv_format": "e2m1", "q_dtype": "e4m3", "mma": "wgmma"}, ["mma='wgmma'"]),
+        ({"v_convert": "soon", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["v_convert='soon'", "'early', 'late'"]),
+        ({"v_convert": "late", "kv_format": "nvfp4", "q_dtype": "e4m3"}, ["v_convert='late'", "K in registers"]),
+        ({"v_convert": "early", "kv_format": "e2m1", "q_dtype": "e4m3", "k_operand": "tile"}, ["k_operand='tile'"]),
     ],
 )
 def test_invalid_configs_name_every_offending_field(kwargs, names):
@@ -122,6 +125,13 @@ def test_k_operand_auto_takes_the_registers_path_for_the_scaled_formats():
     assert replace(e2m1_d256, ctas=2).ctas_per_sm == 2  # an explicit choice stands
     nvfp4 = HopperConfig(kv_format="nvfp4", q_dtype="e4m3")
     assert not nvfp4.k_registers and replace(nvfp4, k_operand="registers").k_registers
+    # V's tile: after the QK MMAs at d = 256, before K's codes at d = 128 (auto); only with K in registers
+    e2m1 = HopperConfig(kv_format="e2m1", q_dtype="e4m3")
+    assert not e2m1.v_late and replace(e2m1, head_dim=256).v_late
+    assert replace(e2m1, v_convert="late").v_late and not replace(e2m1, head_dim=256, v_convert="early").v_late
+    assert not replace(e2m1, head_dim=256, k_operand="tile").v_late and not replace(nvfp4, head_dim=256).v_late
+    assert replace(e2m1, v_convert="late").short_name() == e2m1.short_name() + "-vl"
+    assert replace(e2m1, v_convert="early").short_name() == e2m1.short_name() + "-ve"
     assert (
         not HopperConfig().k_registers and not HopperConfig(kv_format="e2m1", q_dtype="e4m3", mma="wgmma").k_registers
     )

@@ -187,6 +187,8 @@ LOAD_VARIANTS = (
     ("no_evict_first", {"evict_first": False}, KV_FORMATS),
     ("prefetch_256", {"prefetch": 256}, KV_FORMATS),
     ("exact_convert", {"kv_convert": "exact"}, SCALED_KV_FORMATS),
+    ("v_convert_early", {"v_convert": "early"}, SCALED_KV_FORMATS),
+    ("v_convert_late", {"v_convert": "late"}, SCALED_KV_FORMATS),
 )
 LOAD_VARIANT_CASES = [
     pytest.param(name, opts, c, id=f"{name}-{c.name}")
@@ -202,7 +204,8 @@ def test_hopper_load_paths_give_the_same_bits(variant, options, case):
     test_hopper_matches_spec holds to the spec; pages past the end are zero-filled on every path):
     ``loads="bulk"`` (cp.async.bulk per key row, an mbarrier per stage, padded rows), ``loads="tma"``
     (tensor-map boxes per page, hardware swizzle) and the L2 hints; nor how sub-byte codes become e4m3
-    tiles (``kv_convert="exact"`` against the default "scaled": the same products, so the same bits)."""
+    tiles (``kv_convert="exact"`` against the default "scaled": the same products, so the same bits), nor when
+    V's tile is converted with K in registers (``v_convert``: the same work in another order)."""
     from mjolnir_kernel import decode
 
     inputs = case.build("cuda")
