@@ -131,11 +131,18 @@ def disassemble(config, arch: str) -> str:
     temporary directory). Raises RuntimeError when the tools are missing or cuobjdump fails."""
     from .compile import compile_decode
 
+    return disassemble_compiled(lambda cubin_dir: compile_decode(config, arch, cubin_dir=cubin_dir))
+
+
+def disassemble_compiled(compile_into) -> str:
+    """``cuobjdump -sass`` of the one cubin that ``compile_into(cubin_dir)`` leaves in a temporary directory
+    (any kernel compiled with the DSL's ``--keep-cubin --dump-dir``). Raises RuntimeError when the tools are
+    missing, the compile leaves no single cubin, or cuobjdump fails."""
     cuobjdump, reason = sass_tools()
     if cuobjdump is None:
         raise RuntimeError(f"sass: {reason}")
     with tempfile.TemporaryDirectory(prefix="mjolnir-sass-") as tmp:
-        compile_decode(config, arch, cubin_dir=tmp)
+        compile_into(tmp)
         cubins = glob.glob(os.path.join(tmp, "*.cubin"))
         if len(cubins) != 1:
             raise RuntimeError(f"sass: expected one cubin from the compile, found {len(cubins)} in {tmp}")

@@ -50,6 +50,21 @@ def ldmatrix_x4(smem_addr, *, trans: bool = False, loc=None, ip=None):
 
 
 @dsl_user_op
+def mma_m16n8k32_e4m3(a, b, c, *, loc=None, ip=None):
+    """``mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32`` (sm_89+): D = A (16x32) . B (32x8) + C on fp8
+    operands, four e4m3 bytes per register. a: 4 Int32, b: 2 Int32, c: 4 Float32; returns 4 Float32. Used
+    by ``benchmarks.probe_fp8_accumulation --mma-sync`` (how exactly the warp-level fp8 MMA adds)."""
+    res = _asm(
+        _struct(4, T.f32()),
+        [_i32(x, loc, ip) for x in a] + [_i32(x, loc, ip) for x in b] + [_f32(x, loc, ip) for x in c],
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+    )
+    return _unpack(res, 4, T.f32(), Float32)
+
+
+@dsl_user_op
 def mma_m16n8k16(a, b, c, *, bf16: bool, loc=None, ip=None):
     """``mma.sync.aligned.m16n8k16.row.col.f32.{f16|bf16}``: D = A (16x16) . B (16x8) + C, fp32 accumulate.
     a: 4 Int32 (packed pairs), b: 2 Int32, c: 4 Float32; returns 4 Float32."""
