@@ -109,7 +109,7 @@ def _compile_cmd(args) -> int:
 
 def _bench_cmd(args) -> int:
     from .arch import tcgen05_device_reason
-    from .bench import bench_config, run_bench
+    from .bench import HOPPER_BENCH_OPTIONS, bench_config, run_bench
 
     if args.compile_only or args.sass:
         os.environ.setdefault("CUTE_DSL_ARCH", args.arch)
@@ -120,10 +120,7 @@ def _bench_cmd(args) -> int:
             print(f"bench: {reason}", file=sys.stderr)
             return 2
         if args.arch != HOPPER_ARCH:
-            hopper_only = {"--mma": args.mma, "--loads": args.loads, "--merge": args.merge,
-                           "--v-operand": args.v_operand, "--kv-convert": args.kv_convert,
-                           "--k-operand": args.k_operand, "--v-convert": args.v_convert}  # fmt: skip
-            given = [name for name, value in hopper_only.items() if value is not None]
+            given = ["--" + name.replace("_", "-") for name in HOPPER_BENCH_OPTIONS if getattr(args, name) is not None]
             if given:
                 print(f"bench: {', '.join(given)}: Hopper-kernel options (--arch sm_90a); the {args.arch} kernel"
                       " has none", file=sys.stderr)  # fmt: skip

@@ -79,15 +79,9 @@ def select_hopper_config(
         q_rows = 8 if n_q is not None and n_q <= 8 and cfg.mma == "sync" else cfg.q_rows
     elif q_rows == 8 and n_q is not None and n_q > 8:
         raise ValueError(f"q_rows: 8 covers at most 8 query rows per KV head; this problem has n_q = {n_q}")
-    cfg = replace(
-        cfg, q_rows=q_rows, ctas=ctas_per_sm or 0, loads=cfg.loads if loads is None else loads,
-        prefetch=cfg.prefetch if prefetch is None else prefetch,
-        evict_first=cfg.evict_first if evict_first is None else evict_first,
-        merge=cfg.merge if merge is None else merge, v_operand=cfg.v_operand if v_operand is None else v_operand,
-        kv_convert=cfg.kv_convert if kv_convert is None else kv_convert,
-        k_operand=cfg.k_operand if k_operand is None else k_operand,
-        v_convert=cfg.v_convert if v_convert is None else v_convert,
-    )  # fmt: skip
+    given = dict(loads=loads, prefetch=prefetch, evict_first=evict_first, merge=merge, v_operand=v_operand,
+                 kv_convert=kv_convert, k_operand=k_operand, v_convert=v_convert)  # fmt: skip
+    cfg = replace(cfg, q_rows=q_rows, ctas=ctas_per_sm or 0, **{k: v for k, v in given.items() if v is not None})
     can_implement_hopper(cfg)
     return cfg
 

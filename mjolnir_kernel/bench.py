@@ -9,6 +9,10 @@ import torch
 from .api import select_config
 from .config import DecodeConfig
 
+# bench arguments that configure only the Hopper kernel (``--k-operand`` is ``args.k_operand``), passed to
+# decode() when given
+HOPPER_BENCH_OPTIONS = ("mma", "loads", "merge", "v_operand", "kv_convert", "k_operand", "v_convert")
+
 
 def _ctas(args) -> int:
     """--ctas-per-sm (None: the Thor kernel's default, 2)."""
@@ -84,20 +88,7 @@ def run_bench(args) -> int:
         ring_depth=args.ring_depth, max_splits=args.max_splits, pdl=args.pdl, l2_prefetch=args.l2_prefetch,
         evict_first=None if args.evict_first < 0 else bool(args.evict_first),
     )  # fmt: skip
-    if args.mma is not None:
-        opts["mma"] = args.mma
-    if args.loads is not None:
-        opts["loads"] = args.loads
-    if args.merge is not None:
-        opts["merge"] = args.merge
-    if args.v_operand is not None:
-        opts["v_operand"] = args.v_operand
-    if args.kv_convert is not None:
-        opts["kv_convert"] = args.kv_convert
-    if args.k_operand is not None:
-        opts["k_operand"] = args.k_operand
-    if args.v_convert is not None:
-        opts["v_convert"] = args.v_convert
+    opts.update({name: getattr(args, name) for name in HOPPER_BENCH_OPTIONS if getattr(args, name) is not None})
     print(f"config {cfg.short_name()}  plan {plan}  seq_lens {lens[:8]}{' ...' if len(lens) > 8 else ''}")
     o, lse = decode(q, cache, **opts)
     torch.cuda.synchronize()
