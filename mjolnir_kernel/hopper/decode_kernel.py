@@ -371,7 +371,7 @@ class HopperDecodeKernel:
                 sacc.fill(f32(0))
                 key_ld = warp * KEYS_PER_WARP + (lane % 8) + 8 * ((lane // 8) % 2)
                 if cutlass.const_expr(self.k_regs):  # this warp's packed K codes straight into fragments
-                    k_scales = ring.ks_ring + (it % self.stages) * 2 * self.scale_tile_bytes
+                    k_scales = self._packed_stage(ring, it % self.stages).k_scales
                     kw = []
                     for j in cutlass.range_constexpr(NB_S):
                         kw.append(self._k_words(k_stage, k_scales, warp * KEYS_PER_WARP + 8 * j + g, c))
@@ -397,10 +397,8 @@ class HopperDecodeKernel:
                                 sacc[j * 4 + e] = r[e]
 
                 if cutlass.const_expr(cfg.v_late):  # V's tile, while the QK MMAs are in flight
-                    stage = it % self.stages
-                    v_scales = ring.ks_ring + (2 * stage + 1) * self.scale_tile_bytes
-                    v_packed = ring.v_ring + stage * self.ring_tile_bytes
-                    self._convert_tiles(None, v_packed, None, ring.v_conv, None, v_scales, tid)
+                    st = self._packed_stage(ring, it % self.stages)
+                    self._convert_tiles(None, st.v, None, ring.v_conv, None, st.v_scales, tid)
 
                 # 2. mask, row max of the tile (warp, then the warps through smem)
                 # (a tile whose keys every row sees needs no mask: all but the last one or two)
@@ -655,18 +653,24 @@ class HopperDecodeKernel:
         k_stage = ring.k_ring + stage * self.ring_tile_bytes
         v_stage = ring.v_ring + stage * self.ring_tile_bytes
         if cutlass.const_expr(self.config.packed):
-            k_scales = ring.ks_ring + stage * 2 * self.scale_tile_bytes
-            v_scales = k_scales + self.scale_tile_bytes
+            st = self._packed_stage(ring, stage)
             k_conv = None if self.k_regs else ring.k_conv
             if cutlass.const_expr(not self.config.v_late):  # else after the QK MMAs (step 1)
-                k_packed = ring.k_ring + stage * self.ring_tile_bytes
-                v_packed = ring.v_ring + stage * self.ring_tile_bytes
-                self._convert_tiles(k_packed, v_packed, k_conv, ring.v_conv, k_scales, v_scales, tid, batch_loads)
+                self._convert_tiles(st.k, st.v, k_conv, ring.v_conv, st.k_scales, st.v_scales, tid, batch_loads)
             v_stage = ring.v_conv
             if cutlass.const_expr(not self.k_regs):  # K from registers: the row-max barrier completes V
                 k_stage = ring.k_conv
                 cute.arch.sync_threads()  # the e4m3 tiles are complete
         return k_stage, v_stage
+
+    def _packed_stage(self, ring, stage) -> SimpleNamespace:
+        """Shared-memory addresses of ring stage ``stage`` for packed formats: the K and V rows (``k``, ``v``)
+        and NVFP4's block-scale rows (``k_scales``, ``v_scales``: (keys, d / 16) bytes each)."""
+        k_scales = ring.ks_ring + stage * 2 * self.scale_tile_bytes
+        return SimpleNamespace(
+            k=ring.k_ring + stage * self.ring_tile_bytes, v=ring.v_ring + stage * self.ring_tile_bytes,
+            k_scales=k_scales, v_scales=k_scales + self.scale_tile_bytes,
+        )  # fmt: skip
 
     def _mask_from(self, seq_len):
         """Keys below this are seen by every query row (no mask needed): key < seq_len, and with causal
