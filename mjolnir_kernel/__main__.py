@@ -187,6 +187,8 @@ def _hopper_bench_config(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .hopper.config import K_OPERANDS, KV_CONVERTS, V_CONVERTS
+
     p = argparse.ArgumentParser(prog="python -m mjolnir_kernel", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -235,13 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--v-operand", choices=("registers", "smem", "f16"), default=None,
                    help="Hopper --mma wgmma only: V^T from registers (default), a K-major shared-memory tile, "
                         "or widened to f16")  # fmt: skip
-    b.add_argument("--kv-convert", choices=("auto", "exact", "scaled"), default=None,
+    b.add_argument("--kv-convert", choices=KV_CONVERTS, default=None,
                    help="Hopper only: e2m1 / e3m2 / e2m3 codes to e4m3 tiles exactly, or as value * 2^-k by bit "
                         "placement with 2^k folded into Q and P (auto: scaled where it applies)")  # fmt: skip
-    b.add_argument("--k-operand", choices=("auto", "tile", "registers"), default=None,
+    b.add_argument("--k-operand", choices=K_OPERANDS, default=None,
                    help="Hopper only, sub-byte KV: K through an e4m3 shared-memory tile, or converted by each "
                         "warp straight into its MMA fragments")  # fmt: skip
-    b.add_argument("--v-convert", choices=("auto", "early", "late"), default=None,
+    b.add_argument("--v-convert", choices=V_CONVERTS, default=None,
                    help="Hopper only, K in registers: V's tile converted before K's codes or after the "
                         "QK MMAs")  # fmt: skip
     b.add_argument("--l2-prefetch", type=int, default=0)

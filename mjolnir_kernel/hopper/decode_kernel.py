@@ -877,7 +877,7 @@ class HopperDecodeKernel:
     def _q_in_k_order(self, q_row, s, c):
         """Q's four e4m3 bytes (at global address ``q_row``, a query row) for k-step ``s`` of lane c,
         in the head-dim order of ``_k_words``."""
-        base = q_row + c * self.k_span * 8 // self.fmt.bits  # lane c's first head dim (one byte per dim)
+        base = q_row + c * (self.d // 4)  # lane c's first head dim (one byte per dim)
         word = cutlass.Int32(0)
         if cutlass.const_expr(self.config.scaled_kv and self.fmt.bits == 4):  # even / odd dims of 8
             x0, x1 = ld_global_v2_b32(base + 8 * (s // 2))

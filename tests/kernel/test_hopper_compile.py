@@ -335,42 +335,23 @@ def test_cli_bench_compile_only_fused_merge(capsys):
 
 
 @needs_cutlass
-def test_cli_bench_v_operand(capsys):
-    """--v-operand compiles the wgmma variant it names; without --mma wgmma the config is refused with the
+@pytest.mark.parametrize("option, accept, suffix, refuse, error", [
+    (["--v-operand", "f16"], ["--mma", "wgmma"], "-wg-vf16", [], "v_operand='f16' with mma='sync'"),
+    (["--kv-convert"], ["exact", "--format", "e2m3"], "-kx", ["scaled"], "kv_convert='scaled' with kv_format='e4m3'"),
+    (["--k-operand"], ["tile", "--format", "e2m1"], "-kt", ["registers"],
+     "k_operand='registers' with kv_format='e4m3'"),
+])  # fmt: skip
+def test_cli_bench_hopper_option(capsys, option, accept, suffix, refuse, error):
+    """--v-operand / --kv-convert / --k-operand name their choice in the compiled config; a config that cannot
+    take it (the mma.sync path for "f16" V^T, e4m3 KV for "scaled" or K in registers) is refused with the
     field named (exit 2, nothing compiled)."""
     args = ["bench", "--compile-only", "--arch", "sm_90a", "--head-dim", "128", "--page-size", "64", "--q-dtype",
-            "e4m3", "--v-operand", "f16"]  # fmt: skip
-    assert main(args + ["--mma", "wgmma"]) == 0
-    assert "-wg-vf16 [decode] sm_90a" in capsys.readouterr().out
-    assert main(args) == 2
+            "e4m3", *option]  # fmt: skip
+    assert main(args + accept) == 0
+    assert f"{suffix} [decode] sm_90a" in capsys.readouterr().out
+    assert main(args + refuse) == 2
     captured = capsys.readouterr()
-    assert "v_operand='f16' with mma='sync'" in captured.err and "[decode]" not in captured.out
-
-
-@needs_cutlass
-def test_cli_bench_kv_convert(capsys):
-    """--kv-convert names the sub-byte conversion in the compiled config; for e4m3 KV "scaled" is refused
-    with the field named (exit 2, nothing compiled)."""
-    args = ["bench", "--compile-only", "--arch", "sm_90a", "--head-dim", "128", "--page-size", "64", "--q-dtype",
-            "e4m3", "--kv-convert"]  # fmt: skip
-    assert main(args + ["exact", "--format", "e2m3"]) == 0
-    assert "-kx [decode] sm_90a" in capsys.readouterr().out
-    assert main(args + ["scaled"]) == 2
-    captured = capsys.readouterr()
-    assert "kv_convert='scaled' with kv_format='e4m3'" in captured.err and "[decode]" not in captured.out
-
-
-@needs_cutlass
-def test_cli_bench_k_operand(capsys):
-    """--k-operand names K's path in the compiled config; for e4m3 KV (no packed K) "registers" is refused
-    with the field named (exit 2, nothing compiled)."""
-    args = ["bench", "--compile-only", "--arch", "sm_90a", "--head-dim", "128", "--page-size", "64", "--q-dtype",
-            "e4m3", "--k-operand"]  # fmt: skip
-    assert main(args + ["tile", "--format", "e2m1"]) == 0
-    assert "-kt [decode] sm_90a" in capsys.readouterr().out
-    assert main(args + ["registers"]) == 2
-    captured = capsys.readouterr()
-    assert "k_operand='registers' with kv_format='e4m3'" in captured.err and "[decode]" not in captured.out
+    assert error in captured.err and "[decode]" not in captured.out
 
 
 @needs_cutlass
