@@ -50,6 +50,7 @@ KV_CONVERTS = ("auto", "exact", "scaled")  # how sub-byte codes become e4m3 byte
 SCALED_KV_FORMATS = ("e2m1", "e3m2", "e2m3")  # the formats whose values times 2^-k are their bits, placed
 K_OPERANDS = ("auto", "tile", "registers")  # where packed K becomes MMA fragments (HopperConfig.k_operand)
 V_CONVERTS = ("auto", "early", "late")  # when the registers path converts V's tile (HopperConfig.v_convert)
+SCHEDULES = ("auto", "serial", "overlap")  # the tile loop's phase order (HopperConfig.schedule)
 V_OPERANDS = ("registers", "smem", "f16")  # how the wgmma path makes V^T K-major (HopperConfig.v_operand)
 PREFETCH_SIZES = (0, 64, 128, 256)  # L2 prefetch-size hints of cp.async (.L2::64B / 128B / 256B)
 BULK_ROW_PAD = 16  # bytes after each key row of a bulk-loaded ring stage (ldmatrix rows on distinct banks)
@@ -128,6 +129,14 @@ class HopperConfig:
                   is "late" at d = 256 and "early" at d = 128, as measured on the H200 back to back at
                   batch 8 / 32: late runs 1.00-1.06x at d = 256 and 0.97-1.00x at d = 128
                   (``python -m benchmarks.bench_hopper_decode --v-convert early,late``)
+      schedule    with K in registers, the tile loop's phases: "serial" (per tile: S, the row-max
+                  barrier, softmax, a barrier, P.V) or "overlap" (P.V of tile i and S of tile i + 1
+                  between the same two barriers, so each warp's instruction stream interleaves them; a
+                  second e4m3 V tile of shared memory; the same bits); "auto" (default) is "overlap" for
+                  e2m1 and "serial" for e3m2 / e2m3, as measured on the H200: overlap ran e2m1 1.01-1.04x
+                  back to back at batch 8 / 32 and 1.00-1.08x in single calls at batch 1 / 8 / 32, fp6
+                  0.98-1.07x and 0.95-1.05x (``python -m benchmarks.bench_hopper_decode --schedule
+                  serial,overlap``); fp6 overlapped at d = 128 spills 4-8 bytes
     """
 
     head_dim: int = 128
@@ -150,6 +159,7 @@ class HopperConfig:
     kv_convert: str = "auto"
     k_operand: str = "auto"
     v_convert: str = "auto"
+    schedule: str = "auto"
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -172,6 +182,7 @@ class HopperConfig:
             + ({"exact": "-kx", "scaled": "-ks"}.get(self.kv_convert, ""))
             + ({"tile": "-kt", "registers": "-kr"}.get(self.k_operand, ""))
             + ({"early": "-ve", "late": "-vl"}.get(self.v_convert, ""))
+            + ({"serial": "-ts", "overlap": "-to"}.get(self.schedule, ""))
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -219,6 +230,14 @@ class HopperConfig:
         return self.v_convert == "late" or (self.v_convert == "auto" and self.head_dim == 256)
 
     @property
+    def overlap(self) -> bool:
+        """P.V of a tile and S of the next run between the same barriers (``schedule``; "auto" picks it for
+        e2m1 with K in registers)."""
+        if not self.k_registers:
+            return False
+        return self.schedule == "overlap" or (self.schedule == "auto" and self.kv_format == "e2m1")
+
+    @property
     def tile_bytes(self) -> int:
         """Bytes of one 128-key tile of K (or V) as the MMA reads it (one e4m3 byte per element)."""
         return TILE_KEYS * self.head_dim
@@ -257,10 +276,10 @@ class HopperConfig:
             p = Q_TILE * TILE_KEYS * (2 if self.v_operand == "f16" else 1) + Q_TILE * self.head_dim
             p += self.v_operand_bytes
         stats = 2 * WARPS * Q_TILE * 4
-        if self.packed:  # packed ring + the converted V tile (and K tile, unless K goes to registers)
+        if self.packed:  # packed ring + the converted V tile(s) (and K tile, unless K goes to registers)
             ring = (
                 2 * self.ring_stages * TILE_KEYS * self.packed_row_bytes
-                + (1 + (not self.k_registers)) * self.tile_bytes
+                + (1 + (not self.k_registers) + self.overlap) * self.tile_bytes
             )
             if self.kv_format == "nvfp4":  # block-scale rows of each stage
                 ring += 2 * self.ring_stages * TILE_KEYS * (self.head_dim // 16)
@@ -365,6 +384,13 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(
             f"v_convert={c.v_convert!r} with k_operand={c.k_operand!r} (needs K in registers: a sub-byte"
             " format, mma='sync' and k_operand='registers', or 'auto' for e2m1 / e3m2 / e2m3)"
+        )
+    if c.schedule not in SCHEDULES:
+        problems.append(f"schedule={c.schedule!r} (allowed {SCHEDULES})")
+    elif c.schedule == "overlap" and c.k_operand in K_OPERANDS and not c.k_registers:
+        problems.append(
+            f"schedule='overlap' with k_operand={c.k_operand!r} (needs K in registers: a sub-byte format,"
+            " mma='sync' and k_operand='registers', or 'auto' for e2m1 / e3m2 / e2m3)"
         )
     if c.merge not in MERGE_KINDS:
         problems.append(f"merge={c.merge!r} (allowed {MERGE_KINDS})")

@@ -29,6 +29,8 @@ e2m1, e3m2 and e2m3) only V goes through an e4m3 tile: in step 1 each lane (g, c
 bytes c d / 4 .. (c + 1) d / 4 (head dims in the same relabeling freedom as above; Q is loaded in that order)
 and converts them straight into its fragments, and the row-max barrier of step 2 also completes the V tile
 (converted before K's codes, or after the QK MMAs are issued: ``v_convert``, "late" by default at d = 256).
+With K in registers, ``schedule="overlap"`` (the default for e2m1) runs step 4 of tile i between the barriers
+of steps 1-2 of tile i + 1, with two e4m3 V tiles (``_overlap_step``): two block barriers per tile, not three.
 
 Row sums follow the Thor kernel's order exactly: one running sum per key slot of the tile (a TMEM lane
 there), combined at the end with the same butterfly tree over each 32 keys (key xor 16, 8, 4, 2, 1)
@@ -274,7 +276,6 @@ class HopperDecodeKernel:
         cfg = self.config
         f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
         d = self.d
-        bf16_mma = not cfg.fp8
 
         # PDL: wait for the previous grid (Q / KV writes, an earlier reduction reading the partials)
         # before the first global access; then let the reduction launch and wait for us in turn.
@@ -363,133 +364,33 @@ class HopperDecodeKernel:
 
             p_scale = f32(cfg.p_scale)
             mask_from = self._mask_from(seq_len)
-            for it in cutlass.range(n_iters, unroll=1):
-                k_stage, v_stage = self._ring_next(ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid)
-
-                # 1. S for keys 16 warp + 0..15 of the tile (two n = 8 blocks; one ldmatrix per two k-steps)
+            t = SimpleNamespace(
+                qf=qf, s_max=s_max, s_max_addr=s_max_addr, p_buf=p_buf, m_prev=m_prev, row_sum=row_sum, o_acc=o_acc,
+                exp_scale=exp_scale, p_scale=p_scale, seq_len=seq_len, mask_from=mask_from, n_base=n_base, h_r=h_r,
+                warp=warp, lane=lane, g=g, c=c, tid=tid,
+            )  # fmt: skip
+            if cutlass.const_expr(cfg.overlap):
                 sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
-                sacc.fill(f32(0))
-                key_ld = warp * KEYS_PER_WARP + (lane % 8) + 8 * ((lane // 8) % 2)
-                if cutlass.const_expr(self.k_regs):  # this warp's packed K codes straight into fragments
-                    k_scales = self._packed_stage(ring, it % self.stages).k_scales
-                    kw = []
-                    for j in cutlass.range_constexpr(NB_S):
-                        kw.append(self._k_words(k_stage, k_scales, warp * KEYS_PER_WARP + 8 * j + g, c))
-                    for s in cutlass.range_constexpr(self.s_ksteps):
-                        a = (qf[s * 4], qf[s * 4 + 1], qf[s * 4 + 2], qf[s * 4 + 3])
-                        for j in cutlass.range_constexpr(NB_S):
-                            b0, b1 = e4m3x4_to_pairs(kw[j][s], bf16=False)
-                            cc = (sacc[j * 4], sacc[j * 4 + 1], sacc[j * 4 + 2], sacc[j * 4 + 3])
-                            r = mma_m16n8k16(a, (b0, b1), cc, bf16=False)
-                            for e in cutlass.range_constexpr(4):
-                                sacc[j * 4 + e] = r[e]
-                for s2 in cutlass.range_constexpr(0 if self.k_regs else self.s_ksteps // 2):
-                    chunk = 2 * s2 + lane // 16
-                    kr = ldmatrix_x4(self._kv_row(k_stage, key_ld, chunk, lane & 7))
-                    for ss in cutlass.range_constexpr(2):
-                        s = 2 * s2 + ss
-                        a = (qf[s * 4], qf[s * 4 + 1], qf[s * 4 + 2], qf[s * 4 + 3])
-                        for j in cutlass.range_constexpr(NB_S):
-                            b0, b1 = e4m3x4_to_pairs(kr[2 * ss + j], bf16=bf16_mma)
-                            cc = (sacc[j * 4], sacc[j * 4 + 1], sacc[j * 4 + 2], sacc[j * 4 + 3])
-                            r = mma_m16n8k16(a, (b0, b1), cc, bf16=bf16_mma)
-                            for e in cutlass.range_constexpr(4):
-                                sacc[j * 4 + e] = r[e]
-
-                if cutlass.const_expr(cfg.v_late):  # V's tile, while the QK MMAs are in flight
-                    st = self._packed_stage(ring, it % self.stages)
-                    self._convert_tiles(None, st.v, None, ring.v_conv, None, st.v_scales, tid)
-
-                # 2. mask, row max of the tile (warp, then the warps through smem)
-                # (a tile whose keys every row sees needs no mask: all but the last one or two)
-                if (tile_begin + it + 1) * TILE_KEYS > mask_from:
-                    key0 = (tile_begin + it) * TILE_KEYS + warp * KEYS_PER_WARP + 2 * c
-                    for j in cutlass.range_constexpr(NB_S):
-                        for e in cutlass.range_constexpr(2 * self.halves):
-                            key = key0 + 8 * j + (e & 1)
-                            masked = key >= seq_len
-                            if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
-                                qi = (n_base + g + 8 * (e >> 1)) // h_r
-                                masked = masked or key > seq_len - cfg.q_len + qi
-                            if masked:
-                                sacc[j * 4 + e] = -f32.inf
-                mx = cute.make_rmem_tensor((2,), f32)
-                for half in cutlass.range_constexpr(self.halves):
-                    x = sacc[2 * half]
-                    x = _fmax(x, sacc[2 * half + 1])
-                    for j in cutlass.range_constexpr(1, NB_S):
-                        x = _fmax(x, sacc[j * 4 + 2 * half])
-                        x = _fmax(x, sacc[j * 4 + 2 * half + 1])
-                    for off in (1, 2):
-                        x = _fmax(x, cute.arch.shuffle_sync_bfly(x, offset=off, mask=0xFFFFFFFF))
-                    mx[half] = x
-                if c == 0:
-                    s_max[warp, g] = mx[0]
-                    if cutlass.const_expr(self.halves == 2):
-                        s_max[warp, g + 8] = mx[1]
+                self._overlap_prologue(ring, pages, t, sacc, tile_begin, n_iters, seq, mBT)
+                for it in cutlass.range(n_iters - 1, unroll=1):
+                    self._overlap_step(ring, pages, t, sacc, it, tile_begin, n_iters, seq, mBT)
+                cute.arch.cp_async_wait_group(0)
                 cute.arch.sync_threads()
-
-                # 3. running max, p, corr, row sums, P to smem
-                m_use = cute.make_rmem_tensor((2,), f32)
-                corr = cute.make_rmem_tensor((2,), f32)
-                corr.fill(f32(1.0))
-                for half in cutlass.range_constexpr(self.halves):
-                    row = g + 8 * half
-                    m_new = m_prev[half]
-                    for v4 in cutlass.range_constexpr(WARPS // 4):  # max is exact: any order
-                        w4 = ld_shared_v4_f32(s_max_addr + (row * WARPS + 4 * v4) * 4)
-                        for k in cutlass.range_constexpr(4):
-                            m_new = _fmax(m_new, w4[k])
-                    ref = m_new
-                    if m_new == -f32.inf:
-                        ref = f32(0.0)
-                    m_use[half] = ref
-                    corr[half] = cute.math.exp2((m_prev[half] - ref) * exp_scale, fastmath=True)
-                    m_prev[half] = m_new
-                for j in cutlass.range_constexpr(NB_S):
-                    for e in cutlass.range_constexpr(2 * self.halves):
-                        p = cute.math.exp2((sacc[j * 4 + e] - m_use[e >> 1]) * exp_scale, fastmath=True)
-                        sacc[j * 4 + e] = p
-                        row_sum[j * 4 + e] = cute.math.fma(corr[e >> 1], row_sum[j * 4 + e], p)
-                    for half in cutlass.range_constexpr(self.halves):
-                        p_lo = sacc[j * 4 + 2 * half]
-                        p_hi = sacc[j * 4 + 2 * half + 1]
-                        if cutlass.const_expr(cfg.fp8):
-                            pp = f32x2_to_e4m3_pair(p_lo * p_scale, p_hi * p_scale)
-                            if cutlass.const_expr(cfg.scaled_kv):  # V holds v * 2^-kx: P * 2^kx keeps p v
-                                pp = f16x2_times_pow2(pp, SCALED_KV_EXPONENT[cfg.kv_format])
-                        else:
-                            pp = f32x2_to_bf16_pair(p_lo, p_hi)
-                        prow = g + 8 * half
-                        pcol = warp * KEYS_PER_WARP + 8 * j + 2 * c
-                        st_shared_b32(p_buf + prow * P_ROW_BYTES + pcol * 2, pp)
-                # O *= corr only where a row max moved (corr == 1 elsewhere: skipping is bit-identical)
-                if cute.arch.vote_any_sync(corr[0] != f32(1.0) or corr[1] != f32(1.0)):
-                    for i in cutlass.range_constexpr(cute.size(o_acc)):
-                        if cutlass.const_expr((i % 4) >> 1 < self.halves):
-                            o_acc[i] = o_acc[i] * corr[(i % 4) >> 1]
-                cute.arch.sync_threads()
-
-                # 4. O += P.V on this warp's head-dim slice (d / 8: one or two 16-wide chunks)
-                p_row = (lane % 8) + 8 * ((lane // 8) % 2)
-                p_col = 8 * (lane // 16)
-                if cutlass.const_expr(self.pv_chunks == 2):
-                    v_key = (lane % 8) + 8 * ((lane // 8) % 2)
-                    chunk = warp * 2 + lane // 16
-                    for ks in cutlass.range_constexpr(PV_KSTEPS):
-                        pa = ldmatrix_x4(p_buf + p_row * P_ROW_BYTES + (ks * 16 + p_col) * 2)
-                        key = ks * 16 + v_key
-                        vr = ldmatrix_x4(self._kv_row(v_stage, key, chunk, key & 7), trans=True)
-                        for cc_i in cutlass.range_constexpr(2):  # matrices (keys 0-7 | 8-15) of chunk cc_i
-                            self._pv_chunk(o_acc, 2 * cc_i, pa, vr[2 * cc_i], vr[2 * cc_i + 1], bf16_mma)
-                else:
-                    for ks2 in cutlass.range_constexpr(PV_KSTEPS // 2):
-                        key = ks2 * 32 + lane  # matrices: keys +0-7, +8-15 (k-step 2 ks2), +16-23, +24-31
-                        vr = ldmatrix_x4(self._kv_row(v_stage, key, warp, key & 7), trans=True)
-                        for sub in cutlass.range_constexpr(2):
-                            ks = 2 * ks2 + sub
-                            pa = ldmatrix_x4(p_buf + p_row * P_ROW_BYTES + (ks * 16 + p_col) * 2)
-                            self._pv_chunk(o_acc, 0, pa, vr[2 * sub], vr[2 * sub + 1], bf16_mma)
+                v_last = ring.v_conv + ((n_iters - 1) % 2) * self.tile_bytes
+                self._pv(o_acc, p_buf, v_last, warp, lane)  # the last tile's P.V
+            else:
+                for it in cutlass.range(n_iters, unroll=1):
+                    k_stage, v_stage = self._ring_next(ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid)
+                    sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
+                    self._qk(sacc, t, k_stage, self._packed_stage(ring, it % self.stages).k_scales)
+                    if cutlass.const_expr(cfg.v_late):  # V's tile, while the QK MMAs are in flight
+                        st = self._packed_stage(ring, it % self.stages)
+                        self._convert_tiles(None, st.v, None, ring.v_conv, None, st.v_scales, tid)
+                    self._row_max(sacc, t, tile_begin + it)
+                    cute.arch.sync_threads()
+                    self._softmax(sacc, t)
+                    cute.arch.sync_threads()
+                    self._pv(o_acc, p_buf, v_stage, warp, lane)
 
             cute.arch.cp_async_wait_group(0)
             self._epilogue(
@@ -501,6 +402,204 @@ class HopperDecodeKernel:
                     ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, mCnt, seq, head, hb, b, h_k, n_q, n_base, o_seq,
                     scale_o,
                 )  # fmt: skip
+
+    # -- the phases of one tile (steps 1-4 of the module docstring); ``t``: the CTA's state (kernel) -------
+    @cute.jit
+    def _qk(self, sacc, t, k_stage, k_scales):
+        """1. S for keys 16 warp + 0..15 of the tile into ``sacc`` (two n = 8 blocks): from the e4m3 tile at
+        ``k_stage`` by ldmatrix (one per two k-steps), or with ``k_operand="registers"`` from the packed ring
+        stage ``k_stage`` (and its NVFP4 scales ``k_scales``) straight into the fragments."""
+        f32 = cutlass.Float32
+        bf16_mma = not self.config.fp8
+        qf, warp, lane, g, c = t.qf, t.warp, t.lane, t.g, t.c
+        sacc.fill(f32(0))
+        key_ld = warp * KEYS_PER_WARP + (lane % 8) + 8 * ((lane // 8) % 2)
+        if cutlass.const_expr(self.k_regs):  # this warp's packed K codes straight into fragments
+            kw = []
+            for j in cutlass.range_constexpr(NB_S):
+                kw.append(self._k_words(k_stage, k_scales, warp * KEYS_PER_WARP + 8 * j + g, c))
+            for s in cutlass.range_constexpr(self.s_ksteps):
+                a = (qf[s * 4], qf[s * 4 + 1], qf[s * 4 + 2], qf[s * 4 + 3])
+                for j in cutlass.range_constexpr(NB_S):
+                    b0, b1 = e4m3x4_to_pairs(kw[j][s], bf16=False)
+                    cc = (sacc[j * 4], sacc[j * 4 + 1], sacc[j * 4 + 2], sacc[j * 4 + 3])
+                    r = mma_m16n8k16(a, (b0, b1), cc, bf16=False)
+                    for e in cutlass.range_constexpr(4):
+                        sacc[j * 4 + e] = r[e]
+        for s2 in cutlass.range_constexpr(0 if self.k_regs else self.s_ksteps // 2):
+            chunk = 2 * s2 + lane // 16
+            kr = ldmatrix_x4(self._kv_row(k_stage, key_ld, chunk, lane & 7))
+            for ss in cutlass.range_constexpr(2):
+                s = 2 * s2 + ss
+                a = (qf[s * 4], qf[s * 4 + 1], qf[s * 4 + 2], qf[s * 4 + 3])
+                for j in cutlass.range_constexpr(NB_S):
+                    b0, b1 = e4m3x4_to_pairs(kr[2 * ss + j], bf16=bf16_mma)
+                    cc = (sacc[j * 4], sacc[j * 4 + 1], sacc[j * 4 + 2], sacc[j * 4 + 3])
+                    r = mma_m16n8k16(a, (b0, b1), cc, bf16=bf16_mma)
+                    for e in cutlass.range_constexpr(4):
+                        sacc[j * 4 + e] = r[e]
+
+    @cute.jit
+    def _row_max(self, sacc, t, tile):
+        """2. Mask tile ``tile``'s scores in ``sacc`` and store this warp's row maxima to ``t.s_max`` (the
+        caller's block barrier makes them the tile's)."""
+        f32 = cutlass.Float32
+        cfg = self.config
+        warp, g, c = t.warp, t.g, t.c
+        # (a tile whose keys every row sees needs no mask: all but the last one or two)
+        if (tile + 1) * TILE_KEYS > t.mask_from:
+            key0 = tile * TILE_KEYS + warp * KEYS_PER_WARP + 2 * c
+            for j in cutlass.range_constexpr(NB_S):
+                for e in cutlass.range_constexpr(2 * self.halves):
+                    key = key0 + 8 * j + (e & 1)
+                    masked = key >= t.seq_len
+                    if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
+                        qi = (t.n_base + g + 8 * (e >> 1)) // t.h_r
+                        masked = masked or key > t.seq_len - cfg.q_len + qi
+                    if masked:
+                        sacc[j * 4 + e] = -f32.inf
+        mx = cute.make_rmem_tensor((2,), f32)
+        for half in cutlass.range_constexpr(self.halves):
+            x = sacc[2 * half]
+            x = _fmax(x, sacc[2 * half + 1])
+            for j in cutlass.range_constexpr(1, NB_S):
+                x = _fmax(x, sacc[j * 4 + 2 * half])
+                x = _fmax(x, sacc[j * 4 + 2 * half + 1])
+            for off in (1, 2):
+                x = _fmax(x, cute.arch.shuffle_sync_bfly(x, offset=off, mask=0xFFFFFFFF))
+            mx[half] = x
+        if c == 0:
+            t.s_max[warp, g] = mx[0]
+            if cutlass.const_expr(self.halves == 2):
+                t.s_max[warp, g + 8] = mx[1]
+
+    @cute.jit
+    def _softmax(self, sacc, t):
+        """3. Running max, p, corr, row sums, P to shared memory, and O *= corr (after the row-max barrier)."""
+        f32 = cutlass.Float32
+        cfg = self.config
+        g, c, warp = t.g, t.c, t.warp
+        m_prev, row_sum, o_acc = t.m_prev, t.row_sum, t.o_acc
+        m_use = cute.make_rmem_tensor((2,), f32)
+        corr = cute.make_rmem_tensor((2,), f32)
+        corr.fill(f32(1.0))
+        for half in cutlass.range_constexpr(self.halves):
+            row = g + 8 * half
+            m_new = m_prev[half]
+            for v4 in cutlass.range_constexpr(WARPS // 4):  # max is exact: any order
+                w4 = ld_shared_v4_f32(t.s_max_addr + (row * WARPS + 4 * v4) * 4)
+                for k in cutlass.range_constexpr(4):
+                    m_new = _fmax(m_new, w4[k])
+            ref = m_new
+            if m_new == -f32.inf:
+                ref = f32(0.0)
+            m_use[half] = ref
+            corr[half] = cute.math.exp2((m_prev[half] - ref) * t.exp_scale, fastmath=True)
+            m_prev[half] = m_new
+        for j in cutlass.range_constexpr(NB_S):
+            for e in cutlass.range_constexpr(2 * self.halves):
+                p = cute.math.exp2((sacc[j * 4 + e] - m_use[e >> 1]) * t.exp_scale, fastmath=True)
+                sacc[j * 4 + e] = p
+                row_sum[j * 4 + e] = cute.math.fma(corr[e >> 1], row_sum[j * 4 + e], p)
+            for half in cutlass.range_constexpr(self.halves):
+                p_lo = sacc[j * 4 + 2 * half]
+                p_hi = sacc[j * 4 + 2 * half + 1]
+                if cutlass.const_expr(cfg.fp8):
+                    pp = f32x2_to_e4m3_pair(p_lo * t.p_scale, p_hi * t.p_scale)
+                    if cutlass.const_expr(cfg.scaled_kv):  # V holds v * 2^-kx: P * 2^kx keeps p v
+                        pp = f16x2_times_pow2(pp, SCALED_KV_EXPONENT[cfg.kv_format])
+                else:
+                    pp = f32x2_to_bf16_pair(p_lo, p_hi)
+                prow = g + 8 * half
+                pcol = warp * KEYS_PER_WARP + 8 * j + 2 * c
+                st_shared_b32(t.p_buf + prow * P_ROW_BYTES + pcol * 2, pp)
+        # O *= corr only where a row max moved (corr == 1 elsewhere: skipping is bit-identical)
+        if cute.arch.vote_any_sync(corr[0] != f32(1.0) or corr[1] != f32(1.0)):
+            for i in cutlass.range_constexpr(cute.size(o_acc)):
+                if cutlass.const_expr((i % 4) >> 1 < self.halves):
+                    o_acc[i] = o_acc[i] * corr[(i % 4) >> 1]
+
+    @cute.jit
+    def _pv(self, o_acc, p_buf, v_stage, warp, lane):
+        """4. O += P.V on this warp's head-dim slice (d / 8: one or two 16-wide chunks), V from the e4m3 tile
+        at ``v_stage``, P from ``p_buf``. (Explicit arguments, not the kernel's namespace: the tracer rebinds
+        a namespace's values inside the loop's branches, so after the loop only plain locals are valid.)"""
+        bf16_mma = not self.config.fp8
+        p_row = (lane % 8) + 8 * ((lane // 8) % 2)
+        p_col = 8 * (lane // 16)
+        if cutlass.const_expr(self.pv_chunks == 2):
+            v_key = (lane % 8) + 8 * ((lane // 8) % 2)
+            chunk = warp * 2 + lane // 16
+            for ks in cutlass.range_constexpr(PV_KSTEPS):
+                pa = ldmatrix_x4(p_buf + p_row * P_ROW_BYTES + (ks * 16 + p_col) * 2)
+                key = ks * 16 + v_key
+                vr = ldmatrix_x4(self._kv_row(v_stage, key, chunk, key & 7), trans=True)
+                for cc_i in cutlass.range_constexpr(2):  # matrices (keys 0-7 | 8-15) of chunk cc_i
+                    self._pv_chunk(o_acc, 2 * cc_i, pa, vr[2 * cc_i], vr[2 * cc_i + 1], bf16_mma)
+        else:
+            for ks2 in cutlass.range_constexpr(PV_KSTEPS // 2):
+                key = ks2 * 32 + lane  # matrices: keys +0-7, +8-15 (k-step 2 ks2), +16-23, +24-31
+                vr = ldmatrix_x4(self._kv_row(v_stage, key, warp, key & 7), trans=True)
+                for sub in cutlass.range_constexpr(2):
+                    ks = 2 * ks2 + sub
+                    pa = ldmatrix_x4(p_buf + p_row * P_ROW_BYTES + (ks * 16 + p_col) * 2)
+                    self._pv_chunk(o_acc, 0, pa, vr[2 * sub], vr[2 * sub + 1], bf16_mma)
+
+    @cute.jit
+    def _overlap_prologue(self, ring, pages, t, sacc, tile_begin, n_iters, seq, mBT):
+        """``schedule="overlap"``, before the loop (``_overlap_step``): the last ring stage's load, tile 0's
+        V tile, S, row max and softmax (its P to shared memory)."""
+        tid, stages = t.tid, self.stages
+        # the ring's prologue put tiles 0 .. stages - 2 in flight; the last stage takes tile stages - 1
+        if stages - 1 < n_iters:
+            self._load(ring, stages - 1, tile_begin + stages - 1, pages, tid)
+        cute.arch.cp_async_commit_group()
+        if stages < n_iters:
+            self._load_pages(pages, tile_begin + stages, seq, t.seq_len, mBT)
+        cute.arch.cp_async_wait_group(stages - 1)
+        cute.arch.sync_threads()
+        self._scores_overlapped(ring, sacc, t, tile_begin, 0)
+        cute.arch.sync_threads()
+        self._softmax(sacc, t)
+
+    @cute.jit
+    def _overlap_step(self, ring, pages, t, sacc, it, tile_begin, n_iters, seq, mBT):
+        """``schedule="overlap"``: iteration ``it`` (0 .. n_iters - 2; the last tile's P.V follows the loop) of
+        the tile loop, with P.V of tile ``it`` and S of tile ``it`` + 1 between the same two block barriers, so
+        one warp's instruction stream holds both (the serial loop runs them between different barriers):
+
+          barrier X (tile it + 1 landed; P and V's e4m3 tile of tile it complete) -> refill tile it's ring
+          stage with tile it + stages -> O += P.V of tile it, V of tile it + 1 into the other e4m3 V tile,
+          its S and warp row maxima -> barrier Y -> its softmax (P to shared memory, O *= corr)
+
+        The same operations on the same values, in the same order per accumulator, as the serial loop (the
+        same bits); it costs a second e4m3 V tile of shared memory."""
+        tid, stages = t.tid, self.stages
+        cute.arch.cp_async_wait_group(stages - 2)
+        cute.arch.sync_threads()
+        nxt = it + stages
+        if nxt < n_iters:
+            self._load(ring, it % stages, tile_begin + nxt, pages, tid)
+        cute.arch.cp_async_commit_group()
+        if nxt + 1 < n_iters:
+            self._load_pages(pages, tile_begin + nxt + 1, seq, t.seq_len, mBT)
+        self._pv(t.o_acc, t.p_buf, ring.v_conv + (it % 2) * self.tile_bytes, t.warp, t.lane)
+        self._scores_overlapped(ring, sacc, t, tile_begin, it + 1)
+        cute.arch.sync_threads()
+        self._softmax(sacc, t)
+
+    @cute.jit
+    def _scores_overlapped(self, ring, sacc, t, tile_begin, i):
+        """Tile i of the overlapped schedule: V's codes into e4m3 V tile i % 2 (before or after the QK
+        MMAs: ``v_convert``), S into ``sacc``, the warp row maxima."""
+        st = self._packed_stage(ring, i % self.stages)
+        v_tile = ring.v_conv + (i % 2) * self.tile_bytes
+        if cutlass.const_expr(not self.config.v_late):
+            self._convert_tiles(None, st.v, None, v_tile, None, st.v_scales, t.tid)
+        self._qk(sacc, t, st.k, st.k_scales)
+        if cutlass.const_expr(self.config.v_late):
+            self._convert_tiles(None, st.v, None, v_tile, None, st.v_scales, t.tid)
+        self._row_max(sacc, t, tile_begin + i)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -578,8 +677,10 @@ class HopperDecodeKernel:
         k_conv = k_ring  # the e4m3 tile the MMAs read (the ring stage itself for e4m3)
         v_conv = v_ring
         if self.config.packed:
-            k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
-            v_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
+            if not self.k_regs:  # K in registers needs no e4m3 K tile
+                k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
+            v_tiles = 2 if self.config.overlap else 1  # schedule="overlap": V of tile i and i + 1
+            v_conv = smem.allocate_array(cutlass.Uint8, v_tiles * self.tile_bytes, byte_alignment=128).toint()
         bars = k_ring  # bulk / TMA loads: one mbarrier per stage, its phase completes when the stage landed
         bars_ptr = None
         if self.mbar:

@@ -292,6 +292,20 @@ def test_hopper_k_operand_compiles(fmt, d, k_operand, v_convert):
 
 
 @needs_cutlass
+@pytest.mark.parametrize("fmt, d, schedule, stages", [
+    ("e2m1", 128, "serial", 0), ("e2m3", 256, "overlap", 0), ("e2m1", 128, "overlap", 3),
+])  # fmt: skip
+def test_hopper_schedule_compiles(fmt, d, schedule, stages):
+    """Both tile-loop schedules lower for sm_90a without spills where "auto" does not pick them (the matrix
+    covers the defaults: overlap for e2m1, serial for fp6), at d = 256 and with a three-stage ring, within
+    128 registers at d = 128 (two CTAs per SM). (fp6 overlapped at d = 128 spills 4-8 bytes: not a default.)"""
+    cfg = HopperConfig(head_dim=d, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, q_rows=8,
+                       schedule=schedule, stages=stages)  # fmt: skip
+    r = _compile_and_check(cfg)
+    assert r.resources["decode"].registers <= (128 if d == 128 else 255)
+
+
+@needs_cutlass
 @pytest.mark.parametrize("loads, d, ps", [("bulk", 128, 64), ("tma", 256, 16), ("tma", 128, 128)])
 def test_hopper_load_paths_compile(loads, d, ps):
     """The bulk-copy and TMA load paths (not in the matrix: options, not defaults) lower for sm_90a without
@@ -340,11 +354,13 @@ def test_cli_bench_compile_only_fused_merge(capsys):
     (["--kv-convert"], ["exact", "--format", "e2m3"], "-kx", ["scaled"], "kv_convert='scaled' with kv_format='e4m3'"),
     (["--k-operand"], ["tile", "--format", "e2m1"], "-kt", ["registers"],
      "k_operand='registers' with kv_format='e4m3'"),
+    (["--schedule"], ["serial", "--format", "e2m1"], "-ts", ["overlap", "--format", "nvfp4"],
+     "schedule='overlap' with k_operand='auto'"),
 ])  # fmt: skip
 def test_cli_bench_hopper_option(capsys, option, accept, suffix, refuse, error):
-    """--v-operand / --kv-convert / --k-operand name their choice in the compiled config; a config that cannot
-    take it (the mma.sync path for "f16" V^T, e4m3 KV for "scaled" or K in registers) is refused with the
-    field named (exit 2, nothing compiled)."""
+    """--v-operand / --kv-convert / --k-operand / --schedule name their choice in the compiled config; a config
+    that cannot take it (the mma.sync path for "f16" V^T, e4m3 KV for "scaled" or K in registers, NVFP4's K
+    tile for "overlap") is refused with the field named (exit 2, nothing compiled)."""
     args = ["bench", "--compile-only", "--arch", "sm_90a", "--head-dim", "128", "--page-size", "64", "--q-dtype",
             "e4m3", *option]  # fmt: skip
     assert main(args + accept) == 0
@@ -356,14 +372,17 @@ def test_cli_bench_hopper_option(capsys, option, accept, suffix, refuse, error):
 
 @needs_cutlass
 def test_cli_bench_refuses_hopper_options_for_thor(capsys):
-    """--mma / --loads / --merge / --v-operand / --kv-convert / --k-operand / --v-convert configure only the
-    Hopper kernel:
+    """--mma / --loads / --merge / --v-operand / --kv-convert / --k-operand / --v-convert / --schedule configure
+    only the Hopper kernel:
     compiling for Thor with one of them is refused with the options named, not compiled without them."""
     rc = main(["bench", "--compile-only", "--arch", "sm_110a", "--merge", "fused", "--v-operand", "f16",
-               "--kv-convert", "exact", "--k-operand", "tile", "--v-convert", "late"])  # fmt: skip
+               "--kv-convert", "exact", "--k-operand", "tile", "--v-convert", "late",
+               "--schedule", "serial"])  # fmt: skip
     captured = capsys.readouterr()
     assert rc == 2 and "[decode]" not in captured.out
-    assert "--merge, --v-operand, --kv-convert, --k-operand, --v-convert: Hopper-kernel options" in captured.err
+    assert "--merge, --v-operand, --kv-convert, --k-operand, --v-convert, --schedule: Hopper-kernel options" in (
+        captured.err
+    )
 
 
 def _spread(matrix):

@@ -69,6 +69,9 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"v_convert": "soon", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["v_convert='soon'", "'early', 'late'"]),
         ({"v_convert": "late", "kv_format": "nvfp4", "q_dtype": "e4m3"}, ["v_convert='late'", "K in registers"]),
         ({"v_convert": "early", "kv_format": "e2m1", "q_dtype": "e4m3", "k_operand": "tile"}, ["k_operand='tile'"]),
+        ({"schedule": "pipelined", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["schedule='pipelined'", "'overlap'"]),
+        ({"schedule": "overlap", "kv_format": "nvfp4", "q_dtype": "e4m3"}, ["schedule='overlap'", "K in registers"]),
+        ({"schedule": "overlap"}, ["schedule='overlap' with k_operand='auto'"]),
     ],
 )
 def test_invalid_configs_name_every_offending_field(kwargs, names):
@@ -116,11 +119,12 @@ def test_k_operand_auto_takes_the_registers_path_for_the_scaled_formats():
         assert auto.k_registers and replace(auto, k_operand="registers").k_registers and not tile.k_registers
         assert not replace(auto, kv_convert="exact").k_registers
         assert replace(auto, kv_convert="exact", k_operand="registers").k_registers
-        assert tile.smem_bytes - auto.smem_bytes == auto.tile_bytes == 128 * 128
+        serial = replace(auto, schedule="serial")  # (e2m1's "auto" overlaps, with a second V tile)
+        assert tile.smem_bytes - serial.smem_bytes == auto.tile_bytes == 128 * 128
         assert tile.short_name() == auto.short_name() + "-kt"
         assert replace(auto, k_operand="registers").short_name() == auto.short_name() + "-kr"
         assert replace(auto, head_dim=256).ctas_per_sm == 1
-    e2m1_d256 = HopperConfig(head_dim=256, kv_format="e2m1", q_dtype="e4m3")
+    e2m1_d256 = HopperConfig(head_dim=256, kv_format="e2m1", q_dtype="e4m3", schedule="serial")
     assert e2m1_d256.smem_ctas_limit >= 2 and e2m1_d256.ctas_per_sm == 1
     assert replace(e2m1_d256, ctas=2).ctas_per_sm == 2  # an explicit choice stands
     nvfp4 = HopperConfig(kv_format="nvfp4", q_dtype="e4m3")
@@ -226,3 +230,21 @@ def test_split_merge_choice():
     assert select_hopper_config(**kw, merge="fused").merge == "fused"
     with pytest.raises(ConfigError, match="merge='grid'"):
         select_hopper_config(**kw, merge="grid")
+
+
+def test_schedule_auto_overlaps_e2m1_with_k_in_registers():
+    """schedule="auto" overlaps P.V with the next tile's S for e2m1 (K in registers) and runs fp6 serially;
+    "overlap" holds a second e4m3 V tile (and no K tile: K is in registers); the names mark explicit choices;
+    without K in registers nothing overlaps."""
+    e2m1 = HopperConfig(kv_format="e2m1", q_dtype="e4m3")
+    assert e2m1.overlap and replace(e2m1, head_dim=256).overlap and not replace(e2m1, schedule="serial").overlap
+    for fmt in ("e3m2", "e2m3"):
+        fp6 = HopperConfig(kv_format=fmt, q_dtype="e4m3")
+        assert not fp6.overlap and replace(fp6, schedule="overlap").overlap
+        assert replace(fp6, schedule="overlap").smem_bytes - fp6.smem_bytes == fp6.tile_bytes
+    assert not replace(e2m1, k_operand="tile").overlap and not HopperConfig(kv_format="nvfp4", q_dtype="e4m3").overlap
+    assert replace(HopperConfig(kv_format="nvfp4", q_dtype="e4m3"), k_operand="registers", schedule="overlap").overlap
+    assert replace(e2m1, schedule="serial").short_name() == e2m1.short_name() + "-ts"
+    assert replace(e2m1, schedule="overlap").short_name() == e2m1.short_name() + "-to"
+    # ring (2 stages x K and V, 64 packed bytes per key) + two e4m3 V tiles, P, the row statistics, 512 spare
+    assert e2m1.smem_bytes == 2 * 2 * 128 * 64 + 2 * 128 * 128 + 16 * (128 + 8) * 2 + 2 * 8 * 16 * 4 + 512

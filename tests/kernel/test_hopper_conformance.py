@@ -189,6 +189,10 @@ LOAD_VARIANTS = (
     ("exact_convert", {"kv_convert": "exact"}, SCALED_KV_FORMATS),
     ("v_convert_early", {"v_convert": "early"}, SCALED_KV_FORMATS),
     ("v_convert_late", {"v_convert": "late"}, SCALED_KV_FORMATS),
+    ("schedule_serial", {"schedule": "serial"}, SCALED_KV_FORMATS),
+    ("schedule_overlap", {"schedule": "overlap"}, SCALED_KV_FORMATS),
+    ("schedule_overlap_3_stages", {"schedule": "overlap", "ring_depth": 3}, SCALED_KV_FORMATS),
+    ("schedule_overlap_nvfp4", {"schedule": "overlap", "k_operand": "registers"}, ("nvfp4",)),
 )
 LOAD_VARIANT_CASES = [
     pytest.param(name, opts, c, id=f"{name}-{c.name}")
@@ -205,7 +209,10 @@ def test_hopper_load_paths_give_the_same_bits(variant, options, case):
     ``loads="bulk"`` (cp.async.bulk per key row, an mbarrier per stage, padded rows), ``loads="tma"``
     (tensor-map boxes per page, hardware swizzle) and the L2 hints; nor how sub-byte codes become e4m3
     tiles (``kv_convert="exact"`` against the default "scaled": the same products, so the same bits), nor when
-    V's tile is converted with K in registers (``v_convert``: the same work in another order)."""
+    V's tile is converted with K in registers (``v_convert``: the same work in another order), nor the tile
+    loop's schedule (``schedule``: "overlap", P.V of a tile between the barriers of the next tile's S, against
+    "serial"; the NVFP4 row against the tile K path, which test_hopper_packed_k_paths_match_spec holds to the
+    same bits)."""
     from mjolnir_kernel import decode
 
     inputs = case.build("cuda")

@@ -155,7 +155,7 @@ def test_k_registers_path_drops_the_k_tile(fmt):
 
     def loop(k_operand):
         cfg = HopperConfig(head_dim=128, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16,
-                           k_operand=k_operand)  # fmt: skip
+                           k_operand=k_operand, schedule="serial")  # fmt: skip
         return sass.kernel_loops(cfg, kc.HOPPER_ARCH)[0]
 
     tile, regs = loop("tile"), loop("registers")
@@ -164,3 +164,21 @@ def test_k_registers_path_drops_the_k_tile(fmt):
     assert r["LDSM"] == t["LDSM"] - 4, (t, r)  # d = 128: K's four ldmatrix.x4 per warp and tile
     assert r["STS"] == t["STS"] - 4, (t, r)  # K's four 16-byte e4m3 stores per thread and tile
     assert regs.instructions < tile.instructions, (tile.summary(), regs.summary())
+
+
+@needs_tools
+@pytest.mark.parametrize("fmt", ("e2m1", "e3m2"))
+def test_overlap_schedule_keeps_the_work_and_drops_a_barrier(fmt):
+    """``schedule="overlap"`` runs the same tile work (MMAs, conversions, shared-memory loads and stores) with
+    two block barriers per tile instead of three: P.V of a tile shares the next tile's S barriers."""
+
+    def loop(schedule):
+        cfg = HopperConfig(head_dim=128, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16,
+                           schedule=schedule)  # fmt: skip
+        return sass.kernel_loops(cfg, kc.HOPPER_ARCH)[0]
+
+    serial, overlap = loop("serial"), loop("overlap")
+    s, o = dict(serial.opcodes), dict(overlap.opcodes)
+    assert o["BAR"] == s["BAR"] - 1 == 2, (s, o)
+    for op in ("HMMA", "F2FP", "LDSM", "STS"):
+        assert o[op] == s[op], (op, s, o)
