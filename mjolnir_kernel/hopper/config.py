@@ -119,9 +119,10 @@ class HopperConfig:
                   barrier is the row-max barrier). The head-dim order inside the MMAs differs (a
                   relabeling: the spec's sum is order-free), so the fp32 sums may differ in the last
                   bits (on the 10 sub-byte conformance cases they did not). "auto" (default) picks
-                  "registers" for the scaled formats, "tile" for NVFP4 and the exact conversion: on the
-                  H200, back to back at batch 8 / 32, registers run e2m1 1.03-1.07x, e3m2 0.99-1.10x,
-                  e2m3 1.00-1.06x, NVFP4 0.96-0.99x
+                  "registers" for the scaled formats and for NVFP4 at d = 256, "tile" for NVFP4 at
+                  d = 128 and the exact conversion: on the H200, back to back at batch 8 / 32, registers
+                  run e2m1 1.03-1.07x, e3m2 0.99-1.10x, e2m3 1.00-1.06x, NVFP4 0.97-0.98x at d = 128 and
+                  1.06x at d = 256 (with V converted late; the tile path also spills 8-28 bytes there)
                   (``python -m benchmarks.bench_hopper_decode --k-operand tile,registers``)
       v_convert   with K in registers, when the warps convert V's tile (both before the row-max barrier
                   that completes it): "early" (right after the ring's barrier, before K's codes) or "late"
@@ -217,10 +218,11 @@ class HopperConfig:
     @property
     def k_registers(self) -> bool:
         """Packed K goes from the ring stage straight into each warp's MMA fragments (``k_operand``; "auto"
-        picks it for the scaled conversion)."""
+        picks it for the scaled conversion and for NVFP4 at d = 256)."""
         if not self.packed or self.mma != "sync":
             return False
-        return self.k_operand == "registers" or (self.k_operand == "auto" and self.scaled_kv)
+        auto = self.scaled_kv or (self.kv_format == "nvfp4" and self.head_dim == 256)
+        return self.k_operand == "registers" or (self.k_operand == "auto" and auto)
 
     @property
     def v_late(self) -> bool:

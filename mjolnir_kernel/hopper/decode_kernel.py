@@ -145,6 +145,9 @@ class HopperDecodeKernel:
         # packed rows (d / 4 codes: head dims c d / 4 .. (c + 1) d / 4 - 1) into its MMA fragments
         self.k_regs = config.k_registers
         self.k_span = config.packed_row_bytes // 4 if config.packed else 0
+        # scaled e2m1: V's e4m3 tile holds each 8 head dims as the even ones, then the odd ones (no byte
+        # permutes); O's columns come out in that order and are put back once after the loop
+        self.v_even_odd = config.scaled_kv and config.kv_format == "e2m1"
         self.fused_merge = config.fused_merge  # the last CTA of a split (seq, head, q tile) merges it
         self.reduction = None
         if config.max_splits > 1 and not self.fused_merge:
@@ -392,6 +395,8 @@ class HopperDecodeKernel:
                     cute.arch.sync_threads()
                     self._pv(o_acc, p_buf, v_stage, warp, lane)
 
+            if cutlass.const_expr(self.v_even_odd):
+                self._o_in_natural_order(o_acc, c)
             cute.arch.cp_async_wait_group(0)
             self._epilogue(
                 row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b,
@@ -600,6 +605,31 @@ class HopperDecodeKernel:
         if cutlass.const_expr(self.config.v_late):
             self._convert_tiles(None, st.v, None, v_tile, None, st.v_scales, t.tid)
         self._row_max(sacc, t, tile_begin + i)
+
+    @cute.jit
+    def _o_in_natural_order(self, o_acc, c):
+        """``v_even_odd``: V's tile held head dims 8h + 0, 2, 4, 6, 1, 3, 5, 7 at positions 8h + 0 .. 7, so
+        lane c's four O columns per 16-wide chunk (the epilogue's d = 16 chunk + 4c + k, k = 0 .. 3) hold dims
+        8h + 2k (c even) or 8h + 2k + 1 (c odd) of group h = 2 chunk + c // 2. Lanes c and c ^ 1 trade two
+        values per row so that they hold 8h + 0 .. 3 and 8h + 4 .. 7, as with V in natural order. A
+        relabeling of registers: no value changes."""
+        odd = (c % 2) == 1
+        for ch in cutlass.range_constexpr(self.pv_chunks):
+            for half in cutlass.range_constexpr(self.halves):
+                ev = (2 * ch) * 4 + 2 * half
+                od = (2 * ch + 1) * 4 + 2 * half
+                idx = (ev, od, ev + 1, od + 1)  # k = 0 .. 3 (the epilogue's order)
+                v0, v1, v2, v3 = o_acc[idx[0]], o_acc[idx[1]], o_acc[idx[2]], o_acc[idx[3]]
+                # even lane: dims 0, 2 | 4, 6 (keeps 0, 2); odd lane: dims 1, 3 | 5, 7 (keeps 5, 7)
+                s0, s1 = v2, v3
+                if odd:
+                    s0, s1 = v0, v1
+                r0 = cute.arch.shuffle_sync_bfly(s0, offset=1, mask=0xFFFFFFFF)
+                r1 = cute.arch.shuffle_sync_bfly(s1, offset=1, mask=0xFFFFFFFF)
+                n0, n1, n2, n3 = v0, r0, v1, r1  # even lane: dims 0, 1, 2, 3
+                if odd:
+                    n0, n1, n2, n3 = r0, v2, r1, v3  # odd lane: dims 4, 5, 6, 7
+                o_acc[idx[0]], o_acc[idx[1]], o_acc[idx[2]], o_acc[idx[3]] = n0, n1, n2, n3
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -910,6 +940,7 @@ class HopperDecodeKernel:
                     words.append(w)
                     scale_bytes.append(sb)
         for t, conv in enumerate(convs):
+            ordered = not (self.v_even_odd and t == len(convs) - 1)  # V: even / odd head dims (v_even_odd)
             for i in cutlass.range_constexpr(per_tile):
                 idx = tid + i * THREADS
                 key = idx // groups
@@ -924,8 +955,8 @@ class HopperDecodeKernel:
                 elif cutlass.const_expr(bits == 6):
                     o0, o1, o2, o3 = fp6x16_to_e4m3x16(w[0], w[1], w[2], e3m2=fmt == "e3m2")
                 elif cutlass.const_expr(cfg.scaled_kv):
-                    o0, o1 = e2m1x8_to_e4m3x8_scaled(w[0])
-                    o2, o3 = e2m1x8_to_e4m3x8_scaled(w[1])
+                    o0, o1 = e2m1x8_to_e4m3x8_scaled(w[0], ordered=ordered)
+                    o2, o3 = e2m1x8_to_e4m3x8_scaled(w[1], ordered=ordered)
                 elif cutlass.const_expr(fmt == "nvfp4"):
                     table = nvfp4_block_table(scale_bytes[t * per_tile + i])
                     o0, o1 = e2m1x8_to_e4m3x8(w[0], table)

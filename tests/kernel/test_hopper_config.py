@@ -133,7 +133,10 @@ def test_k_operand_auto_takes_the_registers_path_for_the_scaled_formats():
     e2m1 = HopperConfig(kv_format="e2m1", q_dtype="e4m3")
     assert not e2m1.v_late and replace(e2m1, head_dim=256).v_late
     assert replace(e2m1, v_convert="late").v_late and not replace(e2m1, head_dim=256, v_convert="early").v_late
-    assert not replace(e2m1, head_dim=256, k_operand="tile").v_late and not replace(nvfp4, head_dim=256).v_late
+    assert not replace(e2m1, head_dim=256, k_operand="tile").v_late and not replace(nvfp4, k_operand="tile").v_late
+    # NVFP4 at d = 256: K in registers and V late ("auto")
+    assert replace(nvfp4, head_dim=256).k_registers and replace(nvfp4, head_dim=256).v_late
+    assert not replace(nvfp4, head_dim=256, k_operand="tile").k_registers
     assert replace(e2m1, v_convert="late").short_name() == e2m1.short_name() + "-vl"
     assert replace(e2m1, v_convert="early").short_name() == e2m1.short_name() + "-ve"
     assert (
@@ -156,7 +159,7 @@ def test_resource_plan():
     assert 1 <= big.ctas_per_sm <= small.ctas_per_sm <= MAX_CTAS_PER_SM
     # packed formats hold a packed ring plus one converted tile; NVFP4 adds the block-scale rows
     fp4 = HopperConfig(head_dim=256, kv_format="e2m1", q_dtype="e4m3", k_operand="tile")
-    nvfp4 = HopperConfig(head_dim=256, kv_format="nvfp4", q_dtype="e4m3")
+    nvfp4 = HopperConfig(head_dim=256, kv_format="nvfp4", q_dtype="e4m3", k_operand="tile")
     assert fp4.packed and not big.packed and fp4.packed_row_bytes == 128
     assert nvfp4.smem_bytes - fp4.smem_bytes == 2 * nvfp4.ring_stages * 128 * (256 // 16)
     assert small.short_name() == "sm90-bf16-e4m3-d128-ps128-q1c-s16-r2"

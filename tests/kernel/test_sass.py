@@ -182,3 +182,12 @@ def test_overlap_schedule_keeps_the_work_and_drops_a_barrier(fmt):
     assert o["BAR"] == s["BAR"] - 1 == 2, (s, o)
     for op in ("HMMA", "F2FP", "LDSM", "STS"):
         assert o[op] == s[op], (op, s, o)
+
+
+@needs_tools
+def test_e2m1_v_tile_takes_no_byte_permutes():
+    """Scaled e2m1 stores V's e4m3 tile with each 8 head dims as even then odd ones (O's columns are put
+    back once after the loop), so the tile loop's only byte permutes are P.V's regrouping of ldmatrix.trans
+    registers: one per register, 16 per tile at d = 128 (the interleaved tile took 16 more)."""
+    cfg = HopperConfig(head_dim=128, page_size=64, kv_format="e2m1", q_dtype="e4m3", max_splits=16, q_rows=8)
+    assert dict(sass.kernel_loops(cfg, kc.HOPPER_ARCH)[0].opcodes)["PRMT"] == 16
