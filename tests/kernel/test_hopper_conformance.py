@@ -40,6 +40,9 @@ HOPPER_CASES = tuple(c for c in CASES + KERNEL_CASES if c.fmt in KV_FORMATS) + (
                force_splits=3, notes="fp6 at d = 256 (two P.V chunks per warp), three chunks"),
     DecodeCase("hopper_e2m3_per_seq_head", (260, 7), fmt="e2m3", heads_q=32, heads_k=8, page_size=32,
                granularity="per_seq_head", notes="fp6 with per-(sequence, head) descales"),
+    DecodeCase("hopper_nvfp4_d256", (600, 129), fmt="nvfp4", heads_q=24, heads_k=4, head_dim=256,
+               granularity="per_tensor", force_splits=2,
+               notes="NVFP4 at d = 256: K in registers and V late by default, two chunks"),
 )  # fmt: skip
 
 
