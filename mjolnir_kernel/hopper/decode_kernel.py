@@ -918,10 +918,11 @@ class HopperDecodeKernel:
         fp6 / fp4 values are e4m3 values (with ``scaled_kv``: value * 2^-k, each code's bits placed, while the
         Q fragments and P carry 2^k); NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block
         scales of this ring stage (``*_scales``: (keys, d / 16) bytes), looked up in a table made once per
-        group. With ``batch_loads`` every packed word (and scale byte) of both tiles is loaded before the
-        first conversion, so the loads' latency overlaps (1.03-1.14x faster at d = 256 on the H200; 11 NVFP4
-        configs of the compile matrix then spill 4-28 bytes); without it, each group is loaded as it is
-        converted (fewer live registers: the wgmma path)."""
+        group; scaled e2m1's V tile holds each 8 head dims as the even ones, then the odd ones
+        (``v_even_odd``). With ``batch_loads`` every packed word (and scale byte) of both tiles is loaded
+        before the first conversion, so the loads' latency overlaps (1.03-1.14x faster at d = 256 on the
+        H200; 4 NVFP4 configs of the compile matrix spill 4-12 bytes); without it, each group is loaded as
+        it is converted (fewer live registers: the wgmma path)."""
         cfg = self.config
         fmt = cfg.kv_format
         bits = self.fmt.bits
