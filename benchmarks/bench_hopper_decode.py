@@ -234,7 +234,7 @@ def _hint(text):
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
                 peers=True, mma=None, q_rows=None, ctas=None, loads=None, hint=(None, None), merge=None,
                 v_operand=None, kv_convert=None, l2_resident=False, k_operand=None, v_convert=None,
-                schedule=None):  # fmt: skip
+                schedule=None, mma_layout=None):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
@@ -259,7 +259,7 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
                 q, kp, vp, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
                 mma=mma, q_rows=q_rows, ctas_per_sm=ctas, loads=loads, prefetch=hint[0], evict_first=hint[1],
                 merge=merge, v_operand=v_operand, kv_convert=kv_convert, k_operand=k_operand,
-                v_convert=v_convert, schedule=schedule, **sc,
+                v_convert=v_convert, schedule=schedule, mma_layout=mma_layout, **sc,
             ))  # fmt: skip
     ms = _time_ms([p.launch for p in preps], iters, stream=stream)
     fi = None
@@ -347,6 +347,9 @@ def main(argv=None) -> int:
     ap.add_argument("--schedule", default="auto",
                     help="comma-separated tile-loop schedules of the rows with K in registers to compare: auto"
                     " (HopperConfig's), serial, overlap")  # fmt: skip
+    ap.add_argument("--mma-layout", default="auto",
+                    help="comma-separated MMA layouts of the rows with K in registers to compare: auto"
+                    " (HopperConfig's), rows, keys (EXPERIMENTAL)")  # fmt: skip
     ap.add_argument("--l2-hints", default="default",
                     help="comma-separated L2 hints of the KV loads to compare: default (HopperConfig's), none, ef"
                     " (evict-first), pf64 / pf128 / pf256 (cp.async prefetch size), or joined by +")  # fmt: skip
@@ -387,6 +390,7 @@ def main(argv=None) -> int:
     ko_list = [None if x == "auto" else x for x in args.k_operand.split(",") if x]
     vc_list = [None if x == "auto" else x for x in args.v_convert.split(",") if x]
     sc_list = [None if x == "auto" else x for x in args.schedule.split(",") if x]
+    ml_list = [None if x == "auto" else x for x in args.mma_layout.split(",") if x]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -429,14 +433,16 @@ def main(argv=None) -> int:
                 for q_dtype, mma, v_operand in variants:
                     q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
                     scaled = fmt in SCALED_KV_FORMATS and mma == "sync"
-                    combos = [(s, r, c, ld, h, mg, kc, ko, vc, sc)
+                    combos = [(s, r, c, ld, h, mg, kc, ko, vc, sc, ml)
                               for s in stage_list for r in rows_list for c in ctas_list
                               for ld in loads_list for h in hint_list for mg in merge_list
                               for kc in (kc_list if scaled else [None])
                               for ko in (ko_list if fmt != "e4m3" and mma == "sync" else [None])
                               for vc in (vc_list if fmt != "e4m3" and mma == "sync" else [None])
-                              for sc in (sc_list if fmt != "e4m3" and mma == "sync" else [None])]  # fmt: skip
-                    for stages, q_rows, ctas, loads, hint, merge, kv_convert, k_operand, v_convert, schedule in combos:
+                              for sc in (sc_list if fmt != "e4m3" and mma == "sync" else [None])
+                              for ml in (ml_list if fmt != "e4m3" and mma == "sync" else [None])]  # fmt: skip
+                    for (stages, q_rows, ctas, loads, hint, merge, kv_convert, k_operand, v_convert, schedule,
+                         mma_layout) in combos:  # fmt: skip
                         if loads in ("bulk", "tma") and (fmt != "e4m3" or mma != "sync" or hint[0]):
                             continue  # bulk and TMA read e4m3 KV with mma.sync only, without prefetch hints
                         shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
@@ -450,12 +456,13 @@ def main(argv=None) -> int:
                         shape += f" k{k_operand or 'auto'}" if k_operand is not None and len(ko_list) > 1 else ""
                         shape += f" v{v_convert or 'auto'}" if v_convert is not None and len(vc_list) > 1 else ""
                         shape += f" {schedule or 'auto'}" if schedule is not None and len(sc_list) > 1 else ""
+                        shape += f" m{mma_layout or 'auto'}" if mma_layout is not None and len(ml_list) > 1 else ""
                         try:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
                                 sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows, ctas, loads,
                                 hint[:2], merge, v_operand, kv_convert, args.l2_resident, k_operand,
-                                v_convert, schedule,
+                                v_convert, schedule, mma_layout,
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")

@@ -179,6 +179,7 @@ def _hopper_bench_config(args):
             ring_depth=args.ring_depth, pdl=args.pdl, mma=args.mma, n_q=args.q_len * (args.heads_q // args.heads_k),
             ctas_per_sm=args.ctas_per_sm, loads=args.loads, merge=args.merge, v_operand=args.v_operand,
             kv_convert=args.kv_convert, k_operand=args.k_operand, v_convert=args.v_convert, schedule=args.schedule,
+            mma_layout=args.mma_layout,
             evict_first=None if args.evict_first < 0 else bool(args.evict_first),
         )  # fmt: skip
     except ConfigError as e:
@@ -187,7 +188,7 @@ def _hopper_bench_config(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .hopper.config import K_OPERANDS, KV_CONVERTS, SCHEDULES, V_CONVERTS
+    from .hopper.config import K_OPERANDS, KV_CONVERTS, MMA_LAYOUTS, SCHEDULES, V_CONVERTS
 
     p = argparse.ArgumentParser(prog="python -m mjolnir_kernel", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -249,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help="Hopper only, K in registers: each tile's phases in turn, or P.V of a tile overlapped "
                         "with S of the next")  # fmt: skip
+    b.add_argument("--mma-layout", choices=MMA_LAYOUTS, default=None,
+                   help="Hopper only, EXPERIMENTAL: query rows on the MMA's M (rows), or keys and head dims on M "
+                        "with the query rows on N (keys)")  # fmt: skip
     b.add_argument("--l2-prefetch", type=int, default=0)
     b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1),
                    help="-1: the default (Thor: on for e4m3 Q; Hopper: on)")  # fmt: skip

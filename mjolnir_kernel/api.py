@@ -30,7 +30,7 @@ HOPPER_MAX_SPLITS = 32  # H200: 132 SMs want more chunks per sequence at small b
 THOR_ONLY_OPTIONS = {"l2_prefetch": 0}  # knobs the Hopper kernel lacks
 HOPPER_ONLY_OPTIONS = {  # not on Thor
     "mma": None, "q_rows": None, "loads": None, "prefetch": None, "merge": None, "v_operand": None,
-    "kv_convert": None, "k_operand": None, "v_convert": None, "schedule": None,
+    "kv_convert": None, "k_operand": None, "v_convert": None, "schedule": None, "mma_layout": None,
 }  # fmt: skip
 HOPPER_DEFAULT_MMA = "sync"  # HopperConfig.mma when decode() is not given one
 
@@ -59,6 +59,7 @@ def select_hopper_config(
     k_operand: Optional[str] = None,
     v_convert: Optional[str] = None,
     schedule: Optional[str] = None,
+    mma_layout: Optional[str] = None,
 ):
     """The HopperConfig ``decode()`` compiles on a compute capability 9.0 GPU (ints, strs and bools as in
     ``HopperConfig``; ``ring_depth`` is its ``stages``, 0 = default; ``causal`` only matters for q_len > 1;
@@ -66,7 +67,7 @@ def select_hopper_config(
     at most 8 selects ``q_rows=8`` on the mma.sync path; ``q_rows`` 8 or 16 overrides that choice;
     ``ctas_per_sm`` None = what shared memory and the register budget allow, else ``HopperConfig.ctas``;
     ``loads``, ``prefetch``, ``evict_first``, ``merge``, ``v_operand``, ``kv_convert``, ``k_operand``,
-    ``v_convert``, ``schedule`` None = the ``HopperConfig`` defaults, else those fields).
+    ``v_convert``, ``schedule``, ``mma_layout`` None = the ``HopperConfig`` defaults, else those fields).
     Raises ConfigError (a ValueError) naming every field the Hopper kernel cannot implement, and ValueError
     for ``q_rows=8`` with more than 8 query rows."""
     from .hopper.config import HopperConfig, can_implement_hopper
@@ -81,7 +82,8 @@ def select_hopper_config(
     elif q_rows == 8 and n_q is not None and n_q > 8:
         raise ValueError(f"q_rows: 8 covers at most 8 query rows per KV head; this problem has n_q = {n_q}")
     given = dict(loads=loads, prefetch=prefetch, evict_first=evict_first, merge=merge, v_operand=v_operand,
-                 kv_convert=kv_convert, k_operand=k_operand, v_convert=v_convert, schedule=schedule)  # fmt: skip
+                 kv_convert=kv_convert, k_operand=k_operand, v_convert=v_convert, schedule=schedule,
+                 mma_layout=mma_layout)  # fmt: skip
     cfg = replace(cfg, q_rows=q_rows, ctas=ctas_per_sm or 0, **{k: v for k, v in given.items() if v is not None})
     can_implement_hopper(cfg)
     return cfg
@@ -191,6 +193,7 @@ def prepare_decode(
     k_operand: Optional[str] = None,
     v_convert: Optional[str] = None,
     schedule: Optional[str] = None,
+    mma_layout: Optional[str] = None,
     out: Optional[torch.Tensor] = None,
     check_values: bool = True,
 ) -> PreparedDecode:
@@ -225,13 +228,13 @@ def prepare_decode(
             q_dtype=problem.q_dtype, causal=causal, max_splits=max_splits, ring_depth=ring_depth, pdl=pdl, mma=mma,
             n_q=problem.n_q, q_rows=q_rows, ctas_per_sm=ctas_per_sm, loads=loads, prefetch=prefetch,
             evict_first=evict_first, merge=merge, v_operand=v_operand, kv_convert=kv_convert, k_operand=k_operand,
-            v_convert=v_convert, schedule=schedule,
+            v_convert=v_convert, schedule=schedule, mma_layout=mma_layout,
         )  # fmt: skip
         ctas_per_sm = cfg.ctas_per_sm
     else:
         hopper_given = {"mma": mma, "q_rows": q_rows, "loads": loads, "prefetch": prefetch, "merge": merge,
                         "v_operand": v_operand, "kv_convert": kv_convert, "k_operand": k_operand,
-                        "v_convert": v_convert, "schedule": schedule}  # fmt: skip
+                        "v_convert": v_convert, "schedule": schedule, "mma_layout": mma_layout}  # fmt: skip
         for name, value in hopper_given.items():
             if value != HOPPER_ONLY_OPTIONS[name]:
                 raise ValueError(f"{name}: a Hopper-kernel option; the Thor kernel has no such knob (got {value!r})")
@@ -340,7 +343,9 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
         ``HopperConfig.k_operand``. v_convert: Hopper only, K in registers: when V's tile is converted,
         "auto" (None), "early" or "late"; ``HopperConfig.v_convert``. schedule: Hopper only, K in
         registers: the tile loop's phase order, "auto" (None), "serial" or "overlap" (P.V of a tile with S
-        of the next; the same bits); ``HopperConfig.schedule``.
+        of the next; the same bits); ``HopperConfig.schedule``. mma_layout: Hopper only, EXPERIMENTAL:
+        "rows" (None) or "keys" (keys and head dims on the MMA's M, the query rows on N);
+        ``HopperConfig.mma_layout``.
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).
       check_values: read seq_lens on the host to check the block table and plan (a device sync).
 
@@ -375,7 +380,7 @@ def decode(
       q_descale, softmax_scale, scale_o, q_len, causal, plan, chunk_tiles: as ``emulate_decode``.
       kernel_options: ``decode_paged`` knobs (max_splits, force_splits, pad_to, sm_count, ctas_per_sm,
         ring_depth, pdl, l2_prefetch, evict_first, mma, q_rows, loads, prefetch, merge, v_operand,
-        kv_convert, k_operand, v_convert, schedule, out, check_values).
+        kv_convert, k_operand, v_convert, schedule, mma_layout, out, check_values).
 
     Returns:
       (o, lse): bfloat16 (num_seqs * q_len, h_q, d) and float32 (num_seqs, h_k, q_len * h_r), natural

@@ -11,7 +11,9 @@ from .config import DecodeConfig
 
 # bench arguments that configure only the Hopper kernel (``--k-operand`` is ``args.k_operand``), passed to
 # decode() when given
-HOPPER_BENCH_OPTIONS = ("mma", "loads", "merge", "v_operand", "kv_convert", "k_operand", "v_convert", "schedule")
+HOPPER_BENCH_OPTIONS = (
+    "mma", "loads", "merge", "v_operand", "kv_convert", "k_operand", "v_convert", "schedule", "mma_layout",
+)  # fmt: skip
 
 
 def _ctas(args) -> int:

@@ -51,6 +51,7 @@ SCALED_KV_FORMATS = ("e2m1", "e3m2", "e2m3")  # the formats whose values times 2
 K_OPERANDS = ("auto", "tile", "registers")  # where packed K becomes MMA fragments (HopperConfig.k_operand)
 V_CONVERTS = ("auto", "early", "late")  # when the registers path converts V's tile (HopperConfig.v_convert)
 SCHEDULES = ("auto", "serial", "overlap")  # the tile loop's phase order (HopperConfig.schedule)
+MMA_LAYOUTS = ("auto", "rows", "keys")  # what the mma.sync M dimension holds (HopperConfig.mma_layout)
 V_OPERANDS = ("registers", "smem", "f16")  # how the wgmma path makes V^T K-major (HopperConfig.v_operand)
 PREFETCH_SIZES = (0, 64, 128, 256)  # L2 prefetch-size hints of cp.async (.L2::64B / 128B / 256B)
 BULK_ROW_PAD = 16  # bytes after each key row of a bulk-loaded ring stage (ldmatrix rows on distinct banks)
@@ -138,6 +139,10 @@ class HopperConfig:
                   back to back at batch 8 / 32 and 1.00-1.08x in single calls at batch 1 / 8 / 32, fp6
                   0.98-1.07x and 0.95-1.05x (``python -m benchmarks.bench_hopper_decode --schedule
                   serial,overlap``); fp6 overlapped at d = 128 spills 4-8 bytes
+      mma_layout  EXPERIMENTAL (not yet run on a GPU), with K in registers, e4m3 Q and q_rows=8: "rows"
+                  (query rows on the MMA's M = 16, rows 8-15 padding) or "keys" (S^T = K.Q^T with 16 keys
+                  on M and the 8 query rows on N, O^T = V^T.P^T with 16 head dims on M: half the MMAs, no
+                  padding rows, about 20 fewer registers); "auto" (default) is "rows"
     """
 
     head_dim: int = 128
@@ -161,6 +166,7 @@ class HopperConfig:
     k_operand: str = "auto"
     v_convert: str = "auto"
     schedule: str = "auto"
+    mma_layout: str = "auto"
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -184,6 +190,7 @@ class HopperConfig:
             + ({"tile": "-kt", "registers": "-kr"}.get(self.k_operand, ""))
             + ({"early": "-ve", "late": "-vl"}.get(self.v_convert, ""))
             + ({"serial": "-ts", "overlap": "-to"}.get(self.schedule, ""))
+            + ({"rows": "-mr", "keys": "-mk"}.get(self.mma_layout, ""))
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -238,6 +245,11 @@ class HopperConfig:
         if not self.k_registers:
             return False
         return self.schedule == "overlap" or (self.schedule == "auto" and self.kv_format == "e2m1")
+
+    @property
+    def keys_on_m(self) -> bool:
+        """S^T = K.Q^T and O^T = V^T.P^T with the query rows on N (``mma_layout="keys"``)."""
+        return self.mma_layout == "keys" and self.k_registers and self.q_rows == 8 and self.fp8
 
     @property
     def tile_bytes(self) -> int:
@@ -393,6 +405,13 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(
             f"schedule='overlap' with k_operand={c.k_operand!r} (needs K in registers: a sub-byte format,"
             " mma='sync' and k_operand='registers', or 'auto' for e2m1 / e3m2 / e2m3)"
+        )
+    if c.mma_layout not in MMA_LAYOUTS:
+        problems.append(f"mma_layout={c.mma_layout!r} (allowed {MMA_LAYOUTS})")
+    elif c.mma_layout == "keys" and not problems and not c.keys_on_m:
+        problems.append(
+            f"mma_layout='keys' with kv_format={c.kv_format!r}, q_dtype={c.q_dtype!r}, q_rows={c.q_rows!r},"
+            f" k_operand={c.k_operand!r} (needs K in registers, e4m3 Q and q_rows=8: at most 8 query rows per KV head)"
         )
     if c.merge not in MERGE_KINDS:
         problems.append(f"merge={c.merge!r} (allowed {MERGE_KINDS})")

@@ -31,6 +31,9 @@ and converts them straight into its fragments, and the row-max barrier of step 2
 (converted before K's codes, or after the QK MMAs are issued: ``v_convert``, "late" by default at d = 256).
 With K in registers, ``schedule="overlap"`` (the default for e2m1) runs step 4 of tile i between the barriers
 of steps 1-2 of tile i + 1, with two e4m3 V tiles (``_overlap_step``): two block barriers per tile, not three.
+EXPERIMENTAL, not yet run on a GPU: ``mma_layout="keys"`` (8-row query tiles, K in registers) swaps the MMA
+operands, S^T = K.Q^T with 16 keys on M and O^T = V^T.P^T with 16 head dims on M, the 8 query rows on N
+(``_qk_m`` .. ``_epilogue_m``; P goes to shared memory as P^T): the same fragments of K and V, half the MMAs.
 
 Row sums follow the Thor kernel's order exactly: one running sum per key slot of the tile (a TMEM lane
 there), combined at the end with the same butterfly tree over each 32 keys (key xor 16, 8, 4, 2, 1)
@@ -95,6 +98,7 @@ from .ptx import (
     mma_m16n8k16,
     st_global_v2_b32,
     st_global_v4_f32,
+    st_global_v2_f32,
     st_shared_b32,
     ld_shared_f32,
     st_shared_f32,
@@ -147,6 +151,8 @@ class HopperDecodeKernel:
         self.k_span = config.packed_row_bytes // 4 if config.packed else 0
         # scaled e2m1: V's e4m3 tile holds each 8 head dims as the even ones, then the odd ones (no byte
         # permutes); O's columns come out in that order and are put back once after the loop
+        # mma_layout="keys": S^T = K.Q^T and O^T = V^T.P^T, the 8 query rows on N (``_qk_m`` ...)
+        self.keys_m = config.keys_on_m
         self.v_even_odd = config.scaled_kv and config.kv_format == "e2m1"
         self.fused_merge = config.fused_merge  # the last CTA of a split (seq, head, q tile) merges it
         self.reduction = None
@@ -395,13 +401,21 @@ class HopperDecodeKernel:
                     cute.arch.sync_threads()
                     self._pv(o_acc, p_buf, v_stage, warp, lane)
 
-            if cutlass.const_expr(self.v_even_odd):
+            if cutlass.const_expr(self.v_even_odd and self.keys_m):
+                self._o_in_natural_order_m(o_acc, g)
+            elif cutlass.const_expr(self.v_even_odd):
                 self._o_in_natural_order(o_acc, c)
             cute.arch.cp_async_wait_group(0)
-            self._epilogue(
-                row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head, b,
-                h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
-            )  # fmt: skip
+            if cutlass.const_expr(self.keys_m):
+                self._epilogue_m(
+                    row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb,
+                    head, b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
+                )  # fmt: skip
+            else:
+                self._epilogue(
+                    row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,
+                    b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
+                )  # fmt: skip
             if cutlass.const_expr(self.fused_merge):
                 self._merge_if_last(
                     ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, mCnt, seq, head, hb, b, h_k, n_q, n_base, o_seq,
@@ -409,8 +423,37 @@ class HopperDecodeKernel:
                 )  # fmt: skip
 
     # -- the phases of one tile (steps 1-4 of the module docstring); ``t``: the CTA's state (kernel) -------
+    # Each dispatches to its query-rows-on-M form (``_*_rows``) or its keys-on-M form (``_*_m``, mma_layout="keys").
     @cute.jit
     def _qk(self, sacc, t, k_stage, k_scales):
+        if cutlass.const_expr(self.keys_m):
+            self._qk_m(sacc, t, k_stage, k_scales)
+        else:
+            self._qk_rows(sacc, t, k_stage, k_scales)
+
+    @cute.jit
+    def _row_max(self, sacc, t, tile):
+        if cutlass.const_expr(self.keys_m):
+            self._row_max_m(sacc, t, tile)
+        else:
+            self._row_max_rows(sacc, t, tile)
+
+    @cute.jit
+    def _softmax(self, sacc, t):
+        if cutlass.const_expr(self.keys_m):
+            self._softmax_m(sacc, t)
+        else:
+            self._softmax_rows(sacc, t)
+
+    @cute.jit
+    def _pv(self, o_acc, p_buf, v_stage, warp, lane):
+        if cutlass.const_expr(self.keys_m):
+            self._pv_m(o_acc, p_buf, v_stage, warp, lane)
+        else:
+            self._pv_rows(o_acc, p_buf, v_stage, warp, lane)
+
+    @cute.jit
+    def _qk_rows(self, sacc, t, k_stage, k_scales):
         """1. S for keys 16 warp + 0..15 of the tile into ``sacc`` (two n = 8 blocks): from the e4m3 tile at
         ``k_stage`` by ldmatrix (one per two k-steps), or with ``k_operand="registers"`` from the packed ring
         stage ``k_stage`` (and its NVFP4 scales ``k_scales``) straight into the fragments."""
@@ -445,7 +488,7 @@ class HopperDecodeKernel:
                         sacc[j * 4 + e] = r[e]
 
     @cute.jit
-    def _row_max(self, sacc, t, tile):
+    def _row_max_rows(self, sacc, t, tile):
         """2. Mask tile ``tile``'s scores in ``sacc`` and store this warp's row maxima to ``t.s_max`` (the
         caller's block barrier makes them the tile's)."""
         f32 = cutlass.Float32
@@ -479,7 +522,7 @@ class HopperDecodeKernel:
                 t.s_max[warp, g + 8] = mx[1]
 
     @cute.jit
-    def _softmax(self, sacc, t):
+    def _softmax_rows(self, sacc, t):
         """3. Running max, p, corr, row sums, P to shared memory, and O *= corr (after the row-max barrier)."""
         f32 = cutlass.Float32
         cfg = self.config
@@ -525,7 +568,7 @@ class HopperDecodeKernel:
                     o_acc[i] = o_acc[i] * corr[(i % 4) >> 1]
 
     @cute.jit
-    def _pv(self, o_acc, p_buf, v_stage, warp, lane):
+    def _pv_rows(self, o_acc, p_buf, v_stage, warp, lane):
         """4. O += P.V on this warp's head-dim slice (d / 8: one or two 16-wide chunks), V from the e4m3 tile
         at ``v_stage``, P from ``p_buf``. (Explicit arguments, not the kernel's namespace: the tracer rebinds
         a namespace's values inside the loop's branches, so after the loop only plain locals are valid.)"""
@@ -607,6 +650,31 @@ class HopperDecodeKernel:
         self._row_max(sacc, t, tile_begin + i)
 
     @cute.jit
+    def _o_in_natural_order_m(self, o_acc, g):
+        """``v_even_odd`` with keys on M: lane (g, c) holds, per chunk and row, tile positions 16 chunk + 2g + b
+        (b = 0, 1: o_acc[4 chunk + 2b + r]), which held dims 8h + 4t + 2b (t = g % 4 < 2) or 8h + 4(t - 2) + 2b
+        + 1 (t >= 2), h = 2 chunk + g // 4. Lane t of each four (lanes 4g + c, same c and g // 4) takes dims
+        8h + 2t, 8h + 2t + 1: dim x is held by lane 2 (x % 2) + x // 4 in slot (x // 2) % 2, so dim 2t comes
+        from lane t // 2 and dim 2t + 1 from lane 2 + t // 2, both in slot t % 2. A relabeling of registers."""
+        lane = cute.arch.lane_idx()
+        t4 = g % 4
+        base_lane = lane - 4 * t4  # lane of t = 0 in this lane's four (same c, same g // 4)
+        src0 = base_lane + 4 * (t4 // 2)
+        src1 = base_lane + 4 * (2 + t4 // 2)
+        odd_slot = (t4 % 2) == 1
+        for ch in cutlass.range_constexpr(self.pv_chunks):
+            for r in cutlass.range_constexpr(2):
+                s0, s1 = o_acc[4 * ch + r], o_acc[4 * ch + 2 + r]  # slots b = 0, 1
+                a0 = cute.arch.shuffle_sync(s0, src0, mask=0xFFFFFFFF)
+                a1 = cute.arch.shuffle_sync(s1, src0, mask=0xFFFFFFFF)
+                b0 = cute.arch.shuffle_sync(s0, src1, mask=0xFFFFFFFF)
+                b1 = cute.arch.shuffle_sync(s1, src1, mask=0xFFFFFFFF)
+                n0, n1 = a0, b0
+                if odd_slot:
+                    n0, n1 = a1, b1
+                o_acc[4 * ch + r], o_acc[4 * ch + 2 + r] = n0, n1
+
+    @cute.jit
     def _o_in_natural_order(self, o_acc, c):
         """``v_even_odd``: V's tile held head dims 8h + 0, 2, 4, 6, 1, 3, 5, 7 at positions 8h + 0 .. 7, so
         lane c's four O columns per 16-wide chunk (the epilogue's d = 16 chunk + 4c + k, k = 0 .. 3) hold dims
@@ -630,6 +698,148 @@ class HopperDecodeKernel:
                 if odd:
                     n0, n1, n2, n3 = r0, v2, r1, v3  # odd lane: dims 4, 5, 6, 7
                 o_acc[idx[0]], o_acc[idx[1]], o_acc[idx[2]], o_acc[idx[3]] = n0, n1, n2, n3
+
+    # -- keys on M (mma_layout="keys", q_rows=8): the phases' second form ----------------------------
+    @cute.jit
+    def _qk_m(self, sacc, t, k_stage, k_scales):
+        """S^T for keys 16 warp + g (+ 8) and query rows 2c, 2c + 1: one m16n8k16 per k-step."""
+        f32 = cutlass.Float32
+        qf, warp, g, c = t.qf, t.warp, t.g, t.c
+        sacc.fill(f32(0))
+        kw = []
+        for j in cutlass.range_constexpr(NB_S):
+            kw.append(self._k_words(k_stage, k_scales, warp * KEYS_PER_WARP + 8 * j + g, c))
+        for s in cutlass.range_constexpr(self.s_ksteps):
+            k0a, k0b = e4m3x4_to_pairs(kw[0][s], bf16=False)
+            k1a, k1b = e4m3x4_to_pairs(kw[1][s], bf16=False)
+            cc = (sacc[0], sacc[1], sacc[2], sacc[3])
+            r = mma_m16n8k16((k0a, k1a, k0b, k1b), (qf[s * 4], qf[s * 4 + 2]), cc, bf16=False)
+            for e in cutlass.range_constexpr(4):
+                sacc[e] = r[e]
+
+    @cute.jit
+    def _row_max_m(self, sacc, t, tile):
+        """Mask (element e: key 16 warp + g + 8 (e >> 1), row 2c + (e & 1)); the warp's row maxima."""
+        f32 = cutlass.Float32
+        cfg = self.config
+        warp, g, c = t.warp, t.g, t.c
+        if (tile + 1) * TILE_KEYS > t.mask_from:
+            key0 = tile * TILE_KEYS + warp * KEYS_PER_WARP + g
+            for e in cutlass.range_constexpr(4):
+                key = key0 + 8 * (e >> 1)
+                masked = key >= t.seq_len
+                if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
+                    qi = (t.n_base + 2 * c + (e & 1)) // t.h_r
+                    masked = masked or key > t.seq_len - cfg.q_len + qi
+                if masked:
+                    sacc[e] = -f32.inf
+        for r in cutlass.range_constexpr(2):
+            x = _fmax(sacc[r], sacc[r + 2])
+            for off in (4, 8, 16):
+                x = _fmax(x, cute.arch.shuffle_sync_bfly(x, offset=off, mask=0xFFFFFFFF))
+            if g == 0:
+                t.s_max[warp, 2 * c + r] = x
+
+    @cute.jit
+    def _softmax_m(self, sacc, t):
+        """Running max, p, corr, row sums, P^T ((key, 8 rows) f16 rows of 16 bytes) to shared memory, O *= corr."""
+        f32 = cutlass.Float32
+        cfg = self.config
+        g, c, warp = t.g, t.c, t.warp
+        m_prev, row_sum, o_acc = t.m_prev, t.row_sum, t.o_acc
+        m_use = cute.make_rmem_tensor((2,), f32)
+        corr = cute.make_rmem_tensor((2,), f32)
+        for r in cutlass.range_constexpr(2):
+            row = 2 * c + r
+            m_new = m_prev[r]
+            for v4 in cutlass.range_constexpr(WARPS // 4):
+                w4 = ld_shared_v4_f32(t.s_max_addr + (row * WARPS + 4 * v4) * 4)
+                for k in cutlass.range_constexpr(4):
+                    m_new = _fmax(m_new, w4[k])
+            ref = m_new
+            if m_new == -f32.inf:
+                ref = f32(0.0)
+            m_use[r] = ref
+            corr[r] = cute.math.exp2((m_prev[r] - ref) * t.exp_scale, fastmath=True)
+            m_prev[r] = m_new
+        for e in cutlass.range_constexpr(4):
+            p = cute.math.exp2((sacc[e] - m_use[e & 1]) * t.exp_scale, fastmath=True)
+            sacc[e] = p
+            row_sum[e] = cute.math.fma(corr[e & 1], row_sum[e], p)
+        for j in cutlass.range_constexpr(2):
+            pp = f32x2_to_e4m3_pair(sacc[2 * j] * t.p_scale, sacc[2 * j + 1] * t.p_scale)
+            if cutlass.const_expr(cfg.scaled_kv):
+                pp = f16x2_times_pow2(pp, SCALED_KV_EXPONENT[cfg.kv_format])
+            key = warp * KEYS_PER_WARP + 8 * j + g
+            st_shared_b32(t.p_buf + key * 16 + 4 * c, pp)
+        if cute.arch.vote_any_sync(corr[0] != f32(1.0) or corr[1] != f32(1.0)):
+            for i in cutlass.range_constexpr(cute.size(o_acc)):
+                o_acc[i] = o_acc[i] * corr[i % 2]
+
+    @cute.jit
+    def _pv_m(self, o_acc, p_buf, v_stage, warp, lane):
+        """O^T += V^T.P^T: per 16-wide head-dim chunk one m16n8k16 per k-step (A: V^T rows = even / odd dims)."""
+        pk = lane % 8 + 8 * (lane // 8)  # x4.trans over P^T rows: keys +0..7, +8..15, +16..23, +24..31
+        if cutlass.const_expr(self.pv_chunks == 2):
+            v_key = (lane % 8) + 8 * ((lane // 8) % 2)
+            chunk = warp * 2 + lane // 16
+            for ks2 in cutlass.range_constexpr(PV_KSTEPS // 2):
+                pb = ldmatrix_x4(p_buf + (ks2 * 32 + pk) * 16, trans=True)
+                for sub in cutlass.range_constexpr(2):
+                    ks = 2 * ks2 + sub
+                    key = ks * 16 + v_key
+                    vr = ldmatrix_x4(self._kv_row(v_stage, key, chunk, key & 7), trans=True)
+                    for cc_i in cutlass.range_constexpr(2):
+                        self._pv_chunk_m(o_acc, cc_i, (pb[2 * sub], pb[2 * sub + 1]), vr[2 * cc_i], vr[2 * cc_i + 1])
+        else:
+            for ks2 in cutlass.range_constexpr(PV_KSTEPS // 2):
+                pb = ldmatrix_x4(p_buf + (ks2 * 32 + pk) * 16, trans=True)
+                key = ks2 * 32 + lane
+                vr = ldmatrix_x4(self._kv_row(v_stage, key, warp, key & 7), trans=True)
+                for sub in cutlass.range_constexpr(2):
+                    self._pv_chunk_m(o_acc, 0, (pb[2 * sub], pb[2 * sub + 1]), vr[2 * sub], vr[2 * sub + 1])
+
+    @cute.jit
+    def _pv_chunk_m(self, o_acc, ch, pb, v_lo, v_hi):
+        ev0, od0 = e4m3x4_to_pairs_transposed(v_lo, bf16=False)
+        ev1, od1 = e4m3x4_to_pairs_transposed(v_hi, bf16=False)
+        base = ch * 4
+        cc = (o_acc[base], o_acc[base + 1], o_acc[base + 2], o_acc[base + 3])
+        r = mma_m16n8k16((ev0, od0, ev1, od1), pb, cc, bf16=False)
+        for e in cutlass.range_constexpr(4):
+            o_acc[base + e] = r[e]
+
+    @cute.jit
+    def _epilogue_m(self, row_sum, m_prev, o_acc, s_sum, l_buf, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,
+                    b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c):  # fmt: skip
+        """keys on M: lane (g, c) holds rows 2c, 2c + 1 and, per chunk, dims 16 chunk + 2g, + 1."""
+        i64 = cutlass.Int64
+        lane = cute.arch.lane_idx()
+        cute.arch.sync_threads()
+        for e in cutlass.range_constexpr(4):
+            row = 2 * c + (e & 1)
+            key = warp * KEYS_PER_WARP + g + 8 * (e >> 1)
+            st_shared_f32(l_buf + (row * TILE_KEYS + key) * 4, row_sum[e])
+        self._row_sum_tree(l_buf, s_sum, warp * 32 + lane)
+        out_scale, part_scale, n_splits = self._epilogue_scales(scale_o, v_descale, mNSplits, seq)
+        o_base = mO.iterator.toint()
+        op_base = mOp.iterator.toint()
+        for r in cutlass.range_constexpr(2):
+            row = 2 * c + r
+            n = n_base + row
+            if n < n_q:
+                norm, row_off = self._finish_row(
+                    row, n, m_prev[r], s_sum, warp == 0 and g == 0, lse_scale, out_scale, n_splits, mLSE, mMp,
+                    mLp, hb, slot, seq, head, n_q, o_seq,
+                )  # fmt: skip
+                for ch in cutlass.range_constexpr(self.pv_chunks):
+                    dd = (warp * self.pv_chunks + ch) * CHUNK + 2 * g
+                    v0, v1 = o_acc[ch * 4 + r], o_acc[ch * 4 + 2 + r]
+                    if n_splits == 1:
+                        st_global_b32(o_base + (row_off + i64(dd)) * 2, f32x2_to_bf16_pair(v0 * norm, v1 * norm))
+                    else:
+                        p_off = self._partial_offset(slot, seq, head, n, b, h_k, n_q)
+                        st_global_v2_f32(op_base + (p_off + i64(dd)) * 4, v0 * part_scale, v1 * part_scale)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit

@@ -306,6 +306,20 @@ def test_hopper_schedule_compiles(fmt, d, schedule, stages):
 
 
 @needs_cutlass
+@pytest.mark.parametrize("fmt, d, schedule, ctas, max_regs", [
+    ("e2m1", 128, "serial", 3, 80), ("e3m2", 128, "overlap", 0, 128), ("e2m1", 256, "serial", 2, 128),
+    ("nvfp4", 256, "serial", 0, 255),
+])  # fmt: skip
+def test_hopper_keys_on_m_compiles(fmt, d, schedule, ctas, max_regs):
+    """mma_layout="keys" (EXPERIMENTAL) lowers for sm_90a without spills, with both schedules, within the
+    registers of 3 CTAs per SM at d = 128 and of 2 at d = 256 (the query-rows layout spills there)."""
+    cfg = HopperConfig(head_dim=d, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, q_rows=8,
+                       schedule=schedule, ctas=ctas, k_operand="registers", mma_layout="keys")  # fmt: skip
+    r = _compile_and_check(cfg)
+    assert r.resources["decode"].registers <= max_regs
+
+
+@needs_cutlass
 @pytest.mark.parametrize("loads, d, ps", [("bulk", 128, 64), ("tma", 256, 16), ("tma", 128, 128)])
 def test_hopper_load_paths_compile(loads, d, ps):
     """The bulk-copy and TMA load paths (not in the matrix: options, not defaults) lower for sm_90a without

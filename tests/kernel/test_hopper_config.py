@@ -72,6 +72,9 @@ def test_every_format_and_both_q_paths_are_implementable():
         ({"schedule": "pipelined", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["schedule='pipelined'", "'overlap'"]),
         ({"schedule": "overlap", "kv_format": "nvfp4", "q_dtype": "e4m3"}, ["schedule='overlap'", "K in registers"]),
         ({"schedule": "overlap"}, ["schedule='overlap' with k_operand='auto'"]),
+        ({"mma_layout": "cols", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["mma_layout='cols'", "'rows', 'keys'"]),
+        ({"mma_layout": "keys", "kv_format": "e2m1", "q_dtype": "e4m3"}, ["mma_layout='keys'", "q_rows=16"]),
+        ({"mma_layout": "keys", "q_rows": 8}, ["mma_layout='keys' with kv_format='e4m3'", "K in registers"]),
     ],
 )
 def test_invalid_configs_name_every_offending_field(kwargs, names):
@@ -251,3 +254,21 @@ def test_schedule_auto_overlaps_e2m1_with_k_in_registers():
     assert replace(e2m1, schedule="overlap").short_name() == e2m1.short_name() + "-to"
     # ring (2 stages x K and V, 64 packed bytes per key) + two e4m3 V tiles, P, the row statistics, 512 spare
     assert e2m1.smem_bytes == 2 * 2 * 128 * 64 + 2 * 128 * 128 + 16 * (128 + 8) * 2 + 2 * 8 * 16 * 4 + 512
+
+
+def test_mma_layout_keys_needs_eight_rows_and_k_in_registers():
+    """mma_layout="keys" (EXPERIMENTAL) applies with K in registers, e4m3 Q and an 8-row query tile; "auto" keeps
+    the query rows on M; the names mark explicit choices."""
+    e2m1 = HopperConfig(kv_format="e2m1", q_dtype="e4m3", q_rows=8)
+    assert not e2m1.keys_on_m and replace(e2m1, mma_layout="keys").keys_on_m
+    assert replace(e2m1, mma_layout="keys", schedule="overlap", head_dim=256).keys_on_m
+    nvfp4 = HopperConfig(kv_format="nvfp4", q_dtype="e4m3", q_rows=8, mma_layout="keys", k_operand="registers")
+    assert nvfp4.keys_on_m
+    assert replace(e2m1, mma_layout="keys").short_name() == e2m1.short_name() + "-mk"
+    assert replace(e2m1, mma_layout="rows").short_name() == e2m1.short_name() + "-mr"
+    from mjolnir_kernel.api import select_hopper_config
+
+    kw = dict(head_dim=128, page_size=64, q_len=1, kv_format="e2m1", q_dtype="e4m3")
+    assert select_hopper_config(**kw, n_q=4, mma_layout="keys").keys_on_m
+    with pytest.raises(ConfigError, match="mma_layout='keys'"):
+        select_hopper_config(**kw, n_q=12, mma_layout="keys")

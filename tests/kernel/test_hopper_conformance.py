@@ -196,12 +196,16 @@ LOAD_VARIANTS = (
     ("schedule_overlap", {"schedule": "overlap"}, SCALED_KV_FORMATS),
     ("schedule_overlap_3_stages", {"schedule": "overlap", "ring_depth": 3}, SCALED_KV_FORMATS),
     ("schedule_overlap_nvfp4", {"schedule": "overlap", "k_operand": "registers"}, ("nvfp4",)),
+    ("mma_layout_keys", {"mma_layout": "keys"}, SCALED_KV_FORMATS),
+    ("mma_layout_keys_overlap", {"mma_layout": "keys", "schedule": "overlap"}, SCALED_KV_FORMATS),
+    ("mma_layout_keys_nvfp4", {"mma_layout": "keys", "k_operand": "registers"}, ("nvfp4",)),
 )
 LOAD_VARIANT_CASES = [
     pytest.param(name, opts, c, id=f"{name}-{c.name}")
     for name, opts, fmts in LOAD_VARIANTS
     for c in HOPPER_CASES
-    if c.fmt in fmts
+    # (keys on M needs the 8-row query tile: at most 8 query rows per KV head)
+    if c.fmt in fmts and ("mma_layout" not in opts or c.q_len * (c.heads_q // c.heads_k) <= 8)
 ]
 
 

@@ -6,6 +6,8 @@ with the reason otherwise. The instruction budgets pin what made the Hopper kern
 faster (a table-lookup NVFP4 conversion): a change that brings back a costlier conversion fails here,
 before any GPU time is spent."""
 
+from dataclasses import replace
+
 import pytest
 
 from mjolnir_kernel import compile as kc
@@ -191,3 +193,14 @@ def test_e2m1_v_tile_takes_no_byte_permutes():
     registers: one per register, 16 per tile at d = 128 (the interleaved tile took 16 more)."""
     cfg = HopperConfig(head_dim=128, page_size=64, kv_format="e2m1", q_dtype="e4m3", max_splits=16, q_rows=8)
     assert dict(sass.kernel_loops(cfg, kc.HOPPER_ARCH)[0].opcodes)["PRMT"] == 16
+
+
+@needs_tools
+def test_keys_on_m_halves_the_mmas():
+    """mma_layout="keys": the 8 query rows fill the MMA's N, so each warp issues 16 MMAs per tile instead of 32
+    (8 for S, 8 for P.V at d = 128) and loads P with half the ldmatrix."""
+    cfg = HopperConfig(head_dim=128, page_size=64, kv_format="e2m1", q_dtype="e4m3", max_splits=16, q_rows=8)
+    rows = dict(sass.kernel_loops(cfg, kc.HOPPER_ARCH)[0].opcodes)
+    keys = dict(sass.kernel_loops(replace(cfg, mma_layout="keys"), kc.HOPPER_ARCH)[0].opcodes)
+    assert rows["HMMA"] == 32 and keys["HMMA"] == 16, (rows, keys)
+    assert keys["LDSM"] == rows["LDSM"] - 4, (rows, keys)
