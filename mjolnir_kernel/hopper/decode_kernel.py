@@ -801,6 +801,9 @@ class HopperDecodeKernel:
 
     @cute.jit
     def _pv_chunk_m(self, o_acc, ch, pb, v_lo, v_hi):
+        """O^T of 16-wide chunk ``ch`` (o_acc[4 ch ..]: rows = even / odd dims, columns = query rows) += V^T.P^T
+        for one k-step: A from the ldmatrix.trans registers of keys 0-7 / 8-15 (``v_lo`` / ``v_hi``) regrouped
+        as in ``_pv_chunk``, B = ``pb`` (P^T of the k-step)."""
         ev0, od0 = e4m3x4_to_pairs_transposed(v_lo, bf16=False)
         ev1, od1 = e4m3x4_to_pairs_transposed(v_hi, bf16=False)
         base = ch * 4
@@ -812,7 +815,8 @@ class HopperDecodeKernel:
     @cute.jit
     def _epilogue_m(self, row_sum, m_prev, o_acc, s_sum, l_buf, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,
                     b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c):  # fmt: skip
-        """keys on M: lane (g, c) holds rows 2c, 2c + 1 and, per chunk, dims 16 chunk + 2g, + 1."""
+        """``_epilogue`` for keys on M: lane (g, c) holds query rows 2c, 2c + 1 (its row sums: keys 16 warp + g,
+        + 8) and, per chunk, O at dims 16 chunk + 2g and + 1 (one bf16 pair, or two fp32 partials, per row)."""
         i64 = cutlass.Int64
         lane = cute.arch.lane_idx()
         cute.arch.sync_threads()
