@@ -525,25 +525,13 @@ class HopperDecodeKernel:
     def _softmax_rows(self, sacc, t):
         """3. Running max, p, corr, row sums, P to shared memory, and O *= corr (after the row-max barrier)."""
         f32 = cutlass.Float32
-        cfg = self.config
         g, c, warp = t.g, t.c, t.warp
         m_prev, row_sum, o_acc = t.m_prev, t.row_sum, t.o_acc
         m_use = cute.make_rmem_tensor((2,), f32)
         corr = cute.make_rmem_tensor((2,), f32)
         corr.fill(f32(1.0))
         for half in cutlass.range_constexpr(self.halves):
-            row = g + 8 * half
-            m_new = m_prev[half]
-            for v4 in cutlass.range_constexpr(WARPS // 4):  # max is exact: any order
-                w4 = ld_shared_v4_f32(t.s_max_addr + (row * WARPS + 4 * v4) * 4)
-                for k in cutlass.range_constexpr(4):
-                    m_new = _fmax(m_new, w4[k])
-            ref = m_new
-            if m_new == -f32.inf:
-                ref = f32(0.0)
-            m_use[half] = ref
-            corr[half] = cute.math.exp2((m_prev[half] - ref) * t.exp_scale, fastmath=True)
-            m_prev[half] = m_new
+            m_use[half], corr[half] = self._running_max(m_prev, half, t.s_max_addr, g + 8 * half, t.exp_scale)
         for j in cutlass.range_constexpr(NB_S):
             for e in cutlass.range_constexpr(2 * self.halves):
                 p = cute.math.exp2((sacc[j * 4 + e] - m_use[e >> 1]) * t.exp_scale, fastmath=True)
@@ -552,12 +540,7 @@ class HopperDecodeKernel:
             for half in cutlass.range_constexpr(self.halves):
                 p_lo = sacc[j * 4 + 2 * half]
                 p_hi = sacc[j * 4 + 2 * half + 1]
-                if cutlass.const_expr(cfg.fp8):
-                    pp = f32x2_to_e4m3_pair(p_lo * t.p_scale, p_hi * t.p_scale)
-                    if cutlass.const_expr(cfg.scaled_kv):  # V holds v * 2^-kx: P * 2^kx keeps p v
-                        pp = f16x2_times_pow2(pp, SCALED_KV_EXPONENT[cfg.kv_format])
-                else:
-                    pp = f32x2_to_bf16_pair(p_lo, p_hi)
+                pp = self._p_pair(p_lo, p_hi, t.p_scale)
                 prow = g + 8 * half
                 pcol = warp * KEYS_PER_WARP + 8 * j + 2 * c
                 st_shared_b32(t.p_buf + prow * P_ROW_BYTES + pcol * 2, pp)
@@ -566,6 +549,38 @@ class HopperDecodeKernel:
             for i in cutlass.range_constexpr(cute.size(o_acc)):
                 if cutlass.const_expr((i % 4) >> 1 < self.halves):
                     o_acc[i] = o_acc[i] * corr[(i % 4) >> 1]
+
+    @cute.jit
+    def _running_max(self, m_prev, i, s_max_addr, row, exp_scale):
+        """Query row ``row``'s running max after this tile (m_prev[i] and the eight warp maxima of ``s_max``,
+        raw S units; max is exact, so any order), stored back into m_prev[i]. Returns (m_use: the new max, 0
+        where it is -inf; corr = exp2((m_prev - m_use) * exp_scale))."""
+        f32 = cutlass.Float32
+        m_new = m_prev[i]
+        for v4 in cutlass.range_constexpr(WARPS // 4):
+            w4 = ld_shared_v4_f32(s_max_addr + (row * WARPS + 4 * v4) * 4)
+            for k in cutlass.range_constexpr(4):
+                m_new = _fmax(m_new, w4[k])
+        ref = m_new
+        if m_new == -f32.inf:
+            ref = f32(0.0)
+        corr = cute.math.exp2((m_prev[i] - ref) * exp_scale, fastmath=True)
+        m_prev[i] = m_new
+        return ref, corr
+
+    @cute.jit
+    def _p_pair(self, p_lo, p_hi, p_scale):
+        """Two unrounded p as the P.V operand's 16-bit pair: e4m3(p * 448) widened to f16 (times 2^k with
+        ``scaled_kv``: V holds v * 2^-k, so p v is kept) on the e4m3-Q path, bf16(p) on the bf16 path."""
+        cfg = self.config
+        pp = cutlass.Int32(0)
+        if cutlass.const_expr(cfg.fp8):
+            pp = f32x2_to_e4m3_pair(p_lo * p_scale, p_hi * p_scale)
+            if cutlass.const_expr(cfg.scaled_kv):
+                pp = f16x2_times_pow2(pp, SCALED_KV_EXPONENT[cfg.kv_format])
+        else:
+            pp = f32x2_to_bf16_pair(p_lo, p_hi)
+        return pp
 
     @cute.jit
     def _pv_rows(self, o_acc, p_buf, v_stage, warp, lane):
@@ -744,32 +759,18 @@ class HopperDecodeKernel:
     def _softmax_m(self, sacc, t):
         """Running max, p, corr, row sums, P^T ((key, 8 rows) f16 rows of 16 bytes) to shared memory, O *= corr."""
         f32 = cutlass.Float32
-        cfg = self.config
         g, c, warp = t.g, t.c, t.warp
         m_prev, row_sum, o_acc = t.m_prev, t.row_sum, t.o_acc
         m_use = cute.make_rmem_tensor((2,), f32)
         corr = cute.make_rmem_tensor((2,), f32)
         for r in cutlass.range_constexpr(2):
-            row = 2 * c + r
-            m_new = m_prev[r]
-            for v4 in cutlass.range_constexpr(WARPS // 4):
-                w4 = ld_shared_v4_f32(t.s_max_addr + (row * WARPS + 4 * v4) * 4)
-                for k in cutlass.range_constexpr(4):
-                    m_new = _fmax(m_new, w4[k])
-            ref = m_new
-            if m_new == -f32.inf:
-                ref = f32(0.0)
-            m_use[r] = ref
-            corr[r] = cute.math.exp2((m_prev[r] - ref) * t.exp_scale, fastmath=True)
-            m_prev[r] = m_new
+            m_use[r], corr[r] = self._running_max(m_prev, r, t.s_max_addr, 2 * c + r, t.exp_scale)
         for e in cutlass.range_constexpr(4):
             p = cute.math.exp2((sacc[e] - m_use[e & 1]) * t.exp_scale, fastmath=True)
             sacc[e] = p
             row_sum[e] = cute.math.fma(corr[e & 1], row_sum[e], p)
         for j in cutlass.range_constexpr(2):
-            pp = f32x2_to_e4m3_pair(sacc[2 * j] * t.p_scale, sacc[2 * j + 1] * t.p_scale)
-            if cutlass.const_expr(cfg.scaled_kv):
-                pp = f16x2_times_pow2(pp, SCALED_KV_EXPONENT[cfg.kv_format])
+            pp = self._p_pair(sacc[2 * j], sacc[2 * j + 1], t.p_scale)
             key = warp * KEYS_PER_WARP + 8 * j + g
             st_shared_b32(t.p_buf + key * 16 + 4 * c, pp)
         if cute.arch.vote_any_sync(corr[0] != f32(1.0) or corr[1] != f32(1.0)):

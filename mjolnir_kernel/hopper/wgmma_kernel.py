@@ -57,7 +57,6 @@ from .ptx import (
     gmma_desc_bits,
     ld_global_b32,
     ld_shared_v4_b32,
-    ld_shared_v4_f32,
     ldmatrix_x4,
     prmt,
     st_global_b32,
@@ -285,17 +284,7 @@ class HopperWgmmaDecodeKernel(HopperDecodeKernel):
                 corr = cute.make_rmem_tensor((4,), f32)
                 for r in cutlass.range_constexpr(4):
                     row = 2 * c + (r & 1) + 8 * (r >> 1)
-                    m_new = m_prev[r]
-                    for v4 in cutlass.range_constexpr(WARPS // 4):
-                        w4 = ld_shared_v4_f32(s_max_addr + (row * WARPS + 4 * v4) * 4)
-                        for k in cutlass.range_constexpr(4):
-                            m_new = _fmax(m_new, w4[k])
-                    ref = m_new
-                    if m_new == -f32.inf:
-                        ref = f32(0.0)
-                    m_use[r] = ref
-                    corr[r] = cute.math.exp2((m_prev[r] - ref) * exp_scale, fastmath=True)
-                    m_prev[r] = m_new
+                    m_use[r], corr[r] = self._running_max(m_prev, r, s_max_addr, row, exp_scale)
                 for e in cutlass.range_constexpr(8):
                     rr = (e & 1) + 2 * (e >> 2)
                     p = cute.math.exp2((sacc[e] - m_use[rr]) * exp_scale, fastmath=True)
