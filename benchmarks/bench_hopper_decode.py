@@ -32,6 +32,7 @@ four times over, the calls cycle through enough distinct copies that the KV is r
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -215,6 +216,21 @@ def bench_flashinfer(q, pools, block_table, L, h_q, h_k, d, page_size, o_ref, it
     return best if best is not None else "not run (both paths failed)"
 
 
+# Sweeps of the sub-byte mma.sync rows, each a HopperConfig field: (argument, prefix of its value in the row
+# label, what it compares, its values besides auto)
+SUBBYTE_SWEEPS = (
+    ("k_operand", "k", "K paths of the sub-byte mma.sync rows", "tile, registers"),
+    ("v_convert", "v", "V conversion points of the rows with K in registers", "early, late"),
+    ("schedule", "", "tile-loop schedules of the rows with K in registers", "serial, overlap"),
+    ("mma_layout", "m", "MMA layouts of the rows with K in registers", "rows, keys (EXPERIMENTAL)"),
+)
+
+
+def _auto_list(text):
+    """A comma-separated option's values, "auto" as None (the HopperConfig default)."""
+    return [None if x == "auto" else x for x in text.split(",") if x]
+
+
 def _hint(text):
     """``--l2-hints`` item -> (prefetch bytes or None, evict_first or None, label). "default" leaves both to
     HopperConfig; otherwise the item lists every hint that is on (none: no policy, no prefetch size)."""
@@ -233,8 +249,7 @@ def _hint(text):
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
                 peers=True, mma=None, q_rows=None, ctas=None, loads=None, hint=(None, None), merge=None,
-                v_operand=None, kv_convert=None, l2_resident=False, k_operand=None, v_convert=None,
-                schedule=None, mma_layout=None):  # fmt: skip
+                v_operand=None, kv_convert=None, l2_resident=False, sub_options=None):  # fmt: skip
     from mjolnir_kernel.api import prepare_decode
     from mjolnir_numerics.scales import quantize_q
 
@@ -258,8 +273,7 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
             preps.append(prepare_decode(
                 q, kp, vp, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
                 mma=mma, q_rows=q_rows, ctas_per_sm=ctas, loads=loads, prefetch=hint[0], evict_first=hint[1],
-                merge=merge, v_operand=v_operand, kv_convert=kv_convert, k_operand=k_operand,
-                v_convert=v_convert, schedule=schedule, mma_layout=mma_layout, **sc,
+                merge=merge, v_operand=v_operand, kv_convert=kv_convert, **(sub_options or {}), **sc,
             ))  # fmt: skip
     ms = _time_ms([p.launch for p in preps], iters, stream=stream)
     fi = None
@@ -338,18 +352,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-convert", default="auto",
                     help="comma-separated conversions of the e2m1 / e3m2 / e2m3 rows to compare: auto"
                     " (HopperConfig's), exact, scaled")  # fmt: skip
-    ap.add_argument("--k-operand", default="auto",
-                    help="comma-separated K paths of the sub-byte mma.sync rows to compare: auto (HopperConfig's),"
-                    " tile, registers")  # fmt: skip
-    ap.add_argument("--v-convert", default="auto",
-                    help="comma-separated V conversion points of the rows with K in registers to compare: auto"
-                    " (HopperConfig's), early, late")  # fmt: skip
-    ap.add_argument("--schedule", default="auto",
-                    help="comma-separated tile-loop schedules of the rows with K in registers to compare: auto"
-                    " (HopperConfig's), serial, overlap")  # fmt: skip
-    ap.add_argument("--mma-layout", default="auto",
-                    help="comma-separated MMA layouts of the rows with K in registers to compare: auto"
-                    " (HopperConfig's), rows, keys (EXPERIMENTAL)")  # fmt: skip
+    for name, _, what, choices in SUBBYTE_SWEEPS:
+        ap.add_argument("--" + name.replace("_", "-"), default="auto",
+                        help=f"comma-separated {what} to compare: auto (HopperConfig's), {choices}")  # fmt: skip
     ap.add_argument("--l2-hints", default="default",
                     help="comma-separated L2 hints of the KV loads to compare: default (HopperConfig's), none, ef"
                     " (evict-first), pf64 / pf128 / pf256 (cp.async prefetch size), or joined by +")  # fmt: skip
@@ -382,15 +387,12 @@ def main(argv=None) -> int:
     mma_list = [m for m in args.mma.split(",") if m]
     rows_list = [None if r == "auto" else int(r) for r in args.q_rows.split(",") if r]
     ctas_list = [None if c == "auto" else int(c) for c in args.ctas.split(",") if c]
-    loads_list = [None if x == "auto" else x for x in args.loads.split(",") if x]
+    loads_list = _auto_list(args.loads)
     hint_list = [_hint(h) for h in args.l2_hints.split(",") if h]
-    merge_list = [None if x == "auto" else x for x in args.merge.split(",") if x]
-    vo_list = [None if x == "auto" else x for x in args.v_operand.split(",") if x]
-    kc_list = [None if x == "auto" else x for x in args.kv_convert.split(",") if x]
-    ko_list = [None if x == "auto" else x for x in args.k_operand.split(",") if x]
-    vc_list = [None if x == "auto" else x for x in args.v_convert.split(",") if x]
-    sc_list = [None if x == "auto" else x for x in args.schedule.split(",") if x]
-    ml_list = [None if x == "auto" else x for x in args.mma_layout.split(",") if x]
+    merge_list = _auto_list(args.merge)
+    vo_list = _auto_list(args.v_operand)
+    kc_list = _auto_list(args.kv_convert)
+    sub_lists = [_auto_list(getattr(args, name)) for name, *_ in SUBBYTE_SWEEPS]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -433,16 +435,13 @@ def main(argv=None) -> int:
                 for q_dtype, mma, v_operand in variants:
                     q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
                     scaled = fmt in SCALED_KV_FORMATS and mma == "sync"
-                    combos = [(s, r, c, ld, h, mg, kc, ko, vc, sc, ml)
+                    sub_axes = [lst if fmt != "e4m3" and mma == "sync" else [None] for lst in sub_lists]
+                    combos = [(s, r, c, ld, h, mg, kc, sub)
                               for s in stage_list for r in rows_list for c in ctas_list
                               for ld in loads_list for h in hint_list for mg in merge_list
                               for kc in (kc_list if scaled else [None])
-                              for ko in (ko_list if fmt != "e4m3" and mma == "sync" else [None])
-                              for vc in (vc_list if fmt != "e4m3" and mma == "sync" else [None])
-                              for sc in (sc_list if fmt != "e4m3" and mma == "sync" else [None])
-                              for ml in (ml_list if fmt != "e4m3" and mma == "sync" else [None])]  # fmt: skip
-                    for (stages, q_rows, ctas, loads, hint, merge, kv_convert, k_operand, v_convert, schedule,
-                         mma_layout) in combos:  # fmt: skip
+                              for sub in itertools.product(*sub_axes)]  # fmt: skip
+                    for stages, q_rows, ctas, loads, hint, merge, kv_convert, sub in combos:
                         if loads in ("bulk", "tma") and (fmt != "e4m3" or mma != "sync" or hint[0]):
                             continue  # bulk and TMA read e4m3 KV with mma.sync only, without prefetch hints
                         shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
@@ -453,16 +452,14 @@ def main(argv=None) -> int:
                         shape += f" {merge or 'auto'}" if len(merge_list) > 1 else ""
                         shape += f" v{v_operand or 'auto'}" if mma == "wgmma" and len(vo_list) > 1 else ""
                         shape += f" {kv_convert or 'auto'}" if scaled and len(kc_list) > 1 else ""
-                        shape += f" k{k_operand or 'auto'}" if k_operand is not None and len(ko_list) > 1 else ""
-                        shape += f" v{v_convert or 'auto'}" if v_convert is not None and len(vc_list) > 1 else ""
-                        shape += f" {schedule or 'auto'}" if schedule is not None and len(sc_list) > 1 else ""
-                        shape += f" m{mma_layout or 'auto'}" if mma_layout is not None and len(ml_list) > 1 else ""
+                        for (_, prefix, _, _), lst, value in zip(SUBBYTE_SWEEPS, sub_lists, sub):
+                            shape += f" {prefix}{value}" if value is not None and len(lst) > 1 else ""
                         try:
                             ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                                 b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
                                 sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows, ctas, loads,
-                                hint[:2], merge, v_operand, kv_convert, args.l2_resident, k_operand,
-                                v_convert, schedule, mma_layout,
+                                hint[:2], merge, v_operand, kv_convert, args.l2_resident,
+                                {name: value for (name, *_), value in zip(SUBBYTE_SWEEPS, sub)},
                             )  # fmt: skip
                         except ConfigError as e:
                             print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")

@@ -78,3 +78,20 @@ def test_l2_resident_refuses_the_size_matched_read(capsys):
     with pytest.raises(SystemExit):
         bh.main(["--l2-resident", "--size-matched-stream"])
     assert "--l2-resident" in capsys.readouterr().err
+
+
+def test_subbyte_sweeps_are_hopper_decode_options():
+    """Each sub-byte sweep of the bench is a HopperConfig field that decode() takes as a Hopper-only option, and
+    the values its help lists are the field's allowed values besides "auto"; "auto" parses to None."""
+    from dataclasses import fields
+
+    from mjolnir_kernel.api import HOPPER_ONLY_OPTIONS
+    from mjolnir_kernel.hopper import config as hc
+
+    allowed = {"k_operand": hc.K_OPERANDS, "v_convert": hc.V_CONVERTS, "schedule": hc.SCHEDULES,
+               "mma_layout": hc.MMA_LAYOUTS}  # fmt: skip
+    names = {f.name for f in fields(hc.HopperConfig)}
+    for name, _, _, values in bh.SUBBYTE_SWEEPS:
+        assert name in names and name in HOPPER_ONLY_OPTIONS
+        assert [v.split()[0] for v in values.split(", ")] == [v for v in allowed[name] if v != "auto"]
+    assert bh._auto_list("auto,keys,") == [None, "keys"]
