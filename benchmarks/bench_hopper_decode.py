@@ -26,6 +26,7 @@ four times over, the calls cycle through enough distinct copies that the KV is r
     python -m benchmarks.bench_hopper_decode                 # the issue's shapes, e4m3 + sub-byte formats
     python -m benchmarks.bench_hopper_decode --quick         # two shapes, e4m3 only
     python -m benchmarks.bench_hopper_decode --back-to-back 20   # steady state: 20 calls per replay
+    python -m benchmarks.bench_hopper_decode --head-dims 256 --formats e2m1   # the d = 256 shape (24/4), e2m1 only
     python -m benchmarks.bench_hopper_decode --l2-resident --seqlen 8192   # the kernel's own pace, KV in L2
 """
 
@@ -222,7 +223,7 @@ SUBBYTE_SWEEPS = (
     ("k_operand", "k", "K paths of the sub-byte mma.sync rows", "tile, registers"),
     ("v_convert", "v", "V conversion points of the rows with K in registers", "early, late"),
     ("schedule", "", "tile-loop schedules of the rows with K in registers", "serial, overlap"),
-    ("mma_layout", "m", "MMA layouts of the rows with K in registers", "rows, keys (EXPERIMENTAL)"),
+    ("mma_layout", "m", "MMA layouts of the rows with K in registers", "rows, keys"),
 )
 
 
@@ -329,6 +330,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="batch 1 and 32 at L = 32K, e4m3 only")
     ap.add_argument("--seqlen", type=int, default=32768)
     ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--head-dims", default="128,256",
+                    help="comma-separated head dims of the shapes to run: 128 (32/8 heads), 256 (24/4 heads)")
     ap.add_argument("--formats", default="e4m3,e3m2,e2m3,e2m1,nvfp4")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="KV pool storage order")
@@ -393,6 +396,11 @@ def main(argv=None) -> int:
     vo_list = _auto_list(args.v_operand)
     kc_list = _auto_list(args.kv_convert)
     sub_lists = [_auto_list(getattr(args, name)) for name, *_ in SUBBYTE_SWEEPS]
+    shape_dims = {d for *_, d in SHAPES}
+    head_dims = [int(x) for x in args.head_dims.split(",") if x]
+    if not head_dims or any(d not in shape_dims for d in head_dims):
+        ap.error(f"--head-dims {args.head_dims!r}: comma-separated values from {sorted(shape_dims)}")
+    shapes = [s for s in SHAPES if s[2] in head_dims]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -425,7 +433,7 @@ def main(argv=None) -> int:
     sdpa_cache = {}
     rows = []
     fi_note = None
-    for h_q, h_k, d in SHAPES:
+    for h_q, h_k, d in shapes:
         for b in batches:
             for fmt in formats:
                 variants = [("e4m3", m, vo) for m in mma_list for vo in (vo_list if m == "wgmma" else [None])]

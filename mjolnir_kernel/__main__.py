@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Hopper only, K in registers: each tile's phases in turn, or P.V of a tile overlapped "
                         "with S of the next")  # fmt: skip
     b.add_argument("--mma-layout", choices=MMA_LAYOUTS, default=None,
-                   help="Hopper only, EXPERIMENTAL: query rows on the MMA's M (rows), or keys and head dims on M "
+                   help="Hopper only, K in registers: query rows on the MMA's M (rows), or keys and head dims on M "
                         "with the query rows on N (keys)")  # fmt: skip
     b.add_argument("--l2-prefetch", type=int, default=0)
     b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1),

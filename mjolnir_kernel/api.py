@@ -343,7 +343,7 @@ def decode_paged(q, k_pool, v_pool, block_table, seq_lens, k_descale, v_descale,
         ``HopperConfig.k_operand``. v_convert: Hopper only, K in registers: when V's tile is converted,
         "auto" (None), "early" or "late"; ``HopperConfig.v_convert``. schedule: Hopper only, K in
         registers: the tile loop's phase order, "auto" (None), "serial" or "overlap" (P.V of a tile with S
-        of the next; the same bits); ``HopperConfig.schedule``. mma_layout: Hopper only, EXPERIMENTAL:
+        of the next; the same bits); ``HopperConfig.schedule``. mma_layout: Hopper only, K in registers:
         "rows" (None) or "keys" (keys and head dims on the MMA's M, the query rows on N);
         ``HopperConfig.mma_layout``.
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).

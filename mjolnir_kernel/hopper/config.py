@@ -139,10 +139,12 @@ class HopperConfig:
                   back to back at batch 8 / 32 and 1.00-1.08x in single calls at batch 1 / 8 / 32, fp6
                   0.98-1.07x and 0.95-1.05x (``python -m benchmarks.bench_hopper_decode --schedule
                   serial,overlap``); fp6 overlapped at d = 128 spills 4-8 bytes
-      mma_layout  EXPERIMENTAL (not yet run on a GPU), with K in registers, e4m3 Q and q_rows=8: "rows"
-                  (query rows on the MMA's M = 16, rows 8-15 padding) or "keys" (S^T = K.Q^T with 16 keys
-                  on M and the 8 query rows on N, O^T = V^T.P^T with 16 head dims on M: half the MMAs, no
-                  padding rows, about 20 fewer registers); "auto" (default) is "rows"
+      mma_layout  with K in registers, e4m3 Q and q_rows=8: "rows" (query rows on the MMA's M = 16,
+                  rows 8-15 padding) or "keys" (S^T = K.Q^T with 16 keys on M and the 8 query rows on N,
+                  O^T = V^T.P^T with 16 head dims on M: half the MMAs, no padding rows, about 20 fewer
+                  registers, the same bits); "auto" (default) is "rows": keys measured 0.91-1.05x of it on
+                  the H200 back to back at batch 8 / 32, also with 3 CTAs per SM at d = 128 and 2 at
+                  d = 256 (``python -m benchmarks.bench_hopper_decode --mma-layout rows,keys``)
     """
 
     head_dim: int = 128

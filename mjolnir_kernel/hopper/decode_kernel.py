@@ -31,9 +31,10 @@ and converts them straight into its fragments, and the row-max barrier of step 2
 (converted before K's codes, or after the QK MMAs are issued: ``v_convert``, "late" by default at d = 256).
 With K in registers, ``schedule="overlap"`` (the default for e2m1) runs step 4 of tile i between the barriers
 of steps 1-2 of tile i + 1, with two e4m3 V tiles (``_overlap_step``): two block barriers per tile, not three.
-EXPERIMENTAL, not yet run on a GPU: ``mma_layout="keys"`` (8-row query tiles, K in registers) swaps the MMA
-operands, S^T = K.Q^T with 16 keys on M and O^T = V^T.P^T with 16 head dims on M, the 8 query rows on N
-(``_qk_m`` .. ``_epilogue_m``; P goes to shared memory as P^T): the same fragments of K and V, half the MMAs.
+``mma_layout="keys"`` (8-row query tiles, K in registers; an option, not a default) swaps the MMA operands,
+S^T = K.Q^T with 16 keys on M and O^T = V^T.P^T with 16 head dims on M, the 8 query rows on N (``_qk_m`` ..
+``_epilogue_m``; P goes to shared memory as P^T): the same fragments of K and V, half the MMAs, the same
+bits, but not faster on the H200 (0.91-1.05x of the rows layout).
 
 Row sums follow the Thor kernel's order exactly: one running sum per key slot of the tile (a TMEM lane
 there), combined at the end with the same butterfly tree over each 32 keys (key xor 16, 8, 4, 2, 1)

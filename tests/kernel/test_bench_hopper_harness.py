@@ -95,3 +95,11 @@ def test_subbyte_sweeps_are_hopper_decode_options():
         assert name in names and name in HOPPER_ONLY_OPTIONS
         assert [v.split()[0] for v in values.split(", ")] == [v for v in allowed[name] if v != "auto"]
     assert bh._auto_list("auto,keys,") == [None, "keys"]
+
+
+@pytest.mark.parametrize("value", ["64", "128,96", ""])
+def test_head_dims_must_be_the_shapes_own(capsys, value):
+    with pytest.raises(SystemExit):
+        bh.main(["--head-dims", value])
+    err = capsys.readouterr().err
+    assert "--head-dims" in err and "[128, 256]" in err

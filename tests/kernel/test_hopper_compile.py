@@ -311,7 +311,7 @@ def test_hopper_schedule_compiles(fmt, d, schedule, stages):
     ("nvfp4", 256, "serial", 0, 255),
 ])  # fmt: skip
 def test_hopper_keys_on_m_compiles(fmt, d, schedule, ctas, max_regs):
-    """mma_layout="keys" (EXPERIMENTAL) lowers for sm_90a without spills, with both schedules, within the
+    """mma_layout="keys" lowers for sm_90a without spills, with both schedules, within the
     registers of 3 CTAs per SM at d = 128 and of 2 at d = 256 (the query-rows layout spills there)."""
     cfg = HopperConfig(head_dim=d, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, q_rows=8,
                        schedule=schedule, ctas=ctas, k_operand="registers", mma_layout="keys")  # fmt: skip

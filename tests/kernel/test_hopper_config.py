@@ -257,7 +257,7 @@ def test_schedule_auto_overlaps_e2m1_with_k_in_registers():
 
 
 def test_mma_layout_keys_needs_eight_rows_and_k_in_registers():
-    """mma_layout="keys" (EXPERIMENTAL) applies with K in registers, e4m3 Q and an 8-row query tile; "auto" keeps
+    """mma_layout="keys" applies with K in registers, e4m3 Q and an 8-row query tile; "auto" keeps
     the query rows on M; the names mark explicit choices."""
     e2m1 = HopperConfig(kv_format="e2m1", q_dtype="e4m3", q_rows=8)
     assert not e2m1.keys_on_m and replace(e2m1, mma_layout="keys").keys_on_m
