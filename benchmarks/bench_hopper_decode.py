@@ -330,8 +330,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="batch 1 and 32 at L = 32K, e4m3 only")
     ap.add_argument("--seqlen", type=int, default=32768)
     ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--head-dims", default="128,256",
-                    help="comma-separated head dims of the shapes to run: 128 (32/8 heads), 256 (24/4 heads)")
+    ap.add_argument(
+        "--head-dims",
+        default="128,256",
+        help="comma-separated head dims of the shapes to run: 128 (32/8 heads), 256 (24/4 heads)",
+    )
     ap.add_argument("--formats", default="e4m3,e3m2,e2m3,e2m1,nvfp4")
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="KV pool storage order")
