@@ -400,10 +400,10 @@ def main(argv=None) -> int:
     kc_list = _auto_list(args.kv_convert)
     sub_lists = [_auto_list(getattr(args, name)) for name, *_ in SUBBYTE_SWEEPS]
     shape_dims = {d for *_, d in SHAPES}
-    head_dims = [int(x) for x in args.head_dims.split(",") if x]
-    if not head_dims or any(d not in shape_dims for d in head_dims):
+    head_dims = [x.strip() for x in args.head_dims.split(",") if x.strip()]
+    if not head_dims or any(not d.isdigit() or int(d) not in shape_dims for d in head_dims):
         ap.error(f"--head-dims {args.head_dims!r}: comma-separated values from {sorted(shape_dims)}")
-    shapes = [s for s in SHAPES if s[2] in head_dims]
+    shapes = [s for s in SHAPES if str(s[2]) in head_dims]
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ its bandwidth), and the --back-to-back argument check."""
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from benchmarks import bench_hopper_decode as bh
 
@@ -97,9 +98,15 @@ def test_subbyte_sweeps_are_hopper_decode_options():
     assert bh._auto_list("auto,keys,") == [None, "keys"]
 
 
-@pytest.mark.parametrize("value", ["64", "128,96", ""])
+@pytest.mark.parametrize("value", ["64", "128,96", "", "d128"])
 def test_head_dims_must_be_the_shapes_own(capsys, value):
     with pytest.raises(SystemExit):
         bh.main(["--head-dims", value])
     err = capsys.readouterr().err
     assert "--head-dims" in err and "[128, 256]" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU this would run the benchmark")
+def test_head_dims_accepts_the_shapes_own(capsys):
+    assert bh.main(["--head-dims", " 256,128"]) == 2  # accepted: stops only at the missing GPU
+    assert "needs a CUDA GPU" in capsys.readouterr().err
