@@ -366,8 +366,9 @@ def main(argv=None) -> int:
                     " (evict-first), pf64 / pf128 / pf256 (cp.async prefetch size), or joined by +")  # fmt: skip
     ap.add_argument("--no-peers", action="store_true", help="time the Hopper kernel only (no SDPA, no FlashInfer)")
     ap.add_argument("--size-matched-stream", action="store_true",
-                    help="after each format's rows, a 'sum' row: torch.sum over int64 reading the same bytes,"
-                    " timed the same way, and the rows' time over it (x read)")  # fmt: skip
+                    help="after each format's rows, a 'sum' row (torch.sum over int64 reading the same bytes) and"
+                    " a 'read' row (the fastest configuration of benchmarks.read_roofline's bare read of them),"
+                    " timed the same way, and the rows' speed as a fraction of each")  # fmt: skip
     ap.add_argument("--l2-resident", action="store_true",
                     help="every sequence reads the same pages (one sequence's KV, which stays in L2 at --seqlen"
                     " 8192): the rows time the kernel's own work per byte covered, not DRAM; %%stream may pass"
@@ -407,6 +408,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
+    from benchmarks.read_roofline import best_bare_read_ms, config_label
     from mjolnir_kernel.config import ConfigError
     from mjolnir_kernel.hopper.config import KV_FORMATS, SCALED_KV_FORMATS
 
@@ -434,6 +436,8 @@ def main(argv=None) -> int:
     head = f"{'shape':<22} {'format':<6} {'Q':<7} {'us':>9} {'TB/s':>6} {'%stream':>8} {'x sdpa':>7}"
     print(head)
     sdpa_cache = {}
+    read_kernels = {}  # the bare-read kernels of --size-matched-stream, compiled once
+    this = sys.modules[__name__]  # timed with this module's BACK_TO_BACK, also when run as __main__
     rows = []
     fi_note = None
     for h_q, h_k, d in shapes:
@@ -501,6 +505,12 @@ def main(argv=None) -> int:
                           f"  torch.sum over the same {nbytes / 1e6:.0f} MB")  # fmt: skip
                     ratios = ", ".join(f"{label} {ms_r / ms:.0%}" for label, ms, _ in fmt_rows)
                     print(f"#   {fmt} rows at this size, as a fraction of that read's speed: {ratios}")
+                    ms_b, config = best_bare_read_ms(nbytes, args.iters, compiled=read_kernels, timing=this)
+                    tb_b = x_bytes_tb(nbytes, ms_b)
+                    print(f"{shape:<22} {'bytes':<6} {'read':<7} {ms_b * 1e3:>9.1f} {tb_b:>6.2f} {tb_b / stream:>8.1%}"
+                          f"  fastest bare read of the same bytes ({config_label(config)})")  # fmt: skip
+                    ratios = ", ".join(f"{label} {ms_b / ms:.0%}" for label, ms, _ in fmt_rows)
+                    print(f"#   {fmt} rows at this size, as a fraction of the fastest bare read: {ratios}")
             if args.no_peers:
                 continue
             ms_sdpa, b16, ms_widen, b8 = sdpa_cache[(b, args.seqlen, h_q, h_k, d)]

@@ -194,6 +194,15 @@ def ld_global_v2_b32(gmem_addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
+def ld_global_v4_b32(gmem_addr, *, loc=None, ip=None):
+    """A 16-byte read-only global load (16-byte aligned) that does not allocate in L1: a stream read."""
+    res = _asm(_struct(4, T.i32()), [Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
+               "ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+               side_effects=True)  # fmt: skip
+    return _unpack(res, 4, T.i32(), Int32)
+
+
+@dsl_user_op
 def st_shared_b32(smem_addr, value, *, loc=None, ip=None):
     _asm(None, [_i32(smem_addr, loc, ip), _i32(value, loc, ip)], "st.shared.b32 [$0], $1;", "r,r", side_effects=True)
 
