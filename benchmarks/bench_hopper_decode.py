@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import statistics
 import sys
 
@@ -127,6 +128,31 @@ def launch_floor_us(iters: int = 20) -> float:
 
 def x_bytes_tb(nbytes: float, ms: float) -> float:
     return nbytes / (ms * 1e-3) / 1e12
+
+
+# --csv: one line per printed row. kind: mjolnir (the Hopper kernel), flashinfer, sdpa (dense bf16), widen
+# (e4m3 widened, then SDPA), sum (torch.sum over the same bytes), read (the fastest bare read of them,
+# benchmarks.read_roofline; its configuration in read_config). label: the printed shape column (sweep tags).
+CSV_FIELDS = ("kind", "batch", "heads_q", "heads_k", "head_dim", "label", "format", "q", "us", "bytes", "tbps",
+              "stream_tbps", "pct_stream", "read_config")  # fmt: skip
+
+
+def _row(kind, b, h_q, h_k, d, label, fmt, q, ms, nbytes, stream, read_config="") -> dict:
+    tb = x_bytes_tb(nbytes, ms)
+    return {"kind": kind, "batch": b, "heads_q": h_q, "heads_k": h_k, "head_dim": d, "label": label,
+            "format": fmt, "q": q, "us": round(ms * 1e3, 2), "bytes": int(nbytes), "tbps": round(tb, 4),
+            "stream_tbps": round(stream, 4), "pct_stream": round(100 * tb / stream, 2),
+            "read_config": read_config}  # fmt: skip
+
+
+def write_csv(path: str, rows: list) -> None:
+    """``rows`` (``_row`` dicts) to ``path`` with the header ``CSV_FIELDS``."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def random_codes(shape, fmt: str, gen: torch.Generator) -> torch.Tensor:
@@ -376,12 +402,19 @@ def main(argv=None) -> int:
     ap.add_argument("--back-to-back", type=int, default=1, metavar="N",
                     help="calls per timed replay (1: single calls; N > 1: the steady state of N calls in a row,"
                     " cycling through input copies where one would fit in L2)")  # fmt: skip
+    ap.add_argument(
+        "--csv",
+        metavar="PATH",
+        help="also write every row to PATH as CSV (CSV_FIELDS; benchmarks.plot_bandwidth draws it)",
+    )
     ap.add_argument("--queued", action="store_true",
                     help="queue the timed replays without a host sync between them (the GPU does not idle"
                     " between replays; each is still timed by its own pair of events)")  # fmt: skip
     args = ap.parse_args(argv)
     if args.back_to_back < 1:
         ap.error(f"--back-to-back: expected a positive number of calls, got {args.back_to_back}")
+    if args.csv and not os.path.isdir(os.path.dirname(os.path.abspath(args.csv))):
+        ap.error(f"--csv {args.csv!r}: no such directory to write it in")
     if args.l2_resident and args.size_matched_stream:
         ap.error("--l2-resident: the size-matched read reads DRAM; pass one of --l2-resident, --size-matched-stream")
     if args.l2_resident:
@@ -484,7 +517,7 @@ def main(argv=None) -> int:
                             f"{shape:<22} {fmt:<6} {q_label:<7} {ms * 1e3:>9.1f} {tb:>6.2f} {tb / stream:>8.1%}"
                             f" {ms_sdpa / ms:>6.2f}x"
                         )
-                        rows.append((shape, fmt, q_label, ms, tb))
+                        rows.append(_row("mjolnir", b, h_q, h_k, d, shape, fmt, q_label, ms, nbytes, stream))
                         label = f"{shape.removeprefix(f'b{b} {h_q}/{h_k} d{d}')} {q_label}".strip()
                         fmt_rows.append((label, ms, nbytes))
                         if isinstance(fi, str):
@@ -496,6 +529,7 @@ def main(argv=None) -> int:
                                 f"{shape:<22} {fmt:<6} {'fi':<7} {fi_ms * 1e3:>9.1f} {tb_f:>6.2f} {tb_f / stream:>8.1%}"
                                 f" {ms_sdpa / fi_ms:>6.2f}x  FlashInfer ({path}); mjolnir {fi_ms / ms:.2f}x faster"
                             )
+                            rows.append(_row("flashinfer", b, h_q, h_k, d, shape, fmt, "fi", fi_ms, nbytes, stream))
                 if args.size_matched_stream and fmt_rows:
                     nbytes = fmt_rows[0][2]
                     ms_r = size_matched_read_ms(nbytes, args.iters)
@@ -505,22 +539,30 @@ def main(argv=None) -> int:
                           f"  torch.sum over the same {nbytes / 1e6:.0f} MB")  # fmt: skip
                     ratios = ", ".join(f"{label} {ms_r / ms:.0%}" for label, ms, _ in fmt_rows)
                     print(f"#   {fmt} rows at this size, as a fraction of that read's speed: {ratios}")
+                    rows.append(_row("sum", b, h_q, h_k, d, shape, fmt, "sum", ms_r, nbytes, stream))
                     ms_b, config = best_bare_read_ms(nbytes, args.iters, compiled=read_kernels, timing=this)
                     tb_b = x_bytes_tb(nbytes, ms_b)
                     print(f"{shape:<22} {'bytes':<6} {'read':<7} {ms_b * 1e3:>9.1f} {tb_b:>6.2f} {tb_b / stream:>8.1%}"
                           f"  fastest bare read of the same bytes ({config_label(config)})")  # fmt: skip
                     ratios = ", ".join(f"{label} {ms_b / ms:.0%}" for label, ms, _ in fmt_rows)
                     print(f"#   {fmt} rows at this size, as a fraction of the fastest bare read: {ratios}")
+                    rows.append(_row("read", b, h_q, h_k, d, shape, fmt, "read", ms_b, nbytes, stream,
+                                     config_label(config)))  # fmt: skip
             if args.no_peers:
                 continue
             ms_sdpa, b16, ms_widen, b8 = sdpa_cache[(b, args.seqlen, h_q, h_k, d)]
             shape = f"b{b} {h_q}/{h_k} d{d}"
             tb_s = x_bytes_tb(b16, ms_sdpa)
             print(f"{shape:<22} {'bf16':<6} {'sdpa':<7} {ms_sdpa * 1e3:>9.1f} {tb_s:>6.2f} {tb_s / stream:>8.1%}")
+            rows.append(_row("sdpa", b, h_q, h_k, d, shape, "bf16", "bf16", ms_sdpa, b16, stream))
             tb_w = x_bytes_tb(b8, ms_widen)
             print(f"{shape:<22} {'e4m3':<6} {'widen':<7} {ms_widen * 1e3:>9.1f} {tb_w:>6.2f} {tb_w / stream:>8.1%}")
+            rows.append(_row("widen", b, h_q, h_k, d, shape, "e4m3", "bf16", ms_widen, b8, stream))
     if fi_note is not None:
         print(fi_note)
+    if args.csv:
+        write_csv(args.csv, rows)
+        print(f"# {len(rows)} rows written to {args.csv}")
     return 0
 
 

@@ -1,0 +1,67 @@
+"""``bench_hopper_decode --csv`` rows and ``benchmarks.plot_bandwidth`` on them, without a GPU: the bars are
+the default-configuration e4m3-Q rows, each with the fastest bare read of its own bytes, and the figure is
+written; bad input is named."""
+
+import csv
+
+import pytest
+
+from benchmarks import bench_hopper_decode as bh
+from benchmarks import plot_bandwidth as pb
+
+STREAM = 4.5
+
+
+def _rows():
+    rows = []
+    for b in (1, 8):
+        shape = f"b{b} 32/8 d128"
+        cases = (("e4m3", 67e6 * b, 23.4 * b, 16.5 * b), ("e2m1", 33.5e6 * b, 23.2 * b, 9.3 * b))
+        for fmt, nbytes, us, read_us in cases:
+            rows.append(bh._row("mjolnir", b, 32, 8, 128, shape, fmt, "e4m3", us / 1e3, nbytes, STREAM))
+            rows.append(bh._row("sum", b, 32, 8, 128, shape, fmt, "sum", 2 * read_us / 1e3, nbytes, STREAM))
+            rows.append(bh._row("read", b, 32, 8, 128, shape, fmt, "read", read_us / 1e3, nbytes, STREAM, "x"))
+        # not bars: bf16 Q, a sweep-tagged row, a peer
+        rows.append(bh._row("mjolnir", b, 32, 8, 128, shape, "e4m3", "bf16", 1e-3, 67e6, STREAM))
+        rows.append(bh._row("mjolnir", b, 32, 8, 128, shape + " r3", "e4m3", "e4m3", 1e-3, 67e6, STREAM))
+        rows.append(bh._row("sdpa", b, 32, 8, 128, shape, "bf16", "bf16", 1e-3, 134e6, STREAM))
+    return rows
+
+
+def test_csv_round_trip_and_bars_pick_the_default_rows(tmp_path):
+    path = tmp_path / "h.csv"
+    bh.write_csv(str(path), _rows())
+    with open(path, newline="") as f:
+        header = next(csv.reader(f))
+    assert tuple(header) == bh.CSV_FIELDS
+    data = pb.bars(pb.read_rows(str(path)))
+    assert list(data) == [(32, 8, 128)] and list(data[(32, 8, 128)]) == [1, 8]
+    pct, read = data[(32, 8, 128)][1]["e4m3"]
+    assert pct == pytest.approx(100 * 67e6 / 23.4e-6 / 1e12 / STREAM, abs=0.01)
+    assert read == pytest.approx(100 * 67e6 / 16.5e-6 / 1e12 / STREAM, abs=0.01)
+    assert set(data[(32, 8, 128)][8]) == {"e4m3", "e2m1"}
+
+
+def test_plot_writes_a_figure(tmp_path):
+    path = tmp_path / "h.csv"
+    bh.write_csv(str(path), _rows())
+    assert pb.main([str(path), "--title", "test"]) == 0
+    png = tmp_path / "h.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_bad_input_is_named(tmp_path, capsys):
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    assert pb.main([str(other)]) == 2
+    assert "not bench_hopper_decode --csv output" in capsys.readouterr().err
+    peers_only = tmp_path / "peers.csv"
+    bh.write_csv(str(peers_only), [r for r in _rows() if r["kind"] == "sdpa"])
+    assert pb.main([str(peers_only)]) == 2
+    assert "no default-configuration Hopper rows" in capsys.readouterr().err
+
+
+def test_csv_directory_is_checked_before_any_gpu_work(capsys):
+    with pytest.raises(SystemExit):
+        bh.main(["--csv", "/no/such/dir/h.csv"])
+    assert "--csv '/no/such/dir/h.csv': no such directory" in capsys.readouterr().err
