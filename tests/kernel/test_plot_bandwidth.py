@@ -65,3 +65,31 @@ def test_csv_directory_is_checked_before_any_gpu_work(capsys):
     with pytest.raises(SystemExit):
         bh.main(["--csv", "/no/such/dir/h.csv"])
     assert "--csv '/no/such/dir/h.csv': no such directory" in capsys.readouterr().err
+
+
+def test_fixed_cost_fit_recovers_a_line_and_needs_two_sizes(tmp_path, capsys):
+    """``benchmarks.fixed_cost``: rows at several sizes on an exact line (8 us + bytes / 4.5 TB/s for the
+    kernel, 2 us + bytes / 4.7 TB/s for the read) give back the line; one size is refused by name."""
+    from benchmarks import fixed_cost as fc
+
+    paths = []
+    for i, mb in enumerate((17, 34, 67, 134)):
+        nbytes = mb * 1e6
+        rows = [
+            bh._row("mjolnir", 1, 32, 8, 128, "b1 32/8 d128", "e4m3", "e4m3", (8 + nbytes / 4.5e6) / 1e3, nbytes, 4.5),
+            bh._row("read", 1, 32, 8, 128, "b1 32/8 d128", "e4m3", "read", (2 + nbytes / 4.7e6) / 1e3, nbytes, 4.5),
+        ]
+        paths.append(str(tmp_path / f"L{i}.csv"))
+        bh.write_csv(paths[-1], rows)
+    result = fc.fits([r for p in paths for r in pb.read_rows(p)])
+    kernel, read = result
+    assert kernel["kind"] == "mjolnir" and kernel["sizes"] == 4
+    assert kernel["fixed_us"] == pytest.approx(8, abs=0.02) and kernel["marginal_tbps"] == pytest.approx(4.5, rel=1e-3)
+    assert read["fixed_us"] == pytest.approx(2, abs=0.02) and read["marginal_tbps"] == pytest.approx(4.7, rel=1e-3)
+    assert fc.main(paths) == 0
+    out = capsys.readouterr().out
+    assert "96%" in out  # 4.5 / 4.7
+    with pytest.raises(ValueError, match="at least two distinct byte counts"):
+        fc.fit([(1.0, 2.0), (1.0, 3.0)])
+    assert fc.main(paths[:1]) == 2
+    assert "no row seen at two or more sizes" in capsys.readouterr().err
