@@ -28,6 +28,9 @@ four times over, the calls cycle through enough distinct copies that the KV is r
     python -m benchmarks.bench_hopper_decode --back-to-back 20   # steady state: 20 calls per replay
     python -m benchmarks.bench_hopper_decode --head-dims 256 --formats e2m1   # the d = 256 shape (24/4), e2m1 only
     python -m benchmarks.bench_hopper_decode --l2-resident --seqlen 8192   # the kernel's own pace, KV in L2
+    python -m benchmarks.bench_hopper_decode --back-to-back 20 --size-matched-stream --csv h.csv
+        # + torch.sum and the fastest bare read of each row's bytes; every row to h.csv, which
+        # benchmarks.plot_bandwidth draws and benchmarks.fixed_cost fits (several --seqlen runs)
 """
 
 from __future__ import annotations
