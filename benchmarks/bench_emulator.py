@@ -21,7 +21,8 @@ import torch
 
 from benchmarks.seed import SEED_PATH, load_seed
 from mjolnir_numerics.cache import PagedKVCache
-from mjolnir_numerics.emulator import emulate_decode, kernel_plan
+from mjolnir_numerics.emulator import emulate_decode
+from mjolnir_numerics.plan import default_plan
 from mjolnir_numerics.formats import E4M3
 from mjolnir_numerics.scales import pack_q, quantize_q
 
@@ -137,7 +138,7 @@ def bench_case(name, num_seqs, seq_len, q_path, device, seed_fn, heads_q=24, hea
         (o, lse), ours = timed(lambda: emulate_decode(q, cache, **kwargs), device, cpu)
     row = {"case": name, "ours_s": ours, "ours_cpu_s": cpu[-1], "peak_ratio": mem.extra / kv_fp32_bytes}
     if seed_fn is not None:
-        plan = kernel_plan(cache.seq_lens.cpu(), heads_k, heads_q // heads_k)
+        plan = default_plan(cache.seq_lens.cpu(), heads_k, heads_q // heads_k, target="thor", head_dim=d)
         plan_chunk = plan.chunk_tiles
         pages = torch.arange(cache.num_pages, device=device)
         (kp, vp), decode_s = timed(

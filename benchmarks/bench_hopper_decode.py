@@ -3,7 +3,7 @@
 Decode is memory-bound, so every contender is reported as bytes of KV read per second and as a
 fraction of a read-only stream measured in the same run (``torch.sum`` over an int64 tensor):
 
-* ``mjolnir``   the Hopper kernel (``mjolnir_kernel.prepare_decode(...).launch()``), paged, shuffled
+* ``mjolnir``   the Hopper kernel (``mjolnir_kernel.prepare(...).launch()``, default arguments), paged, shuffled
                 pages; bytes = K + V as stored (plus NVFP4 block scales);
 * ``sdpa``      ``torch.nn.functional.scaled_dot_product_attention`` on dense bf16 K/V (twice the bytes
                 of e4m3), GQA through ``enable_gqa``; bytes = bf16 K + V;
@@ -30,13 +30,12 @@ four times over, the calls cycle through enough distinct copies that the KV is r
     python -m benchmarks.bench_hopper_decode --l2-resident --seqlen 8192   # the kernel's own pace, KV in L2
     python -m benchmarks.bench_hopper_decode --back-to-back 20 --size-matched-stream --csv h.csv
         # + torch.sum and the fastest bare read of each row's bytes; every row to h.csv, which
-        # benchmarks.plot_bandwidth draws and benchmarks.fixed_cost fits (several --seqlen runs)
+        # benchmarks.plot_bandwidth draws and benchmarks.probes.fixed_cost fits (several --seqlen runs)
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import os
 import statistics
@@ -135,7 +134,7 @@ def x_bytes_tb(nbytes: float, ms: float) -> float:
 
 # --csv: one line per printed row. kind: mjolnir (the Hopper kernel), flashinfer, sdpa (dense bf16), widen
 # (e4m3 widened, then SDPA), sum (torch.sum over the same bytes), read (the fastest bare read of them,
-# benchmarks.read_roofline; its configuration in read_config). label: the printed shape column (sweep tags).
+# benchmarks.probes.read_roofline; its configuration in read_config). label: the printed shape column (sweep tags).
 CSV_FIELDS = ("kind", "batch", "heads_q", "heads_k", "head_dim", "label", "format", "q", "us", "bytes", "tbps",
               "stream_tbps", "pct_stream", "read_config")  # fmt: skip
 
@@ -246,41 +245,15 @@ def bench_flashinfer(q, pools, block_table, L, h_q, h_k, d, page_size, o_ref, it
     return best if best is not None else "not run (both paths failed)"
 
 
-# Sweeps of the sub-byte mma.sync rows, each a HopperConfig field: (argument, prefix of its value in the row
-# label, what it compares, its values besides auto)
-SUBBYTE_SWEEPS = (
-    ("k_operand", "k", "K paths of the sub-byte mma.sync rows", "tile, registers"),
-    ("v_convert", "v", "V conversion points of the rows with K in registers", "early, late"),
-    ("schedule", "", "tile-loop schedules of the rows with K in registers", "serial, overlap"),
-    ("mma_layout", "m", "MMA layouts of the rows with K in registers", "rows, keys"),
-)
+def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, layout="nhd", pdl=False,
+                peers=True, l2_resident=False):  # fmt: skip
+    """Time the Hopper kernel (``mjolnir_kernel.prepare`` with default arguments, ``pdl`` the only option)
+    on paged pools of this shape, and its peers: (ms, KV bytes, the SDPA timings, FlashInfer's result)."""
+    from dataclasses import replace
 
-
-def _auto_list(text):
-    """A comma-separated option's values, "auto" as None (the HopperConfig default)."""
-    return [None if x == "auto" else x for x in text.split(",") if x]
-
-
-def _hint(text):
-    """``--l2-hints`` item -> (prefetch bytes or None, evict_first or None, label). "default" leaves both to
-    HopperConfig; otherwise the item lists every hint that is on (none: no policy, no prefetch size)."""
-    if text == "default":
-        return None, None, text
-    prefetch, evict = 0, False
-    for part in text.split("+"):
-        if part.startswith("pf") and part[2:].isdigit():
-            prefetch = int(part[2:])
-        elif part == "ef":
-            evict = True
-        elif part != "none":
-            raise SystemExit(f"--l2-hints: {part!r} is not default, none, ef, pf64, pf128 or pf256")
-    return prefetch, evict, text
-
-
-def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, stages=0, layout="nhd", pdl=False,
-                peers=True, mma=None, q_rows=None, ctas=None, loads=None, hint=(None, None), merge=None,
-                v_operand=None, kv_convert=None, l2_resident=False, sub_options=None):  # fmt: skip
-    from mjolnir_kernel.api import prepare_decode
+    from mjolnir_kernel import prepare
+    from mjolnir_numerics.cache import PagedKVCache
+    from mjolnir_numerics.formats import get_format
     from mjolnir_numerics.scales import quantize_q
 
     k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(
@@ -300,11 +273,13 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     preps = []
     with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
         for kp, vp, sc in pools:
-            preps.append(prepare_decode(
-                q, kp, vp, bt, lens, kd, vd, kv_format=fmt, q_descale=q_descale, ring_depth=stages, pdl=pdl,
-                mma=mma, q_rows=q_rows, ctas_per_sm=ctas, loads=loads, prefetch=hint[0], evict_first=hint[1],
-                merge=merge, v_operand=v_operand, kv_convert=kv_convert, **(sub_options or {}), **sc,
-            ))  # fmt: skip
+            cache = PagedKVCache(
+                get_format(fmt), page_size, layout, d, kp, vp, sc.get("k_scales"), sc.get("v_scales"), bt, lens, kd, vd
+            )
+            prep = prepare(q, cache, q_descale=q_descale)
+            if pdl:
+                prep = prepare(q, cache, q_descale=q_descale, config=replace(prep.config, pdl=True))
+            preps.append(prep)
     ms = _time_ms([p.launch for p in preps], iters, stream=stream)
     fi = None
     if peers and fmt == "e4m3" and q_dtype == "bf16" and layout == "nhd":
@@ -368,35 +343,12 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", type=int, default=64)
     ap.add_argument("--layout", default="nhd", choices=("nhd", "hnd"), help="KV pool storage order")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--stages", default="0", help="comma-separated KV ring depths to compare (0 = default)")
     ap.add_argument("--eager", action="store_true", help="time Python launches instead of CUDA-graph replays")
-    ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch of the reduction grid")
-    ap.add_argument("--mma", default="sync",
-                    help="comma-separated Hopper MMA kinds for the e4m3-Q rows: sync, wgmma")  # fmt: skip
-    ap.add_argument("--q-rows", default="auto",
-                    help="comma-separated softmax rows per CTA to compare: auto (8 when n_q <= 8), 8, 16")  # fmt: skip
-    ap.add_argument("--ctas", default="auto", help="comma-separated CTAs per SM to compare: auto, 1, 2, 3")
-    ap.add_argument(
-        "--loads", default="auto", help="comma-separated KV load paths (e4m3 KV) to compare: auto, cp_async, bulk, tma"
-    )
-    ap.add_argument("--merge", default="auto",
-                    help="comma-separated split merges to compare: auto (HopperConfig's), fused, kernel")  # fmt: skip
-    ap.add_argument("--v-operand", default="auto",
-                    help="comma-separated V^T operands of the wgmma rows to compare: auto (HopperConfig's),"
-                    " registers, smem, f16")  # fmt: skip
-    ap.add_argument("--kv-convert", default="auto",
-                    help="comma-separated conversions of the e2m1 / e3m2 / e2m3 rows to compare: auto"
-                    " (HopperConfig's), exact, scaled")  # fmt: skip
-    for name, _, what, choices in SUBBYTE_SWEEPS:
-        ap.add_argument("--" + name.replace("_", "-"), default="auto",
-                        help=f"comma-separated {what} to compare: auto (HopperConfig's), {choices}")  # fmt: skip
-    ap.add_argument("--l2-hints", default="default",
-                    help="comma-separated L2 hints of the KV loads to compare: default (HopperConfig's), none, ef"
-                    " (evict-first), pf64 / pf128 / pf256 (cp.async prefetch size), or joined by +")  # fmt: skip
+    ap.add_argument("--pdl", action="store_true", help="programmatic dependent launch of both grids (HopperConfig.pdl)")
     ap.add_argument("--no-peers", action="store_true", help="time the Hopper kernel only (no SDPA, no FlashInfer)")
     ap.add_argument("--size-matched-stream", action="store_true",
                     help="after each format's rows, a 'sum' row (torch.sum over int64 reading the same bytes) and"
-                    " a 'read' row (the fastest configuration of benchmarks.read_roofline's bare read of them),"
+                    " a 'read' row (the fastest configuration of benchmarks.probes.read_roofline's bare read of them),"
                     " timed the same way, and the rows' speed as a fraction of each")  # fmt: skip
     ap.add_argument("--l2-resident", action="store_true",
                     help="every sequence reads the same pages (one sequence's KV, which stays in L2 at --seqlen"
@@ -426,16 +378,6 @@ def main(argv=None) -> int:
     GRAPHS = not args.eager
     BACK_TO_BACK = args.back_to_back
     QUEUED = args.queued
-    stage_list = [int(x) for x in args.stages.split(",")]
-    mma_list = [m for m in args.mma.split(",") if m]
-    rows_list = [None if r == "auto" else int(r) for r in args.q_rows.split(",") if r]
-    ctas_list = [None if c == "auto" else int(c) for c in args.ctas.split(",") if c]
-    loads_list = _auto_list(args.loads)
-    hint_list = [_hint(h) for h in args.l2_hints.split(",") if h]
-    merge_list = _auto_list(args.merge)
-    vo_list = _auto_list(args.v_operand)
-    kc_list = _auto_list(args.kv_convert)
-    sub_lists = [_auto_list(getattr(args, name)) for name, *_ in SUBBYTE_SWEEPS]
     shape_dims = {d for *_, d in SHAPES}
     head_dims = [x.strip() for x in args.head_dims.split(",") if x.strip()]
     if not head_dims or any(not d.isdigit() or int(d) not in shape_dims for d in head_dims):
@@ -444,9 +386,9 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
-    from benchmarks.read_roofline import best_bare_read_ms, config_label
+    from benchmarks.probes.read_roofline import best_bare_read_ms, config_label
     from mjolnir_kernel.config import ConfigError
-    from mjolnir_kernel.hopper.config import KV_FORMATS, SCALED_KV_FORMATS
+    from mjolnir_numerics.capability import KV_FORMATS
 
     batches = [1, 32] if args.quick else [int(x) for x in args.batches.split(",")]
     formats = ["e4m3"] if args.quick else [f for f in args.formats.split(",") if f]
@@ -480,60 +422,35 @@ def main(argv=None) -> int:
     for h_q, h_k, d in shapes:
         for b in batches:
             for fmt in formats:
-                variants = [("e4m3", m, vo) for m in mma_list for vo in (vo_list if m == "wgmma" else [None])]
-                if fmt == "e4m3":
-                    variants.insert(0, ("bf16", "sync", None))
+                variants = ["bf16", "e4m3"] if fmt == "e4m3" else ["e4m3"]
                 fmt_rows = []  # (label, ms, bytes) of this format's rows, for the size-matched read
-                for q_dtype, mma, v_operand in variants:
-                    q_label = q_dtype + ("/wg" if mma == "wgmma" else "")
-                    scaled = fmt in SCALED_KV_FORMATS and mma == "sync"
-                    sub_axes = [lst if fmt != "e4m3" and mma == "sync" else [None] for lst in sub_lists]
-                    combos = [(s, r, c, ld, h, mg, kc, sub)
-                              for s in stage_list for r in rows_list for c in ctas_list
-                              for ld in loads_list for h in hint_list for mg in merge_list
-                              for kc in (kc_list if scaled else [None])
-                              for sub in itertools.product(*sub_axes)]  # fmt: skip
-                    for stages, q_rows, ctas, loads, hint, merge, kv_convert, sub in combos:
-                        if loads in ("bulk", "tma") and (fmt != "e4m3" or mma != "sync" or hint[0]):
-                            continue  # bulk and TMA read e4m3 KV with mma.sync only, without prefetch hints
-                        shape = f"b{b} {h_q}/{h_k} d{d}" + (f" r{stages}" if len(stage_list) > 1 else "")
-                        shape += f" q{q_rows or 'auto'}" if len(rows_list) > 1 else ""
-                        shape += f" c{ctas or 'auto'}" if len(ctas_list) > 1 else ""
-                        shape += f" {loads or 'cp_async'}" if len(loads_list) > 1 else ""
-                        shape += f" {hint[2]}" if len(hint_list) > 1 else ""
-                        shape += f" {merge or 'auto'}" if len(merge_list) > 1 else ""
-                        shape += f" v{v_operand or 'auto'}" if mma == "wgmma" and len(vo_list) > 1 else ""
-                        shape += f" {kv_convert or 'auto'}" if scaled and len(kc_list) > 1 else ""
-                        for (_, prefix, _, _), lst, value in zip(SUBBYTE_SWEEPS, sub_lists, sub):
-                            shape += f" {prefix}{value}" if value is not None and len(lst) > 1 else ""
-                        try:
-                            ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
-                                b, args.seqlen, h_q, h_k, d, fmt, q_dtype, args.page_size, args.iters, gen,
-                                sdpa_cache, stages, args.layout, args.pdl, not args.no_peers, mma, q_rows, ctas, loads,
-                                hint[:2], merge, v_operand, kv_convert, args.l2_resident,
-                                {name: value for (name, *_), value in zip(SUBBYTE_SWEEPS, sub)},
-                            )  # fmt: skip
-                        except ConfigError as e:
-                            print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")
-                            continue
-                        tb = x_bytes_tb(nbytes, ms)
+                shape = f"b{b} {h_q}/{h_k} d{d}"
+                for q_label in variants:
+                    try:
+                        ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
+                            b, args.seqlen, h_q, h_k, d, fmt, q_label, args.page_size, args.iters, gen,
+                            sdpa_cache, args.layout, args.pdl, not args.no_peers, args.l2_resident,
+                        )  # fmt: skip
+                    except ConfigError as e:
+                        print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")
+                        continue
+                    tb = x_bytes_tb(nbytes, ms)
+                    print(
+                        f"{shape:<22} {fmt:<6} {q_label:<7} {ms * 1e3:>9.1f} {tb:>6.2f} {tb / stream:>8.1%}"
+                        f" {ms_sdpa / ms:>6.2f}x"
+                    )
+                    rows.append(_row("mjolnir", b, h_q, h_k, d, shape, fmt, q_label, ms, nbytes, stream))
+                    fmt_rows.append((q_label, ms, nbytes))
+                    if isinstance(fi, str):
+                        fi_note = f"# FlashInfer: {fi}"
+                    elif fi is not None:
+                        fi_ms, path, _ = fi
+                        tb_f = x_bytes_tb(nbytes, fi_ms)
                         print(
-                            f"{shape:<22} {fmt:<6} {q_label:<7} {ms * 1e3:>9.1f} {tb:>6.2f} {tb / stream:>8.1%}"
-                            f" {ms_sdpa / ms:>6.2f}x"
+                            f"{shape:<22} {fmt:<6} {'fi':<7} {fi_ms * 1e3:>9.1f} {tb_f:>6.2f} {tb_f / stream:>8.1%}"
+                            f" {ms_sdpa / fi_ms:>6.2f}x  FlashInfer ({path}); mjolnir {fi_ms / ms:.2f}x faster"
                         )
-                        rows.append(_row("mjolnir", b, h_q, h_k, d, shape, fmt, q_label, ms, nbytes, stream))
-                        label = f"{shape.removeprefix(f'b{b} {h_q}/{h_k} d{d}')} {q_label}".strip()
-                        fmt_rows.append((label, ms, nbytes))
-                        if isinstance(fi, str):
-                            fi_note = f"# FlashInfer: {fi}"
-                        elif fi is not None:
-                            fi_ms, path, _ = fi
-                            tb_f = x_bytes_tb(nbytes, fi_ms)
-                            print(
-                                f"{shape:<22} {fmt:<6} {'fi':<7} {fi_ms * 1e3:>9.1f} {tb_f:>6.2f} {tb_f / stream:>8.1%}"
-                                f" {ms_sdpa / fi_ms:>6.2f}x  FlashInfer ({path}); mjolnir {fi_ms / ms:.2f}x faster"
-                            )
-                            rows.append(_row("flashinfer", b, h_q, h_k, d, shape, fmt, "fi", fi_ms, nbytes, stream))
+                        rows.append(_row("flashinfer", b, h_q, h_k, d, shape, fmt, "fi", fi_ms, nbytes, stream))
                 if args.size_matched_stream and fmt_rows:
                     nbytes = fmt_rows[0][2]
                     ms_r = size_matched_read_ms(nbytes, args.iters)

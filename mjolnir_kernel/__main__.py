@@ -29,6 +29,17 @@ def _arch_arg(value: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _count_arg(value: str) -> int:
+    """argparse type of counts: an int >= 0 (argparse names the flag in its error)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an int >= 0, got {n}")
+    return n
+
+
 def _compile_cmd(args) -> int:
     os.environ.setdefault("CUTE_DSL_ARCH", args.arch)  # the DSL's fallback; compile_decode passes --gpu-arch
     from .compile import (
@@ -51,6 +62,9 @@ def _compile_cmd(args) -> int:
         configs = [c for c in configs if all(f in c.short_name() for f in args.filter)]
     if args.limit:
         configs = configs[: args.limit]
+    if not configs:
+        print(f"compile: no {args.slice} {args.arch} config matches --filter {args.filter}", file=sys.stderr)
+        return 2
     baseline_path = args.baseline or SPILL_BASELINE_PATH
     baseline = load_spill_baseline(baseline_path)
     print(f"# {len(configs)} configs for {args.arch}, nvidia-cutlass-dsl {cutlass_version()}, baseline {baseline_path}")
@@ -108,25 +122,24 @@ def _compile_cmd(args) -> int:
 
 
 def _bench_cmd(args) -> int:
+    from mjolnir_numerics.targets import target_of_arch
+
     from .arch import tcgen05_device_reason
-    from .bench import HOPPER_BENCH_OPTIONS, bench_config, run_bench
+    from .bench import bench_config, run_bench
+    from .config import ConfigError
 
     if args.compile_only or args.sass:
         os.environ.setdefault("CUTE_DSL_ARCH", args.arch)
-        from .compile import HOPPER_ARCH, compile_decode, cutlass_available
+        from .compile import compile_decode, cutlass_available
 
         reason = cutlass_available()
         if reason:
             print(f"bench: {reason}", file=sys.stderr)
             return 2
-        if args.arch != HOPPER_ARCH:
-            given = ["--" + name.replace("_", "-") for name in HOPPER_BENCH_OPTIONS if getattr(args, name) is not None]
-            if given:
-                print(f"bench: {', '.join(given)}: Hopper-kernel options (--arch sm_90a); the {args.arch} kernel"
-                      " has none", file=sys.stderr)  # fmt: skip
-                return 2
-        cfg = _hopper_bench_config(args) if args.arch == HOPPER_ARCH else bench_config(args)
-        if cfg is None:
+        try:
+            cfg = bench_config(args, target_of_arch(args.arch))
+        except (ConfigError, ValueError) as e:
+            print(f"bench: {e}", file=sys.stderr)
             return 2
         r = compile_decode(cfg, args.arch, smem_per_sm=args.smem_per_sm)
         for kind, res in sorted(r.resources.items()):
@@ -155,41 +168,14 @@ def _bench_cmd(args) -> int:
             file=sys.stderr,
         )
         return 2
-    return run_bench(args)
-
-
-def _hopper_bench_config(args):
-    """The HopperConfig ``decode()`` would compile for the bench arguments on a Hopper GPU (``--ring-depth``
-    is its ring stages, ``--pdl`` its programmatic dependent launch; shared memory and registers set
-    Hopper's occupancy unless ``--ctas-per-sm`` asks for a number). None, with the reason on stderr, when
-    a Thor-only option is set or the config is invalid."""
-    from .api import select_hopper_config
-    from .bench import _q_dtype
-    from .config import ConfigError
-
-    thor_only = {"--l2-prefetch": args.l2_prefetch}
-    given = [name for name, value in thor_only.items() if value]
-    if given:
-        print(f"bench: {', '.join(given)}: Thor-kernel options; the Hopper kernel (sm_90a) has none", file=sys.stderr)
-        return None
     try:
-        return select_hopper_config(
-            head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
-            q_dtype=_q_dtype(args), causal=not args.non_causal, max_splits=args.max_splits,
-            ring_depth=args.ring_depth, pdl=args.pdl, mma=args.mma, n_q=args.q_len * (args.heads_q // args.heads_k),
-            ctas_per_sm=args.ctas_per_sm, loads=args.loads, merge=args.merge, v_operand=args.v_operand,
-            kv_convert=args.kv_convert, k_operand=args.k_operand, v_convert=args.v_convert, schedule=args.schedule,
-            mma_layout=args.mma_layout,
-            evict_first=None if args.evict_first < 0 else bool(args.evict_first),
-        )  # fmt: skip
-    except ConfigError as e:
+        return run_bench(args)
+    except (ConfigError, ValueError) as e:
         print(f"bench: {e}", file=sys.stderr)
-        return None
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .hopper.config import K_OPERANDS, KV_CONVERTS, MMA_LAYOUTS, SCHEDULES, V_CONVERTS
-
     p = argparse.ArgumentParser(prog="python -m mjolnir_kernel", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -202,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--slice", choices=("full", "ci"), default="full", help="full matrix or the CI slice")
     c.add_argument("--filter", action="append", default=[], help="keep configs whose name contains this (repeatable)")
-    c.add_argument("--limit", type=int, default=0, help="compile at most this many configs")
+    c.add_argument("--limit", type=_count_arg, default=0, help="compile at most this many configs (0: all)")
     c.add_argument("--smem-per-sm", type=int, default=None, help="shared memory per SM to assume (bytes)")
     c.add_argument("--baseline", default=None, help="spill baseline JSON (default: the checked-in one)")
     c.add_argument("--update-baseline", action="store_true", help="record these results in the baseline")
@@ -216,46 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--heads-k", type=int, default=4)
     b.add_argument("--head-dim", type=int, default=256)
     b.add_argument("--page-size", type=int, default=128)
-    b.add_argument(
-        "--ctas-per-sm", type=int, default=None, choices=(1, 2, 3),
-        help="Thor: 1 or 2 (default 2); Hopper: 1-3 (default: what shared memory allows, at most 2)",
-    )  # fmt: skip
-    b.add_argument("--ring-depth", type=int, default=0, help="KV ring stages (0 = tuned default)")
+    b.add_argument("--ctas-per-sm", type=int, default=None, choices=(1, 2),
+                   help="Thor kernel only: co-resident CTAs per SM (default: the target's, 2)")  # fmt: skip
+    b.add_argument("--ring-stages", type=int, default=0,
+                   help="Thor kernel only: KV ring stages of 16 KiB (0 = the default)")  # fmt: skip
     b.add_argument("--splits", type=int, default=0, help="force N chunks per sequence (0 = occupancy plan)")
-    b.add_argument("--max-splits", type=int, default=16)
+    b.add_argument("--max-splits", type=int, default=None, help="partial slots per sequence (default: the target's)")
     b.add_argument("--pad-work-to", type=int, default=0, help="pad the work list (fixed grid, CUDA graphs)")
     b.add_argument("--layout", default="nhd", choices=("nhd", "hnd", "interleaved", "flashinfer"))
     b.add_argument("--format", default="e4m3", choices=("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4"))
     b.add_argument("--q-dtype", default=None, choices=("bf16", "e4m3"), help="default: bf16 for e4m3 KV, else e4m3")
     b.add_argument("--descale", default="per_tensor", choices=("per_tensor", "per_head", "per_seq_head"))
     b.add_argument("--pdl", action="store_true")
-    b.add_argument("--mma", choices=("sync", "wgmma"), default=None,
-                   help="Hopper only: mma.sync on widened values, or fp8 warpgroup MMAs (e4m3 Q)")  # fmt: skip
-    b.add_argument("--loads", choices=("cp_async", "bulk", "tma"), default=None,
-                   help="Hopper only: KV tiles by cp.async (default), bulk copies or TMA (e4m3 KV)")  # fmt: skip
-    b.add_argument("--merge", choices=("kernel", "fused"), default=None,
-                   help="Hopper only: split merge by a reduction grid (default) or in the decode grid")  # fmt: skip
-    b.add_argument("--v-operand", choices=("registers", "smem", "f16"), default=None,
-                   help="Hopper --mma wgmma only: V^T from registers (default), a K-major shared-memory tile, "
-                        "or widened to f16")  # fmt: skip
-    b.add_argument("--kv-convert", choices=KV_CONVERTS, default=None,
-                   help="Hopper only: e2m1 / e3m2 / e2m3 codes to e4m3 tiles exactly, or as value * 2^-k by bit "
-                        "placement with 2^k folded into Q and P (auto: scaled where it applies)")  # fmt: skip
-    b.add_argument("--k-operand", choices=K_OPERANDS, default=None,
-                   help="Hopper only, sub-byte KV: K through an e4m3 shared-memory tile, or converted by each "
-                        "warp straight into its MMA fragments")  # fmt: skip
-    b.add_argument("--v-convert", choices=V_CONVERTS, default=None,
-                   help="Hopper only, K in registers: V's tile converted before K's codes or after the "
-                        "QK MMAs")  # fmt: skip
-    b.add_argument("--schedule", choices=SCHEDULES, default=None,
-                   help="Hopper only, K in registers: each tile's phases in turn, or P.V of a tile overlapped "
-                        "with S of the next")  # fmt: skip
-    b.add_argument("--mma-layout", choices=MMA_LAYOUTS, default=None,
-                   help="Hopper only, K in registers: query rows on the MMA's M (rows), or keys and head dims on M "
-                        "with the query rows on N (keys)")  # fmt: skip
-    b.add_argument("--l2-prefetch", type=int, default=0)
-    b.add_argument("--evict-first", type=int, default=-1, choices=(-1, 0, 1),
-                   help="-1: the default (Thor: on for e4m3 Q; Hopper: on)")  # fmt: skip
     b.add_argument("--non-causal", action="store_true")
     b.add_argument("--strided-qo", action="store_true", help="Q/O rows inside wider rows (fused QKV)")
     b.add_argument("--warmup", type=int, default=3)

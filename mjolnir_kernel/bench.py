@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import math
+from dataclasses import replace
 
 import torch
 
-from .api import select_config
-from .config import DecodeConfig
-
-# bench arguments that configure only the Hopper kernel (``--k-operand`` is ``args.k_operand``), passed to
-# decode() when given
-HOPPER_BENCH_OPTIONS = (
-    "mma", "loads", "merge", "v_operand", "kv_convert", "k_operand", "v_convert", "schedule", "mma_layout",
-)  # fmt: skip
-
-
-def _ctas(args) -> int:
-    """--ctas-per-sm (None: the Thor kernel's default, 2)."""
-    return 2 if args.ctas_per_sm is None else args.ctas_per_sm
+from .config import ConfigError, can_implement, default_config
 
 
 def _q_dtype(args) -> str:
@@ -27,24 +15,31 @@ def _q_dtype(args) -> str:
     return "bf16" if args.format == "e4m3" else "e4m3"
 
 
-def bench_config(args) -> DecodeConfig:
-    """The DecodeConfig the bench arguments select (the one ``decode()`` would compile)."""
-    q_dtype = _q_dtype(args)
-    n_q = args.q_len * (args.heads_q // args.heads_k)
-    return select_config(
-        head_dim=args.head_dim, n_q=n_q, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
-        q_dtype=q_dtype, causal=not args.non_causal, max_splits=args.max_splits, ctas_per_sm=_ctas(args),
-        ring_depth=args.ring_depth, pdl=args.pdl, l2_prefetch=args.l2_prefetch,
-        evict_first=None if args.evict_first < 0 else bool(args.evict_first),
+def bench_config(args, target):
+    """The config the bench arguments select on ``target`` (a ``mjolnir_numerics.Target``): what ``decode()``
+    compiles, with ``--pdl`` and, for the Thor kernel, ``--ctas-per-sm`` / ``--ring-stages``. Raises
+    ConfigError (the tuning knobs on the Hopper kernel, or a config the kernel cannot implement)."""
+    cfg = default_config(
+        target, head_dim=args.head_dim, page_size=args.page_size, q_len=args.q_len, kv_format=args.format,
+        q_dtype=_q_dtype(args), n_q=args.q_len * (args.heads_q // args.heads_k), causal=not args.non_causal,
+        max_splits=args.max_splits, pdl=args.pdl,
     )  # fmt: skip
+    knobs = {k: v for k, v in (("ctas_per_sm", args.ctas_per_sm), ("ring_stages", args.ring_stages)) if v}
+    if knobs and target.backend != "thor":
+        flags = ", ".join("--" + k.replace("_", "-") for k in knobs)
+        raise ConfigError(f"{flags}: tuning knobs of the Thor kernel; the Hopper kernel derives them (HopperConfig)")
+    cfg = replace(cfg, **knobs)
+    can_implement(cfg)
+    return cfg
 
 
 def run_bench(args) -> int:
     """Build the problem, check the kernel against emulate_decode, time it; prints median us and GB/s."""
     from mjolnir_numerics.cache import PagedKVCache
     from mjolnir_numerics.emulator import emulate_decode
-    from mjolnir_numerics.plan import plan_split_kv
+    from mjolnir_numerics.plan import default_plan, plan_split_kv
     from mjolnir_numerics.scales import quantize_q
+    from mjolnir_numerics.targets import target_for
 
     from .api import decode, prepare
 
@@ -78,19 +73,17 @@ def run_bench(args) -> int:
         q = buf.to(dev)[:, : args.heads_q * args.head_dim].view(rows, args.heads_q, args.head_dim)
     else:
         q = q.to(dev)
-    cfg = bench_config(args)
+    target = target_for(dev)
+    cfg = bench_config(args, target)
     n_q = args.q_len * (args.heads_q // args.heads_k)
-    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count
-    plan = plan_split_kv(
-        lens, args.heads_k, n_q_tiles=math.ceil(n_q / cfg.q_tile), sm_count=sm_count, ctas_per_sm=_ctas(args),
-        max_splits=args.max_splits, force_splits=args.splits, pad_to=args.pad_work_to,
-    )  # fmt: skip
-    opts = dict(
-        q_descale=q_descale, q_len=args.q_len, causal=not args.non_causal, plan=plan, ctas_per_sm=_ctas(args),
-        ring_depth=args.ring_depth, max_splits=args.max_splits, pdl=args.pdl, l2_prefetch=args.l2_prefetch,
-        evict_first=None if args.evict_first < 0 else bool(args.evict_first),
-    )  # fmt: skip
-    opts.update({name: getattr(args, name) for name in HOPPER_BENCH_OPTIONS if getattr(args, name) is not None})
+    if args.splits or args.pad_work_to:
+        plan = plan_split_kv(
+            lens, args.heads_k, n_q_tiles=target.n_q_tiles(n_q, q_dtype), sm_count=target.sm_count,
+            ctas_per_sm=cfg.ctas_per_sm, max_splits=cfg.max_splits, force_splits=args.splits, pad_to=args.pad_work_to,
+        )  # fmt: skip
+    else:
+        plan = default_plan(lens, args.heads_k, n_q, target=target, q_dtype=q_dtype, head_dim=args.head_dim)
+    opts = dict(q_descale=q_descale, q_len=args.q_len, causal=not args.non_causal, plan=plan, config=cfg)
     print(f"config {cfg.short_name()}  plan {plan}  seq_lens {lens[:8]}{' ...' if len(lens) > 8 else ''}")
     o, lse = decode(q, cache, **opts)
     torch.cuda.synchronize()
@@ -111,7 +104,7 @@ def run_bench(args) -> int:
             print("bench: the kernel disagrees with the spec beyond the named tolerances")
             return 1
     flush = None if args.no_cold_l2 else torch.empty(64 * 1024 * 1024, dtype=torch.uint8, device=dev)
-    launch = prepare(q, cache, check_values=False, **opts)  # timed: the launch alone
+    launch = prepare(q, cache, **opts)  # timed: the launch alone
     for _ in range(args.warmup):
         launch.launch()
     times = []

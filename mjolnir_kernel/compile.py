@@ -3,8 +3,8 @@ supply, ptxas resource reports (registers, stack, spills) and the representative
 
 Compiling needs ``nvidia-cutlass-dsl`` but no GPU: ``compile_decode(cfg, "sm_110a")`` works on a CPU
 machine. The DSL asks the driver for the shared memory per SM only when min_blocks_per_mp > 1; when
-the target arch is not the local device's, that value comes from ``SMEM_PER_SM_BY_ARCH`` (or the
-``smem_per_sm`` argument).
+the target arch is not the local device's, that value comes from the arch's target
+(``mjolnir_numerics.targets.target_of_arch``) or the ``smem_per_sm`` argument.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .arch import arch_of_capability, check_tcgen05_arch
-from .config import ConfigError, DecodeConfig, can_implement, query_tile_for
+from mjolnir_numerics.targets import target_of_arch
 
-SMEM_PER_SM_BY_ARCH = {"sm_90a": 233472, "sm_100a": 233472, "sm_103a": 233472, "sm_110a": 233472}  # 228 KiB
+from .arch import arch_of_capability, check_tcgen05_arch
+from .config import can_implement, default_config
+
 STRIDE_COUNT = 20  # host.STRIDE_FIELDS
 COMPILE_OPTIONS = "--opt-level 2"
 HOPPER_ARCH = "sm_90a"
@@ -61,7 +62,7 @@ class KernelResources:
 
 @dataclass
 class CompileResult:
-    config: DecodeConfig
+    config: object  # a ThorConfig or a HopperConfig
     arch: str
     seconds: float
     resources: dict = field(default_factory=dict)  # "decode" / "reduction" -> KernelResources
@@ -104,7 +105,7 @@ def _shared_memory_supply(arch: str, smem_per_sm: int | None):
     original = cuda_helpers.get_device_attribute
     value = smem_per_sm
     if value is None:
-        value = SMEM_PER_SM_BY_ARCH.get(arch)
+        value = target_of_arch(arch).smem_per_sm
         try:
             import torch
 
@@ -139,54 +140,24 @@ def _file_cache(enabled: bool):
         env.disable_file_caching = before
 
 
-def compile_only_args(config: DecodeConfig, n_q: int | None = None):
+def compile_only_args(config, n_q: int | None = None):
     """Placeholder runtime arguments with the exact types ``decode()`` passes (pointers, int32s,
     floats, stream); values are irrelevant to the compiled code."""
-    import cutlass
     import cutlass.cute as cute
     import cuda.bindings.driver as cuda
     from cutlass.cute.runtime import make_ptr
 
-    from .host import element_types, takes_split_counters
+    from .host import kernel_arguments
 
-    types = element_types(config)
-
-    def ptr(dtype):
+    def pointer(name, dtype):
         return make_ptr(dtype, _DUMMY_ADDRESS, cute.AddressSpace.gmem, assumed_align=16)
 
-    n_q = n_q or config.q_tile
-    return (
-        (2, 4, n_q, config.head_dim),
-        8,
-        64,
-        40,
-        tuple([16] * STRIDE_COUNT),
-        ptr(types["q"]),
-        ptr(types["kv"]),
-        ptr(types["kv"]),
-        ptr(types["scales"]),
-        ptr(types["scales"]),
-        ptr(cutlass.Int32),
-        ptr(cutlass.Int32),
-        ptr(cutlass.Int32),
-        ptr(cutlass.Int32),
-        ptr(cutlass.Float32),
-        ptr(cutlass.Float32),
-        ptr(cutlass.Float32),
-        ptr(cutlass.BFloat16),
-        ptr(cutlass.Float32),
-        ptr(cutlass.Float32),
-        ptr(cutlass.Float32),
-        ptr(cutlass.Float32),
-        *((ptr(cutlass.Int32),) if takes_split_counters(config) else ()),
-        0.0625,
-        1.0,
-        cuda.CUstream(0),
-    )
+    sizes = ((2, 4, n_q or config.q_tile, config.head_dim), 8, 64, 40)
+    return kernel_arguments(config, sizes, tuple([16] * STRIDE_COUNT), pointer, 0.0625, 1.0, cuda.CUstream(0))
 
 
 def compile_decode(
-    config: DecodeConfig,
+    config,
     arch: str,
     *,
     smem_per_sm: int | None = None,
@@ -194,23 +165,20 @@ def compile_decode(
     use_cache: bool = True,
     cubin_dir: str | None = None,
 ) -> CompileResult:
-    """Compile (or fetch from the in-process cache) the decode kernel of ``config`` for ``arch``.
+    """Compile (or fetch from the in-process cache) the decode kernel of ``config`` (a ThorConfig or a
+    HopperConfig) for ``arch``.
 
-    ``can_implement`` runs first and raises ``ConfigError`` before anything compiles. With
-    ``report=True`` ptxas resources are collected (the DSL's file cache is bypassed so ptxas runs).
-    ``cubin_dir``: compile afresh and keep the cubin there (for ``mjolnir_kernel.sass``).
-    Raises the DSL's compile error unchanged.
+    ``can_implement`` runs first and raises ``ConfigError`` before anything compiles; ValueError when
+    ``arch`` does not run ``config``'s kernel. With ``report=True`` ptxas resources are collected (the
+    DSL's file cache is bypassed so ptxas runs). ``cubin_dir``: compile afresh and keep the cubin there
+    (for ``mjolnir_kernel.sass``). Raises the DSL's compile error unchanged.
     """
-    from .hopper.config import HopperConfig, can_implement_hopper
+    from .hopper.config import HopperConfig
 
+    can_implement(config)
     hopper = isinstance(config, HopperConfig)
-    if hopper:
-        can_implement_hopper(config)
-        if arch != HOPPER_ARCH:
-            raise ValueError(f"arch: the Hopper kernel compiles for {HOPPER_ARCH!r}, got {arch!r}")
-    else:
-        can_implement(config)
-        check_tcgen05_arch(arch)
+    if check_compile_arch(arch) and (target_of_arch(arch).backend == "hopper") != hopper:
+        raise ValueError(f"arch: {arch!r} does not run the {type(config).__name__} kernel")
     key = (type(config).__name__, config.key(), arch, cutlass_version())
     if cubin_dir is not None:
         report, use_cache = True, False  # ptxas must run, so the DSL's file cache is bypassed
@@ -222,10 +190,7 @@ def compile_decode(
         import cutlass.cute as cute
 
         if hopper:
-            if config.mma == "wgmma":
-                from .hopper.wgmma_kernel import HopperWgmmaDecodeKernel as HopperDecodeKernel
-            else:
-                from .hopper.decode_kernel import HopperDecodeKernel
+            from .hopper.decode_kernel import HopperDecodeKernel
 
             kernel = HopperDecodeKernel(config)
         else:
@@ -253,54 +218,41 @@ def compile_decode(
 MATRIX_HEADS_RATIO = 6  # h_q / h_k of the matrix (the seed harness default, 24 / 4)
 
 
-def representative_matrix() -> list[DecodeConfig]:
-    """{bf16 Q, e4m3 Q} x every KV format that Q allows x page size {16, 128} x q_len {1, 4 causal,
-    4 non-causal} x {single chunk (max_splits 1), split (max_splits 16)} x head dim {128, 256};
-    q_tile from n_q = q_len * 6, 2 CTAs/SM, default ring, evict-first on the fp8 path (the defaults)."""
-    from .config import KV_FORMATS
+def compile_matrix(arch: str) -> list:
+    """The compile gate's matrix for ``arch``: the config ``decode()`` compiles (``config.default_config``
+    for the arch's target) for {bf16 Q, e4m3 Q} x every KV format the capability rule allows with that Q
+    x page size {16, 128} x q_len {1, 4 causal, 4 non-causal} x max_splits {1, 16} x head dim {128, 256},
+    with n_q = q_len * 6 query rows per KV head."""
+    from mjolnir_numerics.capability import KV_FORMATS, unsupported_reason
 
+    target = target_of_arch(arch)
     configs = []
     for q_dtype in ("bf16", "e4m3"):
-        formats = ("e4m3",) if q_dtype == "bf16" else KV_FORMATS
-        for fmt in formats:
+        for fmt in (f for f in KV_FORMATS if unsupported_reason(f, q_dtype) is None):
             for ps in (16, 128):
                 for q_len, causal in ((1, True), (4, True), (4, False)):
                     for splits in (1, 16):
                         for d in (128, 256):
-                            configs.append(
-                                DecodeConfig(
-                                    head_dim=d,
-                                    q_tile=query_tile_for(q_len * MATRIX_HEADS_RATIO, q_dtype),
-                                    page_size=ps,
-                                    q_len=q_len,
-                                    kv_format=fmt,
-                                    q_dtype=q_dtype,
-                                    max_splits=splits,
-                                    causal=causal,
-                                    evict_first=q_dtype == "e4m3",
-                                )
-                            )
+                            configs.append(default_config(
+                                target, head_dim=d, page_size=ps, q_len=q_len, kv_format=fmt, q_dtype=q_dtype,
+                                n_q=q_len * MATRIX_HEADS_RATIO, causal=causal, max_splits=splits,
+                            ))  # fmt: skip
     return configs
 
 
-def ci_slice() -> list[DecodeConfig]:
-    """A handful of configs covering both Q paths, every code path of the loaders (whole-page,
-    page boxes, packed nvfp4), causal/non-causal tails, split and unsplit, both head dims."""
-    return [
-        DecodeConfig(head_dim=128, q_tile=8, page_size=128, q_len=1, kv_format="e4m3", q_dtype="bf16", max_splits=16),
-        DecodeConfig(
-            head_dim=256, q_tile=32, page_size=16, q_len=4, kv_format="e4m3", q_dtype="e4m3", max_splits=1,
-            evict_first=True,
-        ),
-        DecodeConfig(
-            head_dim=256, q_tile=16, page_size=16, q_len=1, kv_format="nvfp4", q_dtype="e4m3", max_splits=16,
-            evict_first=True,
-        ),
-        DecodeConfig(
-            head_dim=128, q_tile=32, page_size=128, q_len=4, causal=False, kv_format="e2m3", q_dtype="e4m3",
-            max_splits=16, evict_first=True,
-        ),
-    ]  # fmt: skip
+def ci_slice(arch: str) -> list:
+    """A handful of configs of ``compile_matrix(arch)`` covering both Q paths, both head dims, q_len 1 and
+    4 (causal and non-causal), split and unsplit, page sizes 16 and 128, and the packed formats' loaders
+    (nvfp4, fp6)."""
+    target = target_of_arch(arch)
+    picks = (
+        dict(head_dim=128, page_size=128, q_len=1, kv_format="e4m3", q_dtype="bf16", max_splits=16),
+        dict(head_dim=256, page_size=16, q_len=4, kv_format="e4m3", q_dtype="e4m3", causal=False, max_splits=1),
+        dict(head_dim=256, page_size=128, q_len=4, kv_format="e4m3", q_dtype="bf16", max_splits=16),
+        dict(head_dim=256, page_size=16, q_len=1, kv_format="nvfp4", q_dtype="e4m3", max_splits=16),
+        dict(head_dim=128, page_size=128, q_len=4, kv_format="e2m3", q_dtype="e4m3", causal=False, max_splits=16),
+    )
+    return [default_config(target, n_q=p["q_len"] * MATRIX_HEADS_RATIO, **p) for p in picks]
 
 
 def load_spill_baseline(path: Path = SPILL_BASELINE_PATH) -> dict:
@@ -338,57 +290,8 @@ def spill_regressions(result: CompileResult, baseline: dict) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The Hopper (sm_90a) compile matrix and the gate's arch dispatch
+# The gate's arch dispatch
 # ---------------------------------------------------------------------------------------------
-def hopper_matrix() -> list:
-    """The Hopper kernel's compile matrix: {bf16 Q, e4m3 Q} x every format of ``hopper.config.KV_FORMATS``
-    x page size {16, 128} x q_len {1, 4 causal, 4 non-causal} x max_splits {1, 16} x head dim {128, 256},
-    default stages; q_len 1 with ``q_rows=8`` (what ``decode()`` compiles for h_q / h_k <= 8).
-    ``can_implement_hopper`` decides which (Q dtype, format) pairs exist (non-e4m3 KV needs e4m3 Q), so
-    the matrix grows by itself when the kernel learns a format."""
-    from .hopper import config as hc
-
-    configs = []
-    for q_dtype in ("bf16", "e4m3"):
-        for fmt in hc.KV_FORMATS:
-            for ps in (16, 128):
-                for q_len, causal in ((1, True), (4, True), (4, False)):
-                    for splits in (1, 16):
-                        for d in (128, 256):
-                            cfg = hc.HopperConfig(
-                                head_dim=d, page_size=ps, q_len=q_len, kv_format=fmt, q_dtype=q_dtype,
-                                causal=causal, max_splits=splits, q_rows=8 if q_len == 1 else hc.Q_TILE,
-                            )  # fmt: skip
-                            try:
-                                hc.can_implement_hopper(cfg)
-                            except ConfigError:
-                                continue
-                            configs.append(cfg)
-    return configs
-
-
-def hopper_ci_slice() -> list:
-    """Five Hopper configs: both Q dtypes, both head dims, q_len 1 and 4 (causal and non-causal), split
-    and unsplit, page sizes 16 and 128, and on the e4m3-Q path the packed formats' loaders (nvfp4, fp6)
-    where the kernel reads them (else e4m3); each one is in ``hopper_matrix()`` (so in the baseline)."""
-    from .hopper import config as hc
-
-    def fmt(name):
-        return name if name in hc.KV_FORMATS else "e4m3"
-
-    return [
-        hc.HopperConfig(head_dim=128, page_size=128, q_len=1, q_dtype="bf16", max_splits=16, q_rows=8),
-        hc.HopperConfig(head_dim=256, page_size=16, q_len=4, q_dtype="e4m3", causal=False, max_splits=1),
-        hc.HopperConfig(head_dim=256, page_size=128, q_len=4, q_dtype="bf16", causal=True, max_splits=16),
-        hc.HopperConfig(
-            head_dim=256, page_size=16, q_len=1, kv_format=fmt("nvfp4"), q_dtype="e4m3", max_splits=16, q_rows=8
-        ),
-        hc.HopperConfig(
-            head_dim=128, page_size=128, q_len=4, kv_format=fmt("e2m3"), q_dtype="e4m3", causal=True, max_splits=16
-        ),
-    ]
-
-
 def compile_archs() -> tuple:
     """The targets the compile gate knows: the Hopper kernel's and the tcgen05 ones."""
     from .arch import KNOWN_ARCHS
@@ -411,10 +314,8 @@ def check_compile_arch(arch: str) -> str:
 
 
 def gate_configs(arch: str, slice_name: str = "full") -> list:
-    """The configs the compile gate builds for ``arch``: the Hopper matrix (or its CI slice) for sm_90a,
-    the representative tcgen05 matrix (or ``ci_slice()``) otherwise."""
+    """The configs the compile gate builds for ``arch``: :func:`compile_matrix` or its :func:`ci_slice`."""
     if slice_name not in ("full", "ci"):
         raise ValueError(f"slice_name={slice_name!r}: 'full' or 'ci'")
-    if check_compile_arch(arch) == HOPPER_ARCH:
-        return hopper_ci_slice() if slice_name == "ci" else hopper_matrix()
-    return ci_slice() if slice_name == "ci" else representative_matrix()
+    check_compile_arch(arch)
+    return ci_slice(arch) if slice_name == "ci" else compile_matrix(arch)

@@ -1,13 +1,14 @@
 """Kernel-vs-spec comparison: named tolerances, ulp distances, and a report per case.
 
-The kernel and ``mjolnir_numerics.emulate_decode`` share every rounding point (NUMERICS.md section 5)
-except two the spec cannot reproduce bit for bit:
+The kernel and ``mjolnir_numerics.emulate_decode`` share every rounding point (the stages of
+``mjolnir_numerics.emulator_stages``; docs/numerics.md) except two the spec does not yet reproduce bit for
+bit:
 
 * tensor-core summation order: the fp32 sums of S = K.Q and O += V.P are formed in the MMA's own
   order; the spec models them as an exact (float64) sum rounded once to fp32. The kernel's S differs
   from the spec's by a few fp32 ulps;
 * ex2.approx.ftz.f32: at most 2 fp32 ulps from the correctly rounded exp2 the spec uses (measured on
-  an H200, NUMERICS.md section 4).
+  an H200; docs/numerics.md, "Special functions").
 
 Both perturb fp32 values at ~2^-21 relative. Rounding to bf16 (2^-8) hides them except where an fp32
 value sits next to a bf16 rounding boundary (1 ulp) or where a perturbed p flips its e4m3 / bf16
@@ -34,44 +35,6 @@ LSE_ATOL = 2.0**-16  # |lse| < 1: absolute bound with the same origin
 # scale_o (``p_flip_atol``) and be rare (O_MIN_IDENTICAL_FRACTION still holds for all elements).
 P_STEP_E4M3 = 32.0 / 448.0
 P_STEP_BF16 = 2.0**-8
-
-
-# The experimental fp8 wgmma path (HopperConfig(mma="wgmma")) is not held to the spec: Hopper's fp8
-# tensor cores do not return the exact dot product rounded once. python -m benchmarks.probe_fp8_accumulation
-# measured on the H200 a worst |result - exact| of 15283 * 2^-24 (~2^-10.1) times sum_i |a_i b_i| over
-# contraction lengths 32 .. 256 and all finite e4m3 codes (and only 0.03 % of results exact at K = 32
-# for arbitrary codes). The bound below doubles that worst case.
-FP8_MMA_REL_ERROR = 2.0**-9
-# Its LSE may also differ by the spec's own fp32 noise (LSE_MAX_ULP_F32 covers ex2.approx; 8 ulps of
-# max(|lse|, 1) is the same allowance at the sizes of the cases), and its O may be no further from the
-# exact float64 reference than WGMMA_O_ERROR_FACTOR times the spec's own distance plus WGMMA_O_ERROR_SLACK
-# (half a bf16 ulp, relative): the fp8 accumulation may add to the quantization error, not dominate it.
-WGMMA_LSE_SPEC_ULPS = 8
-WGMMA_O_ERROR_FACTOR = 1.1
-WGMMA_O_ERROR_SLACK = 2.0**-9
-
-
-def score_magnitude_max(q: torch.Tensor, cache, q_descale, softmax_scale: float, q_len: int) -> torch.Tensor:
-    """``softmax_scale * max_j sum_d |q_d| |k_jd|`` in real units over each sequence's keys, in LSE layout
-    ``(num_seqs, h_k, q_len * h_r)`` float64 (0 for an empty sequence).
-
-    An error of at most ``eps * sum_d |q_d k_jd|`` in every score moves the LSE by at most ``eps`` times
-    this (logsumexp is 1-Lipschitz in the max norm): the LSE bound of the fp8 wgmma path."""
-    from mjolnir_numerics.cache import descale_table
-    from mjolnir_numerics.scales import check_q_rows
-
-    num_seqs, h_k = cache.num_seqs, cache.heads_k
-    _, h_r, d = check_q_rows(q, num_seqs, q_len, h_k)
-    qd = descale_table(q_descale, num_seqs, h_k) if q_descale is not None else torch.ones(num_seqs, h_k)
-    qf = q.double().cpu().view(num_seqs, q_len, h_k, h_r, d) * qd.double().cpu().view(num_seqs, 1, h_k, 1, 1)
-    out = torch.zeros(num_seqs, h_k, q_len * h_r, dtype=torch.float64)
-    for s in range(num_seqs):
-        k, _ = cache.gather(s)
-        if k.shape[0] == 0:
-            continue
-        mag = torch.einsum("qkrd,lkd->kqrl", qf[s].abs(), k.double().cpu().abs())
-        out[s] = softmax_scale * mag.amax(-1).reshape(h_k, q_len * h_r)
-    return out
 
 
 def p_flip_atol(v_values_absmax: float, v_descale_max: float, scale_o: float, q_dtype: str) -> float:
@@ -193,7 +156,8 @@ def permute_pages(cache, seed: int = 7):
 
 
 # Kernel-specific cases (candidates for mjolnir_numerics.cases): every layout, descale granularity,
-# format on each layout/page size, q_len 4 causal / non-causal, forced splits 1/3/16, page sizes 16..128.
+# format on each layout/page size, q_len 2-4 causal / non-causal, forced splits 1..32, page sizes 16..128,
+# both head dims, GQA groups 6 and 12.
 KERNEL_CASES = (
     DecodeCase("layout_interleaved", (200, 70), layout="interleaved"),
     DecodeCase("layout_flashinfer", (200, 70), layout="flashinfer"),
@@ -210,4 +174,18 @@ KERNEL_CASES = (
     DecodeCase("splits_16", (2100, 300), force_splits=16),
     DecodeCase("splits_16_bf16_d256", (2100,), force_splits=16, q_dtype="bf16", head_dim=256, heads_q=24, heads_k=4),
     DecodeCase("seq_len_0_padding", (0, 0, 130, 0), notes="CUDA-graph padding rows"),
-)
+    # first written for the Hopper kernel; names kept (the reports cite them)
+    DecodeCase("hopper_d256_bf16_24_4", (700, 129), q_dtype="bf16", heads_q=24, heads_k=4, head_dim=256),
+    DecodeCase("hopper_32_8_d128_ps64", (1500, 3), heads_q=32, heads_k=8, page_size=64, layout="hnd"),
+    DecodeCase("hopper_n_q_above_tile", (300, 290), q_len=3, heads_q=48, heads_k=4, notes="n_q 36: three q tiles"),
+    DecodeCase("hopper_q_len2_noncausal_bf16", (140, 5), q_len=2, causal=False, q_dtype="bf16"),
+    DecodeCase("hopper_e3m2_d256_splits", (900, 129), fmt="e3m2", heads_q=24, heads_k=4, head_dim=256,
+               force_splits=3, notes="fp6 at d = 256 (two P.V chunks per warp on Hopper), three chunks"),
+    DecodeCase("hopper_e2m3_per_seq_head", (260, 7), fmt="e2m3", heads_q=32, heads_k=8, page_size=32,
+               granularity="per_seq_head", notes="fp6 with per-(sequence, head) descales"),
+    DecodeCase("hopper_nvfp4_d256", (600, 129), fmt="nvfp4", heads_q=24, heads_k=4, head_dim=256,
+               granularity="per_tensor", force_splits=2,
+               notes="NVFP4 at d = 256 (Hopper: K in registers and V late), two chunks"),
+    DecodeCase("hopper_32_splits_three_q_tiles", (4096, 3, 0, 2600), q_len=3, heads_q=48, heads_k=4,
+               force_splits=32, notes="n_q 36; 32 and 21 chunks, an empty sequence, a three-key one"),
+)  # fmt: skip

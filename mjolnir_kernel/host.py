@@ -12,7 +12,8 @@ from typing import Optional
 
 import torch
 
-from .config import KV_FORMAT_BITS, KV_FORMATS, NVFP4_GROUP, DecodeConfig
+from mjolnir_numerics.capability import KV_FORMATS, unsupported_reason
+from mjolnir_numerics.formats import FORMATS, NVFP4
 
 STRIDE_FIELDS = (
     "q_seq", "o_seq",
@@ -26,7 +27,7 @@ INT32_MAX = 2**31 - 1
 Q_DTYPES = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 
 
-def element_types(config: DecodeConfig) -> dict:
+def element_types(config) -> dict:
     """cutlass element types of the kernel's pointers for ``config`` (imports cutlass)."""
     import cutlass
 
@@ -123,8 +124,6 @@ def check_decode_inputs(
     k_scales: Optional[torch.Tensor] = None,
     v_scales: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
-    config: Optional[DecodeConfig] = None,
-    check_values: bool = True,
 ) -> DecodeProblem:
     """Check every argument of a decode call before anything launches; returns the problem sizes.
 
@@ -136,7 +135,7 @@ def check_decode_inputs(
       block_table  int32 (num_seqs, max_blocks), contiguous;  seq_lens int32 (num_seqs,)
       descales     float32 (), (h_k,) or (num_seqs, h_k); q_descale required for e4m3 Q
       out          optional bfloat16 like q
-    ``check_values`` also reads seq_lens (a device sync) to check the block table covers them.
+    Reads seq_lens on the host (a device sync) to check the block table covers them.
     """
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format: {kv_format!r} is not one of {KV_FORMATS}")
@@ -148,15 +147,14 @@ def check_decode_inputs(
     q_dtype = Q_DTYPES[q.dtype]
     if q.dim() != 3:
         raise ValueError(f"q: expected (num_seqs * q_len, h_q, d), got shape {tuple(q.shape)}")
-    if kv_format != "e4m3" and q_dtype != "e4m3":
-        raise ValueError(f"q: kv_format {kv_format!r} needs float8_e4m3fn Q (quantize_q), got {q.dtype}")
     rows, heads_q, d = q.shape
+    reason = unsupported_reason(kv_format, q_dtype, d)
+    if reason is not None:
+        raise ValueError(f"q: {reason}")
     if q.stride(2) != 1:
         raise ValueError(f"q: the head dim must be contiguous, strides {tuple(q.stride())}")
-    if d % 128 or d not in (128, 256):
-        raise ValueError(f"q: head dim {d} is not supported (128 or 256)")
 
-    bits = KV_FORMAT_BITS[kv_format]
+    bits = FORMATS[kv_format].bits
     row = d * bits // 8
     pool_dtype = torch.float8_e4m3fn if bits == 8 else torch.uint8
     for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):
@@ -168,8 +166,9 @@ def check_decode_inputs(
     if v_pool.shape != k_pool.shape:
         raise ValueError(f"v_pool: shape {tuple(v_pool.shape)} differs from k_pool {tuple(k_pool.shape)}")
     num_pages, page_size, heads_k, _ = k_pool.shape
-    if page_size not in (16, 32, 64, 128):
-        raise ValueError(f"k_pool: page size {page_size} is not one of (16, 32, 64, 128)")
+    reason = unsupported_reason(kv_format, q_dtype, d, page_size)
+    if reason is not None:
+        raise ValueError(f"k_pool: {reason}")
     if heads_k < 1 or heads_q % heads_k:
         raise ValueError(f"q: h_q={heads_q} is not a multiple of the cache's h_k={heads_k}")
     if rows % q_len:
@@ -179,7 +178,7 @@ def check_decode_inputs(
         kv_element_strides(name, pool, bits)
 
     if kv_format == "nvfp4":
-        want = (num_pages, page_size, heads_k, d // NVFP4_GROUP)
+        want = (num_pages, page_size, heads_k, d // NVFP4.group)
         for name, sc in (("k_scales", k_scales), ("v_scales", v_scales)):
             if not isinstance(sc, torch.Tensor) or tuple(sc.shape) != want or sc.dtype != torch.float8_e4m3fn:
                 raise ValueError(
@@ -239,19 +238,7 @@ def check_decode_inputs(
         if t is not None and t.data_ptr() % TMA_ALIGN:
             raise ValueError(f"{name}: data pointer must be {TMA_ALIGN}-byte aligned (TMA), got {t.data_ptr():#x}")
 
-    if config is not None:
-        if config.head_dim != d:
-            raise ValueError(f"q: head dim {d} does not match config.head_dim={config.head_dim}")
-        if config.page_size != page_size:
-            raise ValueError(f"k_pool: page size {page_size} does not match config.page_size={config.page_size}")
-        if config.q_len != q_len:
-            raise ValueError(f"q_len: {q_len} does not match config.q_len={config.q_len}")
-        if config.kv_format != kv_format or config.q_dtype != q_dtype:
-            raise ValueError(
-                f"config: ({config.q_dtype}, {config.kv_format}) does not match the inputs ({q_dtype}, {kv_format})"
-            )
-
-    if check_values and num_seqs:
+    if num_seqs:
         lens = seq_lens.to("cpu")
         if int(lens.min()) < 0:
             raise ValueError(f"seq_lens: must be >= 0, got min {int(lens.min())}")
@@ -314,8 +301,31 @@ def kernel_strides(
     return tuple(int(x) for x in vals)
 
 
+POINTER_ORDER = (
+    ("q", "q"), ("k", "kv"), ("v", "kv"), ("k_scales", "scales"), ("v_scales", "scales"),
+    ("block_table", "i32"), ("seq_lens", "i32"), ("work", "i32"), ("n_splits", "i32"),
+    ("q_descale", "f32"), ("k_descale", "f32"), ("v_descale", "f32"), ("o", "bf16"), ("lse", "f32"),
+    ("o_part", "f32"), ("m_part", "f32"), ("l_part", "f32"),
+)  # fmt: skip
+"""The kernels' pointer arguments in the compile order: (tensor name, element type key)."""
+
+
+def kernel_arguments(config, sizes: tuple, strides: tuple, pointer, scale_qs: float, scale_o: float, stream) -> tuple:
+    """Positional arguments of both decode kernels' ``__call__`` (the compile order), shared by the launch
+    (:func:`launch_args`) and the compile (``compile.compile_only_args``).
+
+    ``sizes``: (problem shape (b, h_k, n_q, d), max_blocks, num_pages, num_work); ``pointer(name, dtype)``:
+    the cute pointer of tensor ``name`` with element type ``dtype``."""
+    import cutlass
+
+    types = dict(element_types(config), i32=cutlass.Int32, f32=cutlass.Float32, bf16=cutlass.BFloat16)
+    shape, max_blocks, num_pages, num_work = sizes
+    pointers = tuple(pointer(name, types[kind]) for name, kind in POINTER_ORDER)
+    return (shape, max_blocks, num_pages, num_work, strides, *pointers, float(scale_qs), float(scale_o), stream)
+
+
 def launch_args(
-    config: DecodeConfig,
+    config,
     problem: DecodeProblem,
     strides: tuple,
     num_work: int,
@@ -324,50 +334,13 @@ def launch_args(
     scale_o: float,
     stream,
 ) -> tuple:
-    """Positional arguments of the compiled kernel (pointers from data_ptr, in the compile order)."""
-    import cutlass
+    """Positional arguments of the compiled kernel (pointers from the tensors' data_ptr)."""
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
 
-    types = element_types(config)
+    def pointer(name, dtype):
+        return make_ptr(dtype, tensors[name].data_ptr(), cute.AddressSpace.gmem, assumed_align=16)
 
-    def ptr(dtype, t):
-        return make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=16)
-
-    f32, i32 = cutlass.Float32, cutlass.Int32
-    return (
-        (problem.num_seqs, problem.heads_k, problem.n_q, problem.head_dim),
-        problem.max_blocks,
-        problem.num_pages,
-        num_work,
-        strides,
-        ptr(types["q"], tensors["q"]),
-        ptr(types["kv"], tensors["k"]),
-        ptr(types["kv"], tensors["v"]),
-        ptr(types["scales"], tensors["k_scales"]),
-        ptr(types["scales"], tensors["v_scales"]),
-        ptr(i32, tensors["block_table"]),
-        ptr(i32, tensors["seq_lens"]),
-        ptr(i32, tensors["work"]),
-        ptr(i32, tensors["n_splits"]),
-        ptr(f32, tensors["q_descale"]),
-        ptr(f32, tensors["k_descale"]),
-        ptr(f32, tensors["v_descale"]),
-        ptr(cutlass.BFloat16, tensors["o"]),
-        ptr(f32, tensors["lse"]),
-        ptr(f32, tensors["o_part"]),
-        ptr(f32, tensors["m_part"]),
-        ptr(f32, tensors["l_part"]),
-        *((ptr(i32, tensors["split_counters"]),) if takes_split_counters(config) else ()),
-        float(scale_qs),
-        float(scale_o),
-        stream,
-    )
-
-
-def takes_split_counters(config) -> bool:
-    """The Hopper kernel takes one more pointer after l_part: the int32 (b, h_k, query tiles) arrival
-    counts of its fused split merge (zero before the first launch; each launch leaves them zero)."""
-    from .hopper.config import HopperConfig
-
-    return isinstance(config, HopperConfig)
+    shape = (problem.num_seqs, problem.heads_k, problem.n_q, problem.head_dim)
+    sizes = (shape, problem.max_blocks, problem.num_pages, num_work)
+    return kernel_arguments(config, sizes, strides, pointer, scale_qs, scale_o, stream)

@@ -1,12 +1,72 @@
-"""Global-memory views both decode kernels build from the launch arguments (device-side; imports cutlass).
+"""What both decode kernels share on the device side (imports cutlass): the launch signature and the
+global-memory views built from it.
 
-The per-call tensors whose layout does not depend on the backend: block table, sequence lengths, chunks
-per sequence, the three descales (indexed by the linear (kv head, seq) mode, zero strides broadcasting
-per-head / per-tensor scales), LSE and the split partials m / l."""
+``DecodeEntry.__call__`` takes the positional arguments of ``mjolnir_kernel.host.kernel_arguments`` (the
+compile order) and hands them to the kernel's ``launch`` with the pointers bundled by name. The views of
+``shared_views`` are the per-call tensors whose layout does not depend on the backend: block table,
+sequence lengths, chunks per sequence, the three descales (indexed by the linear (kv head, seq) mode, zero
+strides broadcasting per-head / per-tensor scales), LSE and the split partials m / l."""
 
 from types import SimpleNamespace
+from typing import Tuple
 
+import cuda.bindings.driver as cuda
+
+import cutlass
 import cutlass.cute as cute
+
+
+class DecodeEntry:
+    """Base of both decode kernels: the launch signature, one place. A subclass defines
+    ``launch(problem_shape, max_blocks, num_pages, num_work, strides, ptrs, scale_qs, scale_o, stream)``,
+    ``ptrs`` naming every pointer as ``mjolnir_kernel.host.POINTER_ORDER`` does."""
+
+    @cute.jit
+    def __call__(
+        self,
+        problem_shape: Tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32, cutlass.Int32],
+        max_blocks: cutlass.Int32,
+        num_pages: cutlass.Int32,
+        num_work: cutlass.Int32,
+        strides: Tuple[cutlass.Int32, ...],
+        q_ptr: cute.Pointer,
+        k_ptr: cute.Pointer,
+        v_ptr: cute.Pointer,
+        k_scales_ptr: cute.Pointer,
+        v_scales_ptr: cute.Pointer,
+        block_table_ptr: cute.Pointer,
+        seq_lens_ptr: cute.Pointer,
+        work_ptr: cute.Pointer,
+        n_splits_ptr: cute.Pointer,
+        q_descale_ptr: cute.Pointer,
+        k_descale_ptr: cute.Pointer,
+        v_descale_ptr: cute.Pointer,
+        o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        o_part_ptr: cute.Pointer,
+        m_part_ptr: cute.Pointer,
+        l_part_ptr: cute.Pointer,
+        scale_qs: cutlass.Float32,
+        scale_o: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        ptrs = SimpleNamespace(
+            q=q_ptr, k=k_ptr, v=v_ptr, k_scales=k_scales_ptr, v_scales=v_scales_ptr, block_table=block_table_ptr,
+            seq_lens=seq_lens_ptr, work=work_ptr, n_splits=n_splits_ptr, q_descale=q_descale_ptr,
+            k_descale=k_descale_ptr, v_descale=v_descale_ptr, o=o_ptr, lse=lse_ptr, o_part=o_part_ptr,
+            m_part=m_part_ptr, l_part=l_part_ptr,
+        )  # fmt: skip
+        self.launch(problem_shape, max_blocks, num_pages, num_work, strides, ptrs, scale_qs, scale_o, stream)
+
+    def launch_reduction(self, ptrs, n_splits, problem_shape, strides, scale_o, stream):
+        """The split reduction grid after the decode grid (``self.reduction``: a ``SplitReduction``, or None
+        when the config compiles it out). Trace-time only."""
+        if cutlass.const_expr(self.reduction is not None):
+            b, h_k, n_q, d = problem_shape
+            self.reduction.launch(
+                ptrs.o, ptrs.lse, ptrs.o_part, ptrs.m_part, ptrs.l_part, n_splits, b, h_k * n_q, d, strides[1],
+                scale_o, stream,
+            )  # fmt: skip
 
 
 def shared_views(shape, max_blocks, splits: int, strides, ptrs) -> SimpleNamespace:

@@ -6,14 +6,16 @@ and (built on them) the paged KV cache, the split-KV plan and the decode emulato
 
 from .cache import LAYOUTS, PAGE_SIZES, PagedKVCache
 from .cases import CASES, CaseInputs, DecodeCase, get_case
-from .emulator import DecodeResult, EmulatorKnobs, emulate_decode, kernel_plan
+from .capability import check_supported, unsupported_reason
+from .emulator import DecodeResult, EmulatorKnobs, emulate_decode
 from .formats import E2M1, E2M3, E3M2, E4M3, FORMATS, NVFP4, BlockScaledFormat, Format, get_format
 from .nvfp4 import NVFP4Tensor, nvfp4_quantize
 from .packing import pack, packed_size, unpack
-from .plan import TILE_KEYS, SplitPlan, chunked_plan, plan_split_kv
+from .plan import TILE_KEYS, SplitPlan, chunked_plan, default_plan, plan_split_kv
 from .quantize import dequantize, quantize, round_to_format
 from .reference import ERROR_SOURCES, ErrorRow, attribute_errors, error_metrics, reference_decode
 from .scales import GRANULARITIES, compute_descale, pack_q, quantize_q, unpack_o
+from .targets import TARGETS, Target, get_target, target_for
 
 __version__ = "0.1.0"
 
@@ -22,7 +24,8 @@ __all__ = [
     "quantize", "dequantize", "round_to_format", "pack", "unpack", "packed_size",
     "NVFP4Tensor", "nvfp4_quantize", "GRANULARITIES", "compute_descale", "quantize_q", "pack_q", "unpack_o",
     "PagedKVCache", "LAYOUTS", "PAGE_SIZES", "TILE_KEYS", "SplitPlan", "plan_split_kv", "chunked_plan",
-    "emulate_decode", "EmulatorKnobs", "DecodeResult", "kernel_plan",
+    "default_plan", "Target", "TARGETS", "get_target", "target_for", "check_supported", "unsupported_reason",
+    "emulate_decode", "EmulatorKnobs", "DecodeResult",
     "reference_decode", "attribute_errors", "error_metrics", "ErrorRow", "ERROR_SOURCES",
     "CASES", "DecodeCase", "CaseInputs", "get_case",
-]
+]  # fmt: skip

@@ -31,6 +31,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from .capability import PAGE_SIZES
 from .formats import E4M3, AnyFormat, BlockScaledFormat, Format, get_format
 from .nvfp4 import KERNEL_SHIFT, nvfp4_quantize
 from .packing import pack, packed_size, unpack
@@ -40,7 +41,6 @@ from .scales import GRANULARITIES, compute_descale
 __all__ = ["LAYOUTS", "PAGE_SIZES", "PagedKVCache", "check_descale", "descale_table"]
 
 LAYOUTS = ("nhd", "hnd", "interleaved", "flashinfer")
-PAGE_SIZES = (16, 32, 64, 128)
 
 # Poison for pages no sequence references, so that a stray read shows in the output:
 # e4m3 NaN for 8-bit pools; the all-ones byte (every code the largest, -max) for sub-byte pools;

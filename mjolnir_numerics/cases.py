@@ -16,6 +16,7 @@ import torch
 
 from .cache import PagedKVCache
 from .plan import SplitPlan, plan_split_kv
+from .targets import THOR
 from .scales import quantize_q
 
 __all__ = ["DecodeCase", "CaseInputs", "CASES", "get_case"]
@@ -136,9 +137,10 @@ class DecodeCase:
         plan = None
         if self.force_splits:
             rows = self.q_len * (self.heads_q // hk)
-            plan = plan_split_kv(
-                list(self.seq_lens), hk, n_q_tiles=max(1, math.ceil(rows / 32)), force_splits=self.force_splits
-            )
+            plan = plan_split_kv(  # Thor's query tiles; as many splits as asked for
+                list(self.seq_lens), hk, n_q_tiles=THOR.n_q_tiles(rows, self.q_dtype),
+                max_splits=max(16, self.force_splits), force_splits=self.force_splits,
+            )  # fmt: skip
         return CaseInputs(
             q=q_in.to(device),
             q_descale=qd,

@@ -1,4 +1,5 @@
-"""The decode spec: a bit-faithful emulator of the Thor paged decode kernel (NUMERICS.md section 5).
+"""The decode spec: a bit-faithful emulator of the paged decode kernels (docs/numerics.md, "The kernel's
+arithmetic").
 
 :func:`emulate_decode` takes what the kernel takes, in vLLM shapes, and walks the same plan, the same
 128-key tiles and the same rounding points; the stages live in :mod:`mjolnir_numerics.emulator_stages`
@@ -39,7 +40,8 @@ from typing import Optional, Union
 
 import torch
 
-from .cache import PAGE_SIZES, check_descale, descale_table
+from .cache import check_descale, descale_table
+from .capability import HEAD_DIMS, unsupported_reason
 from .emulator_stages import (
     LOG2E_F32,
     accumulate_pv,
@@ -58,10 +60,11 @@ from .emulator_stages import (
     update_column_max,
 )
 from .formats import Format, get_format
-from .plan import TILE_KEYS, SplitPlan, chunked_plan, plan_split_kv
+from .plan import TILE_KEYS, SplitPlan, chunked_plan, default_plan
 from .scales import pack_q, unpack_o
+from .targets import Target, default_target, get_target
 
-__all__ = ["EmulatorKnobs", "DecodeResult", "emulate_decode", "kernel_plan", "P_FORMATS", "KERNEL_P_SCALE"]
+__all__ = ["EmulatorKnobs", "DecodeResult", "emulate_decode", "P_FORMATS", "KERNEL_P_SCALE"]
 
 KERNEL_P_SCALE = 448.0
 """The fp8-Q path stores P as e4m3(p * 448): p in [0, 1] spans e4m3's whole range (FlashAttention: 256)."""
@@ -70,8 +73,6 @@ P_FORMATS = ("e4m3", "e5m2", "bf16", "fp32")
 ROW_SUM_FROM = ("unrounded", "rounded")
 V_DESCALE_AT = ("epilogue", "output")
 LSE_BASES = ("e", "2")
-HEAD_DIM_MULTIPLE = 128  # the kernel's MMA K / d tiling
-GROUPED_HEAD_TILE = 32  # packed query rows per CTA (the seed's default grouped_head_tile)
 _Q_SIG_BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
 _P_SIG_BITS = {"e4m3": None, "e5m2": 3, "bf16": 8, "fp32": 24}
 
@@ -129,12 +130,6 @@ class DecodeResult:
     o_fp32: torch.Tensor
     plan: SplitPlan
     extras: dict = field(default_factory=dict)
-
-
-def kernel_plan(seq_lens, heads_k: int, rows_per_kv_head: int, **kwargs) -> SplitPlan:
-    """The plan the kernel's host code makes by default (Thor: 20 SMs, 2 CTAs per SM)."""
-    n_q_tiles = max(1, math.ceil(rows_per_kv_head / GROUPED_HEAD_TILE))
-    return plan_split_kv(seq_lens, heads_k, n_q_tiles=n_q_tiles, **kwargs)
 
 
 def _f32(x: float) -> float:
@@ -331,12 +326,13 @@ def emulate_decode(
     causal: bool = True,
     plan: Optional[SplitPlan] = None,
     chunk_tiles: Optional[int] = None,
+    target: Optional[Union[str, Target]] = None,
     knobs: Optional[EmulatorKnobs] = None,
     allow_unsupported: bool = False,
     return_details: bool = False,
     cpu_threads: Optional[int] = 1,
 ) -> Union[tuple[torch.Tensor, torch.Tensor], DecodeResult]:
-    """Emulate the Thor paged decode kernel, bit for bit under the models of
+    """Emulate the paged decode kernel, bit for bit under the models of
     :mod:`mjolnir_numerics.emulator_stages`.
 
     Args:
@@ -351,11 +347,15 @@ def emulate_decode(
         scale_o: output multiplier, used at fp32.
         q_len: query tokens per sequence (speculative decode / chunked prefill tail).
         causal: with ``q_len > 1``, query ``qi`` sees keys ``0 .. seq_len - q_len + qi``; else all keys.
-        plan: the split plan to walk (default: :func:`kernel_plan`); or ``chunk_tiles``: cut every
-            sequence into chunks of that many tiles (0: no split), like the seed's emulator.
+        plan: the split plan to walk (default: :func:`~mjolnir_numerics.plan.default_plan` for ``target``,
+            the plan ``mjolnir_kernel.decode`` makes there); or ``chunk_tiles``: cut every sequence into
+            chunks of that many tiles (0: no split), like the seed's emulator.
+        target: the GPU whose default plan is walked (a :class:`~mjolnir_numerics.targets.Target` or
+            its name); None: the cache's CUDA device when a kernel runs there, else Thor.
         knobs: research knobs (:class:`EmulatorKnobs`); the default is the kernel.
-        allow_unsupported: emulate beyond the kernel's capability rules (any KV format with bf16 Q,
-            float16 / float32 Q, d not a multiple of 128); page sizes must still be powers of two.
+        allow_unsupported: emulate beyond the kernels' capability rules
+            (:mod:`~mjolnir_numerics.capability`: any KV format with bf16 Q, float16 / float32 Q, any
+            head dim, page sizes that are powers of two).
         return_details: return a :class:`DecodeResult` instead of ``(o, lse)``.
         cpu_threads: torch intra-op threads during the call on CPU (restored after; None: leave
             torch's setting). The default 1: the work is thousands of tile-sized ops, for which OpenMP
@@ -391,6 +391,7 @@ def emulate_decode(
             causal,
             plan,
             chunk_tiles,
+            target,
             knobs,
             allow_unsupported,
             return_details,
@@ -410,6 +411,7 @@ def _emulate(
     causal,
     plan,
     chunk_tiles,
+    target,
     knobs,
     allow_unsupported,
     return_details,
@@ -441,18 +443,13 @@ def _emulate(
             f"q: dtype {q.dtype} is not one the kernel takes (bfloat16 or float8_e4m3fn"
             f"{'' if allow_unsupported else '; float16/float32 need allow_unsupported=True'})"
         )
+    q_dtype = "e4m3" if fp8_q else "bf16"
     if not allow_unsupported:
-        if not fp8_q and fmt.name != "e4m3":
+        reason = unsupported_reason(fmt.name, q_dtype, d, ps)
+        if reason is not None:
             raise ValueError(
-                f"q: the kernel runs {fmt.name} KV only on the fp8-Q path (q float8_e4m3fn), got q {q.dtype}; "
-                f"pass allow_unsupported=True to emulate it anyway"
+                f"q: the kernels cannot run this problem ({reason}); pass allow_unsupported=True to emulate it"
             )
-        if d % HEAD_DIM_MULTIPLE:
-            raise ValueError(
-                f"q: head dim {d} is not a multiple of {HEAD_DIM_MULTIPLE} (allow_unsupported=True to emulate)"
-            )
-        if ps not in PAGE_SIZES:
-            raise ValueError(f"cache: page_size {ps} is not one of {PAGE_SIZES}")
     if ps < 1 or ps & (ps - 1):
         raise ValueError(f"cache: page_size {ps} is not a power of two")
     short = (seq_lens > 0) & (seq_lens < q_len)
@@ -478,10 +475,12 @@ def _emulate(
     n_rows = q_len * h_r
     if plan is not None and chunk_tiles is not None:
         raise ValueError("plan: pass either plan or chunk_tiles, not both")
-    if plan is None:
-        plan = (
-            chunked_plan(seq_lens, chunk_tiles) if chunk_tiles is not None else kernel_plan(seq_lens, heads_k, n_rows)
-        )
+    tgt = default_target(cache.k_pool.device) if target is None else get_target(target)
+    if plan is None and chunk_tiles is not None:
+        plan = chunked_plan(seq_lens, chunk_tiles)
+    elif plan is None:
+        plan_d = d if d in HEAD_DIMS else HEAD_DIMS[0]  # beyond the kernels (allow_unsupported): plan as for 128
+        plan = default_plan(seq_lens, heads_k, n_rows, target=tgt, q_dtype=q_dtype, head_dim=plan_d)
     if not isinstance(plan, SplitPlan):
         raise ValueError(f"plan: expected a SplitPlan, got {type(plan).__name__}")
     plan.check(seq_lens.tolist())

@@ -1,4 +1,4 @@
-"""The Thor decode kernel's arithmetic, one function per kernel stage (NUMERICS.md section 5).
+"""The decode kernels' arithmetic, one function per kernel stage (docs/numerics.md, "The kernel's arithmetic").
 
 Every function works on whole batches at once: a leading "chunk" dimension (one per work item of the
 split plan, i.e. one CTA per kv head), then the kv head, then query rows / key rows. Shapes below use
@@ -32,11 +32,11 @@ representable data, so the emulator is bit-identical on CPU and CUDA.
    (:data:`TENSOR_CORE_REL_BOUND`, the classical recursive-summation bound), per tile (n = d for S,
    n = 128 keys + the accumulator for O). Hopper's fp8 tensor cores do not meet it: their e4m3 products
    were off by up to ~2^-10 of ``sum(|a_i b_i|)`` already at 32 terms
-   (``python -m benchmarks.probe_fp8_accumulation``), so the Hopper kernel multiplies exactly widened
-   f16 / bf16 values (its fp8 wgmma variant is an experimental, non-conformant option).
+   (``python -m benchmarks.probes.probe_fp8_accumulation``), so the Hopper kernel multiplies exactly widened
+   f16 / bf16 values (an fp8 wgmma variant, not conformant, was measured and removed: reports/hopper/).
 2. **ex2.approx.ftz.f32** (p, the correction, the split weights): modelled as the correctly rounded
-   fp32 exp2 with subnormal results flushed to +0. Hardware differs by at most 2 ulp (NUMERICS.md
-   section 4; measured 0 e4m3(p * 448) code differences, 12 bf16 ones over 4M points).
+   fp32 exp2 with subnormal results flushed to +0. Hardware differs by at most 2 ulp (docs/numerics.md,
+   "Special functions"; measured 0 e4m3(p * 448) code differences, 12 bf16 ones over 4M points).
    Correct rounding is computed from float64 exp2 (error < 2 float64 ulps), and the rare results
    within 2^7 float64 ulps (2^-22 fp32 ulp) of an fp32 rounding midpoint are redone in 60-digit decimal
    arithmetic (:func:`exp2_f32`), so CPU and CUDA libm differences cannot show.
@@ -47,7 +47,7 @@ representable data, so the emulator is bit-identical on CPU and CUDA.
 5. **fp32 add / mul / div** (softmax, epilogue, reduction): IEEE round to nearest even, as the
    hardware's ``add.rn``/``mul.rn``/``div.rn``. The reduction's ``l_acc += w * l`` and
    ``o_acc += w * o`` are one fma per term, as the reduction kernel writes them
-   (``mjolnir_kernel.thor.reduction_kernel.weighted_add``, ``FFMA`` in its SASS).
+   (``mjolnir_kernel.reduction.weighted_add``, ``FFMA`` in its SASS).
 6. **Conversions**: e4m3 / fp6 / fp4 by :func:`mjolnir_numerics.quantize.quantize` (bit-exact
    ``cvt.rn.satfinite``); bf16 and e5m2 by torch's round-to-nearest-even casts (exact for the
    in-range values they see here).
@@ -321,7 +321,7 @@ def exact_dot_f32(a: torch.Tensor, b: torch.Tensor, addend: Optional[torch.Tenso
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernel stages (NUMERICS.md section 5, steps 3-11)
+# Kernel stages (docs/numerics.md, "The kernel's arithmetic", steps 3-11)
 # ----------------------------------------------------------------------------------------------
 def score_tile(
     q: torch.Tensor,

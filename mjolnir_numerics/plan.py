@@ -24,7 +24,9 @@ from typing import Sequence, Union
 
 import torch
 
-__all__ = ["TILE_KEYS", "SplitPlan", "plan_split_kv", "chunked_plan"]
+from .targets import Target, get_target
+
+__all__ = ["TILE_KEYS", "SplitPlan", "plan_split_kv", "chunked_plan", "default_plan"]
 
 TILE_KEYS = 128
 """Keys per KV tile: the M of the S = K.Q GEMM (one key row per thread of the softmax warpgroup)."""
@@ -216,3 +218,37 @@ def chunked_plan(seq_lens: Union[Sequence[int], torch.Tensor], chunk_tiles: int 
         n_splits.append(k)
         work.extend((b, j * chunk, min((j + 1) * chunk, t), j) for j in range(k))
     return SplitPlan(tuple(work), tuple(n_splits), chunk, len(work))
+
+
+def default_plan(
+    seq_lens: Union[Sequence[int], torch.Tensor],
+    heads_k: int,
+    n_q: int,
+    *,
+    target: Union[str, Target],
+    q_dtype: str = "bf16",
+    head_dim: int = 128,
+    pad_to: int = 0,
+) -> SplitPlan:
+    """The plan a decode call makes when it is given none: :func:`plan_split_kv` with the target's SM
+    count, CTAs per SM (at ``head_dim``), query tiles (for ``n_q`` rows on the ``q_dtype`` path) and
+    split limit. ``mjolnir_kernel.decode`` and :func:`~mjolnir_numerics.emulate_decode` both call it, so
+    with default arguments they walk the same chunks on every target.
+
+    Args:
+        seq_lens: keys per sequence (ints >= 0, a list or an integer tensor).
+        heads_k: KV heads.
+        n_q: packed query rows per KV head, ``q_len * h_q / h_k``.
+        target: a :class:`~mjolnir_numerics.targets.Target` or its name (``"thor"``, ``"h200"`` ...).
+        q_dtype: ``"bf16"`` or ``"e4m3"`` (the e4m3-Q path may need a wider query tile).
+        head_dim: d (the CTAs per SM may depend on it).
+        pad_to: > 0 pads the work list to this many items (a fixed grid for CUDA graphs).
+
+    Raises:
+        ValueError: as :func:`plan_split_kv`, or for an unknown target or head dim.
+    """
+    t = get_target(target)
+    return plan_split_kv(
+        seq_lens, heads_k, n_q_tiles=t.n_q_tiles(n_q, q_dtype), sm_count=t.sm_count, ctas_per_sm=t.ctas(head_dim),
+        max_splits=t.max_splits, pad_to=pad_to,
+    )  # fmt: skip

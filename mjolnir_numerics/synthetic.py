@@ -1,6 +1,6 @@
 """Synthetic decode inputs that look like real post-RoPE queries, keys and values.
 
-Real K/V caches are not Gaussian; what makes them hard to quantize is known (see ANCHORS.md, "What
+Real K/V caches are not Gaussian; what makes them hard to quantize is known (see docs/data.md, "What
 real K/V look like"). Each *kind* below models one of those properties, so the accuracy study can
 measure every KV format against each of them separately:
 

@@ -2,93 +2,316 @@
 
 ::
 
-    mjolnir study                 # the default grid (<= 10 min on a 2-core CPU) into reports/
-    mjolnir study --quick         # the CI-sized grid (<= 1 min)
+    mjolnir study                 # the default grid (about 3 minutes on a 2-core CPU) into runs/<UTC time>/
+    mjolnir study --quick         # the CI-sized grid (about 25 s on a 2-core CPU)
+    mjolnir study --out reports   # regenerate the committed report in reports/
     mjolnir study --device cuda   # emulator, references and the model on a GPU
     mjolnir study --out /tmp/r --seed 1 --no-real-model
 
 Writes ``OUT/study.csv`` (tidy rows), ``OUT/kv_stats.csv`` (captured K/V facts, with the real model),
-``OUT/report.md`` and ``OUT/figures/*.png``.
+``OUT/report.md`` and ``OUT/figures/*.png``; ``OUT`` is ``runs/<UTC timestamp>/`` under the current
+directory unless ``--out`` names it (``runs/`` is git-ignored, so the default run leaves the tree clean).
+At the end it prints (stdout) the folder, the files written and the report's headline table.
+
+Every flag is checked before any work starts; a bad one prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-__all__ = ["main", "build_parser"]
+__all__ = ["CLIError", "build_parser", "check_device", "check_out", "default_out", "main", "resolve_out"]
+
+# Measured on the 2-core CPU (model load included), with another job sharing the machine: --quick 19-30 s
+# wall (18 s CPU); the default 2 min 49 s - 3 min 50 s wall (2 min 29 s CPU), 2-3 min of it end to end.
+QUICK_TIME = "25 s"
+DEFAULT_TIME = "3 minutes"
+SEED_MAX = 2**63 - 1  # the synthetic seeds add up to ~1e6 to it; torch generators take < 2**64
+
+
+class CLIError(Exception):
+    """A bad command line: :func:`main` prints ``mjolnir: error: MESSAGE`` (one line) and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (no usage block) raised as :class:`CLIError`."""
+
+    def error(self, message: str):
+        raise CLIError(f"{message} (see {self.prog} --help)")
+
+
+def _int_at_least(low: int, high: Optional[int] = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"expected an int {bound}, got {text!r}")
+        return value
+
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mjolnir", description="Mjolnir: low-precision KV cache numerics.")
+    parser = _Parser(prog="mjolnir", description="Mjolnir: low-precision KV cache numerics.")
     sub = parser.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("study", help="run the accuracy-vs-format study and regenerate the report")
-    s.add_argument("--quick", action="store_true", help="the small CI grid (<= 1 minute on a 2-core CPU)")
+    s = sub.add_parser(
+        "study",
+        help="run the accuracy-vs-format study and write the report",
+        description=f"Run the accuracy-vs-format study (about {DEFAULT_TIME} on a 2-core CPU; --quick about "
+        f"{QUICK_TIME}) and write study.csv, report.md and figures/ into the output folder.",
+    )
+    s.add_argument("--quick", action="store_true", help=f"the small CI grid (about {QUICK_TIME} on a 2-core CPU)")
     s.add_argument("--device", default="cpu", help="torch device for the emulator, references and model (cpu, cuda)")
-    s.add_argument("--out", default="reports", help="report folder (default: reports/)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
+    s.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: runs/<UTC timestamp>/ under the current directory, git-ignored; "
+        "--out reports regenerates the committed report)",
+    )
+    s.add_argument("--seed", type=_int_at_least(0, SEED_MAX), default=0, help="seed of the synthetic data (default 0)")
     s.add_argument("--no-real-model", action="store_true", help="skip the SmolLM2 parts (capture, layers, end to end)")
-    s.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: fastest on a shared CPU)")
+    s.add_argument(
+        "--threads", type=_int_at_least(1), default=1, help="torch CPU threads (default 1: fastest on a shared CPU)"
+    )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
-def _check_device(device: str) -> str:
+# --------------------------------------------------------------------------------------------------
+# Validation (all before any work)
+# --------------------------------------------------------------------------------------------------
+def check_device(device: str) -> str:
+    """``device`` as torch spells it, or :class:`CLIError` when it is not a usable cpu / cuda device."""
     import torch
 
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise SystemExit(f"--device: {device!r} is not a torch device (allowed: cpu, cuda, cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device: {device!r} asked for, but torch.cuda.is_available() is False")
+    except (RuntimeError, TypeError, ValueError):
+        raise CLIError(f"--device: {device!r} is not a torch device (allowed: cpu, cuda, cuda:N)") from None
     if dev.type not in ("cpu", "cuda"):
-        raise SystemExit(f"--device: {device!r}; allowed: cpu, cuda, cuda:N")
+        raise CLIError(f"--device: {device!r}; allowed: cpu, cuda, cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CLIError(f"--device: {device!r} asked for, but torch.cuda.is_available() is False")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise CLIError(f"--device: {device!r}, but only {torch.cuda.device_count()} CUDA device(s) are visible")
     return str(dev)
 
 
+def default_out(cwd: Optional[Path] = None, now: Optional[datetime.datetime] = None) -> Path:
+    """``cwd/runs/<UTC timestamp YYYYMMDD-HHMMSS>`` (``-2``, ``-3``, ... appended if that folder exists)."""
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    now = datetime.datetime.now(datetime.timezone.utc) if now is None else now
+    base = cwd / "runs" / now.astimezone(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def resolve_out(out: Optional[str], cwd: Optional[Path] = None, now: Optional[datetime.datetime] = None) -> Path:
+    """The output folder ``mjolnir study`` writes to: ``--out`` as given, else :func:`default_out`."""
+    if out is None:
+        return default_out(cwd, now)
+    if not out.strip():
+        raise CLIError("--out: empty path")
+    path = Path(out).expanduser()
+    return path if path.is_absolute() or cwd is None else Path(cwd) / path
+
+
+def check_out(path: Path) -> Path:
+    """``path`` if it can be the output folder (a writable folder, or creatable), else :class:`CLIError`.
+
+    Nothing is created here.
+    """
+    if path.exists():
+        if not path.is_dir():
+            raise CLIError(f"--out: {str(path)!r} exists and is not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise CLIError(f"--out: {str(path)!r} is not writable")
+        return path
+    parent = path.parent
+    while not parent.exists():  # the nearest existing ancestor must be a writable folder
+        if parent == parent.parent:
+            break
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CLIError(f"--out: cannot create {str(path)!r}: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CLIError(f"--out: cannot create {str(path)!r}: {str(parent)!r} is not writable")
+    return path
+
+
+def _make_out(path: Path) -> bool:
+    """Create the output folder; True if this call created it."""
+    existed = path.is_dir()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CLIError(f"--out: cannot create {str(path)!r}: {e.strerror or e}") from None
+    return not existed
+
+
+# --------------------------------------------------------------------------------------------------
+# The end-of-run summary
+# --------------------------------------------------------------------------------------------------
+def _display(path: Path) -> str:
+    """``path`` relative to the current directory when it is under it, else absolute."""
+    path = path.absolute()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _cell(v, fmt: str) -> str:
+    try:
+        if v != v:  # NaN
+            return "-"
+        return format(v, fmt)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+HEADLINE_COLUMNS = (  # (summary_table column, header, format)
+    ("fmt", "fmt", ""),
+    ("bits", "bits", ".4g"),
+    ("syn_rel_l2", "syn_rel_l2", ".4f"),
+    ("syn_cosine", "syn_cos", ".5f"),
+    ("real_rel_l2", "real_rel_l2", ".4f"),
+    ("real_worst_layer_rel_l2", "real_worst", ".4f"),
+    ("e2e_kl", "e2e_kl", ".4f"),
+    ("e2e_top1", "e2e_top1", ".3f"),
+    ("e2e_ppl", "e2e_ppl", ".2f"),
+)
+
+
+def summary_lines(df, out: Path, files: Sequence[Path], seconds: float, info: Optional[dict] = None) -> list[str]:
+    """The one-screen summary (< 25 lines): output folder, files written, the report's headline table
+    (:func:`mjolnir_study.report.summary_table`, one row per KV format) and the anchor verdicts."""
+    from . import report
+
+    info = info or {}
+    lines = [f"mjolnir study: wrote {_display(out)}/ in {seconds:.0f} s"]
+    pngs = [f for f in files if f.suffix == ".png"]
+    for f in files:
+        if f.suffix != ".png":
+            rows = ""
+            if f.suffix == ".csv":
+                with f.open() as fh:
+                    rows = f"  ({max(0, sum(1 for _ in fh) - 1)} rows)"
+            lines.append(f"  {f.relative_to(out).as_posix()}{rows}")
+    if pngs:
+        lines.append(f"  figures/*.png  ({len(pngs)}: {', '.join(p.stem for p in pngs)})")
+    st = report.summary_table(df)
+    cols = [(c, h, f) for c, h, f in HEADLINE_COLUMNS if c in st.columns]
+    if len(st):
+        lines.append("Headline (report.md), per KV format; rel_l2 / cosine of the decode output O:")
+        legend = ["syn = median over synthetic kinds (per_head scales, e4m3 Q)"]
+        if "real_rel_l2" in st.columns:
+            legend.append("real = median / worst SmolLM2 layer")
+        if "e2e_kl" in st.columns:
+            e2e = df[df.part == "end_to_end"]
+            legend.append(f"e2e = SmolLM2 end to end (KL nats/token; ppl unquantized {e2e.ppl_ref.iloc[0]:.2f})")
+        lines.extend("  " + x for x in legend)
+        table = [[h for _, h, _ in cols]] + [[_cell(r[c], f) for c, _, f in cols] for _, r in st.iterrows()]
+        widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+        for row in table:
+            cells = [x.ljust(w) if i == 0 else x.rjust(w) for i, (x, w) in enumerate(zip(row, widths))]
+            lines.append("  " + "  ".join(cells).rstrip())
+    if info.get("real_model", "used") != "used":
+        lines.append(f"Real model: {info['real_model']}")
+    findings = report.anchor_findings(df)
+    if findings:
+        verdicts = [f["verdict"] for f in findings]
+        order = ["agrees", "partly", "disagrees"] + sorted(set(verdicts) - {"agrees", "partly", "disagrees"})
+        counts = ", ".join(f"{v} {verdicts.count(v)}" for v in order if v in verdicts)
+        lines.append(f"Published anchors: {counts} (see report.md)")
+    md = [f for f in files if f.name == "report.md"]
+    if md:
+        lines.append(f"Report: {_display(md[0])}")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------
+# The command
+# --------------------------------------------------------------------------------------------------
 def run_study_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Validate every flag (:class:`CLIError` on a bad one, before any work), run the study, write and summarize."""
+    device = check_device(args.device)
+    if args.threads < 1:  # argparse checks these; a Namespace built by hand may not be
+        raise CLIError(f"--threads: expected an int >= 1, got {args.threads!r}")
+    if not 0 <= args.seed <= SEED_MAX:
+        raise CLIError(f"--seed: expected an int in [0, {SEED_MAX}], got {args.seed!r}")
+    out = check_out(resolve_out(args.out))
+
     from . import report
     from .study import StudyConfig, read_csv, run_study, write_csv
 
-    device = _check_device(args.device)
     preset = StudyConfig.quick if args.quick else StudyConfig.default
-    if args.threads < 1:
-        raise SystemExit(f"--threads: {args.threads} must be >= 1")
-    config = preset(device=device, seed=args.seed, real_model=not args.no_real_model, cpu_threads=args.threads)
-    out = Path(args.out)
+    try:
+        config = preset(device=device, seed=args.seed, real_model=not args.no_real_model, cpu_threads=args.threads)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    created = _make_out(out)
     t0 = time.perf_counter()
 
     def log(line: str) -> None:
         print(f"[mjolnir study] {line}", file=sys.stderr, flush=True)
 
-    log(f"preset {config.name}, device {device}, out {out}/")
-    result = run_study(config, progress=not args.no_progress, log=log)
-    csv_path = write_csv(result.rows, out / "study.csv")
-    stats = result.info.get("kv_stats")
-    if stats:
-        with (out / "kv_stats.csv").open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(stats[0]))
-            w.writeheader()
-            w.writerows(stats)
-    command = "mjolnir " + " ".join(shlex.quote(a) for a in argv)
-    md = report.write_report(read_csv(csv_path), out, config=config.to_dict(), info=result.info, command=command)
-    log(f"{len(result.rows)} rows -> {csv_path}; report -> {md} ({time.perf_counter() - t0:.0f} s)")
+    try:
+        log(f"preset {config.name}, device {device}, out {_display(out)}/")
+        result = run_study(config, progress=not args.no_progress, log=log)
+        csv_path = write_csv(result.rows, out / "study.csv")
+        files = [csv_path]
+        stats = result.info.get("kv_stats")
+        if stats:
+            with (out / "kv_stats.csv").open("w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(stats[0]))
+                w.writeheader()
+                w.writerows(stats)
+            files.append(out / "kv_stats.csv")
+        command = "mjolnir " + " ".join(shlex.quote(a) for a in argv)
+        df = read_csv(csv_path)
+        md = report.write_report(df, out, config=config.to_dict(), info=result.info, command=command)
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # leave no empty runs/<timestamp>/ behind a failed or interrupted run
+        raise
+    files.append(md)
+    figures = list(report.FIGURES) + (["kv_stats"] if stats else [])
+    files += [p for p in (out / "figures" / f"{name}.png" for name in figures) if p.exists()]
+    seconds = time.perf_counter() - t0
+    print("\n".join(summary_lines(df, out, files, seconds, result.info)), flush=True)
     return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the ``mjolnir`` console script (``argv`` defaults to ``sys.argv[1:]``)."""
+    """Entry point of the ``mjolnir`` console script (``argv`` defaults to ``sys.argv[1:]``).
+
+    Returns 0 on success and 2 on a bad command line (one line on stderr, nothing run).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    if args.command == "study":
-        return run_study_command(args, argv)
-    raise AssertionError(args.command)  # argparse rejects unknown subcommands
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "study":
+            return run_study_command(args, argv)
+        raise AssertionError(args.command)  # argparse rejects unknown subcommands
+    except CLIError as e:
+        print(f"mjolnir: error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

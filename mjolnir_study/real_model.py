@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 # NVFP4 recipes as data: name -> (nvfp4_quantize keyword arguments, global scale divisor of amax).
-# The divisor maps amax to the decode multiplier g = amax / divisor (NUMERICS.md section 3).
+# The divisor maps amax to the decode multiplier g = amax / divisor (docs/numerics.md, NVFP4).
 NVFP4_RECIPES: dict[str, tuple[dict, float]] = {
     "amax": ({}, 6.0 * 448.0),  # torchao / ModelOpt / TRT-LLM (the cache's default)
     "four_over_six": ({"four_over_six": True}, 6.0 * 448.0),  # vLLM nvfp4_4over6

@@ -12,6 +12,7 @@ import datetime
 import importlib.metadata
 import json
 import math
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -85,6 +86,26 @@ def _md_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
                 cells.append(str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _repo_link(rel: str, out_dir: str | Path) -> str:
+    """A markdown link from a report in ``out_dir`` to the repository file ``rel`` (``docs/data.md#section``).
+
+    Relative, so it works wherever the checkout sits, when ``out_dir`` is inside the checkout this package
+    belongs to (``reports/``, ``runs/<timestamp>/``); elsewhere (``/tmp/r``) the plain repository path.
+    """
+    rel, _, fragment = rel.partition("#")
+    repo = Path(__file__).resolve().parents[1]
+    out = Path(out_dir).resolve()
+    if (repo / "pyproject.toml").exists():
+        try:
+            out.relative_to(repo)
+        except ValueError:
+            pass
+        else:
+            target = Path(os.path.relpath(repo / rel, out)).as_posix() + (f"#{fragment}" if fragment else "")
+            return f"[{rel}]({target})"
+    return f"`{rel}`"
 
 
 def _label(fmt: str, recipe: str = "amax") -> str:
@@ -368,7 +389,8 @@ def plot_real_layers(df: pd.DataFrame, metric: str = "rel_l2"):
     ax.set_ylabel(metric)
     ax.set_title("SmolLM2-135M, held-out text: decode attention error per layer (head dim 64, research switch)")
     ax.title.set_fontsize(9)
-    ax.legend(fontsize=7, ncol=5)
+    if ax.get_legend_handles_labels()[0]:  # no lines without the real model
+        ax.legend(fontsize=7, ncol=5)
     ax.grid(alpha=0.3)
     return fig
 
@@ -480,7 +502,8 @@ def _get(df: pd.DataFrame, **eq) -> pd.DataFrame:
 
 
 def anchor_findings(df: pd.DataFrame) -> list[dict]:
-    """Each published anchor (ANCHORS.md) next to this study's number and a verdict computed from it.
+    """Each published anchor (docs/data.md, published accuracy anchors) next to this study's number and a
+    verdict computed from it.
 
     Returns dicts with ``anchor``, ``ours`` and ``verdict`` (``agrees`` / ``disagrees`` /
     ``partly`` / ``not measured``).
@@ -700,7 +723,8 @@ def write_report(
 
     Args:
         df: the tidy rows (:func:`mjolnir_study.study.read_csv`).
-        out_dir: the report folder (``reports/`` for the default study).
+        out_dir: the report folder (``mjolnir study`` default: ``runs/<UTC timestamp>/``; the committed
+            report: ``reports/``). Links in the report are relative to it.
         config: the :class:`~mjolnir_study.study.StudyConfig` as a dict (printed in the report).
         info: run facts from :func:`~mjolnir_study.study.run_study` (timings, model sanity, K/V stats).
         command: the command line that produced the run.
@@ -803,7 +827,8 @@ def write_report(
         L.append(
             "**The forward is right.** Perplexity of the first "
             f"{info.get('ppl_tokens')} held-out tokens with exact attention: **{info['ppl_heldout']:.2f}** "
-            "(ANCHORS.md: 17.8 on 512 tokens of the same corpus; the half-split RoPE bug gives ~345). "
+            f"({_repo_link('docs/data.md#smollm2-facts', out)}, SmolLM2 facts: 17.8 on 512 tokens of the same "
+            "corpus; the half-split RoPE bug gives ~345). "
             f"Greedy continuation of “{info.get('greedy_prompt')}”: "
             f"“{' '.join(info.get('greedy_continuation', '').split())}”."
         )

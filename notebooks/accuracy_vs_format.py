@@ -19,7 +19,7 @@
 # Decode attention through the spec (`emulate_decode`, bit-faithful to the Thor kernel) against float64
 # attention on the unquantized inputs, over KV format x scale granularity x Q dtype x synthetic kind,
 # error vs context length, and the NVFP4 recipes. `mjolnir study` runs the same grid (plus the real
-# model) and writes `reports/`; this notebook shows the synthetic parts with their claims asserted.
+# model) and writes its report (`--out reports` regenerates `reports/`); this notebook shows the synthetic parts.
 
 # %% tags=["parameters"]
 import os

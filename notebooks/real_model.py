@@ -58,7 +58,7 @@ print(f"perplexity on {ppl_tokens} held-out tokens: {ppl:.2f}")
 print("greedy continuation of 'The assert statement':", repr(text))
 
 # %%
-# claims: perplexity near ANCHORS.md's 17.8 on 512 tokens (the half-split RoPE bug gives ~345); the text is English
+# claims: perplexity near docs/data.md's 17.8 on 512 tokens (the half-split RoPE bug gives ~345); the text is English
 assert 8 < ppl < 30
 assert len(text.split()) >= 5 and sum(c.isalpha() for c in text) > 0.6 * len(text.replace(" ", ""))
 

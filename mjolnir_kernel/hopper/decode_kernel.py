@@ -2,9 +2,8 @@
 
 One CTA of eight warps per (work item, 16-row query tile, KV head); a work item (seq, tile_begin,
 tile_end, slot) of the split plan is a contiguous range of 128-key tiles that the CTA streams front
-to back through a ``stages``-deep cp.async ring (pages at or past the sequence end are zero-filled, not
-read; the loads mark their L2 lines evict-first unless ``evict_first=False``; ``loads="bulk"`` fills the ring
-by ``cp.async.bulk`` per key row instead, measured slower). Per tile, all eight warps:
+to back through a two-tile cp.async ring (pages at or past the sequence end are zero-filled, not read;
+the loads mark their L2 lines evict-first: KV is read once). Per tile, all eight warps:
 
   1. S = Q.K^T for 16 keys each (warp w: keys 16w .. 16w + 15), mma.m16n8k16 with fp32 accumulate;
      K's fp8 bytes come from shared memory by ``ldmatrix`` and are widened exactly in registers;
@@ -22,24 +21,23 @@ tile). The head-dim order inside one MMA is a relabeling (the sum is order-free 
 2c, 2c + 1, 2c + 8, 2c + 9; Q is loaded in the same order.
 
 Sub-byte formats: the ring holds the packed rows (and NVFP4's block-scale rows); after a tile lands,
-all warps convert it to e4m3 bytes in one K and one V tile buffer (fp6 by exact f16 arithmetic, e2m1 by
-a byte-permute table, NVFP4 by a table of the block's eight e4m3(m * scale / 8) built per 16 codes;
-``ptx.py``), which steps 1-4 then read like an e4m3 tile. With ``k_operand="registers"`` (the default for
-e2m1, e3m2 and e2m3) only V goes through an e4m3 tile: in step 1 each lane (g, c) loads its keys' packed
-bytes c d / 4 .. (c + 1) d / 4 (head dims in the same relabeling freedom as above; Q is loaded in that order)
-and converts them straight into its fragments, and the row-max barrier of step 2 also completes the V tile
-(converted before K's codes, or after the QK MMAs are issued: ``v_convert``, "late" by default at d = 256).
-With K in registers, ``schedule="overlap"`` (the default for e2m1) runs step 4 of tile i between the barriers
-of steps 1-2 of tile i + 1, with two e4m3 V tiles (``_overlap_step``): two block barriers per tile, not three.
-``mma_layout="keys"`` (8-row query tiles, K in registers; an option, not a default) swaps the MMA operands,
-S^T = K.Q^T with 16 keys on M and O^T = V^T.P^T with 16 head dims on M, the 8 query rows on N (``_qk_m`` ..
-``_epilogue_m``; P goes to shared memory as P^T): the same fragments of K and V, half the MMAs, the same
-bits, but not faster on the H200 (0.91-1.05x of the rows layout).
+the warps convert V (and for NVFP4 at d = 128 also K) to e4m3 bytes in a tile buffer, which steps 1-4
+then read like an e4m3 tile. e2m1, e3m2 and e2m3 codes become e4m3 bytes of value * 2^-k by placing
+their bits (``scaled_kv``; Q and P carry the 2^k, so every product is the same); NVFP4 codes are looked
+up in a table of the block's eight e4m3(m * scale / 8), built once per 16 codes (``ptx.py``). Except for
+NVFP4 at d = 128 (``HopperConfig.k_registers``), K skips the tile: in step 1 each lane (g, c) loads its
+keys' packed bytes c d / 4 .. (c + 1) d / 4 (head dims in the same relabeling freedom as above; Q is
+loaded in that order) and converts them straight into its fragments, and the row-max barrier of step 2
+also completes the V tile (converted before K's codes at d = 128, after the QK MMAs are issued at
+d = 256: ``HopperConfig.v_late``). For e2m1 (``HopperConfig.overlap``) step 4 of tile i runs between the
+barriers of steps 1-2 of tile i + 1, with two e4m3 V tiles (``_overlap_step``): two block barriers per
+tile, not three. Each of these choices was measured faster on the H200 than its alternative (the
+``HopperConfig`` docstring says where).
 
 Row sums follow the Thor kernel's order exactly: one running sum per key slot of the tile (a TMEM lane
 there), combined at the end with the same butterfly tree over each 32 keys (key xor 16, 8, 4, 2, 1)
-and the four 32-key sums added left to right. The arithmetic is NUMERICS.md section 5
-stage by stage; ``mjolnir_numerics.emulate_decode`` models it.
+and the four 32-key sums added left to right. The arithmetic, stage by stage, is the spec's
+(``mjolnir_numerics.emulator_stages``; docs/numerics.md); ``mjolnir_numerics.emulate_decode`` models it.
 
 Tensors (element strides from ``mjolnir_kernel.host``): Q (b, h_k, n_q, d) packed rows with a free
 sequence stride; K/V logical (pages, PS, h_k, d) views of any layout with d contiguous; O like Q (bf16);
@@ -47,9 +45,7 @@ LSE (b, h_k, n_q) fp32; partials o/m/l (splits, b, h_k, n_q[, d]) fp32.
 """
 
 from types import SimpleNamespace
-from typing import Tuple
 
-import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
@@ -57,28 +53,16 @@ import cutlass.memory
 
 from mjolnir_numerics.formats import FORMATS
 
-from ..config import EVICT_FIRST_POLICY
-from ..kernel_views import shared_views
-from ..thor.reduction_kernel import LOG2_E, SplitReduction, inverse_sum, merged_lse, split_weight, weighted_add
+from ..kernel_views import DecodeEntry, shared_views
+from ..reduction import LOG2_E, SplitReduction
 from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
 from .ptx import (
-    atom_add_acq_rel_gpu,
-    ld_global_f32,
-    ld_global_v4_f32,
-    st_global_b32,
-    bulk_copy_g2s,
-    fence_mbarrier_init,
     l2_evict_first_policy,
-    mbarrier_arrive_expect_tx,
-    mbarrier_complete_tx,
-    mbarrier_init,
-    mbarrier_wait,
     cp_async_8,
     cp_async_16,
     e2m1x8_to_e4m3x8,
     e2m1x8_to_e4m3x8_scaled,
     nvfp4_block_table,
-    fp6x16_to_e4m3x16,
     fp6x16_to_e4m3x16_scaled,
     f16x2_times_pow2,
     SCALED_KV_EXPONENT,
@@ -99,7 +83,6 @@ from .ptx import (
     mma_m16n8k16,
     st_global_v2_b32,
     st_global_v4_f32,
-    st_global_v2_f32,
     st_shared_b32,
     ld_shared_f32,
     st_shared_f32,
@@ -116,10 +99,9 @@ def _fmax(a, b):
     return cute.arch.fmax(a, b, nan=True)
 
 
-class HopperDecodeKernel:
+class HopperDecodeKernel(DecodeEntry):
     """The Hopper decode kernel for one ``HopperConfig``; ``__call__`` takes the Thor kernel's arguments
-    (see ``mjolnir_kernel.thor.decode_kernel.ThorDecodeKernel``) plus ``split_counters_ptr`` after
-    ``l_part_ptr``: the fused merge's int32 arrival counts (``mjolnir_kernel.host.takes_split_counters``)."""
+    (``mjolnir_kernel.host.launch_args``)."""
 
     def __init__(self, config: HopperConfig):
         can_implement_hopper(config)
@@ -133,94 +115,42 @@ class HopperDecodeKernel:
         self.stages = config.ring_stages
         self.pages_per_tile = max(1, TILE_KEYS // config.page_size)
         self.fmt = FORMATS[config.kv_format]
-        self.bulk = config.bulk  # e4m3 tiles by cp.async.bulk, one per key row, rows padded (not swizzled)
-        self.tma = config.loads == "tma"  # e4m3 tiles by TMA: (page, 128-byte) boxes, hardware swizzle
-        self.mbar = config.mbarrier_ring
-        self.box_cols = min(d, 128)  # TMA box width in bytes (the 128-byte swizzle's span)
-        self.d_boxes = d // self.box_cols
-        self.row_stride = config.ring_row_bytes
         self.ring_tile_bytes = TILE_KEYS * config.ring_row_bytes  # one K (or V) ring stage
         self.scale_tile_bytes = TILE_KEYS * (config.head_dim // 16)  # NVFP4 scales of one K (or V) tile
         self.tile_bytes = config.tile_bytes
         self.launch_extra = {"use_pdl": True} if config.pdl else {}
-        # q_rows 8: the MMA tile's rows 8-15 are padding (n_q <= 8); each thread's softmax, row sums and
+        # q_tile 8: the MMA tile's rows 8-15 are padding (n_q <= 8); each thread's softmax, row sums and
         # O rescale cover its row g only, and P's rows 8-15 stay zero
-        self.halves = 1 if config.q_rows == 8 else 2
-        # k_operand="registers": lane (g, c) of a warp converts bytes c * k_span .. + k_span of its keys'
-        # packed rows (d / 4 codes: head dims c d / 4 .. (c + 1) d / 4 - 1) into its MMA fragments
+        self.halves = 1 if config.q_tile == 8 else 2
+        # K in registers: lane (g, c) of a warp converts bytes c * k_span .. + k_span of its keys' packed
+        # rows (d / 4 codes: head dims c d / 4 .. (c + 1) d / 4 - 1) into its MMA fragments
         self.k_regs = config.k_registers
         self.k_span = config.packed_row_bytes // 4 if config.packed else 0
         # scaled e2m1: V's e4m3 tile holds each 8 head dims as the even ones, then the odd ones (no byte
         # permutes); O's columns come out in that order and are put back once after the loop
-        # mma_layout="keys": S^T = K.Q^T and O^T = V^T.P^T, the 8 query rows on N (``_qk_m`` ...)
-        self.keys_m = config.keys_on_m
         self.v_even_odd = config.scaled_kv and config.kv_format == "e2m1"
-        self.fused_merge = config.fused_merge  # the last CTA of a split (seq, head, q tile) merges it
         self.reduction = None
-        if config.max_splits > 1 and not self.fused_merge:
+        if config.max_splits > 1:
             self.reduction = SplitReduction(config.max_splits, config.pdl)
 
     @cute.jit
-    def __call__(
-        self,
-        problem_shape: Tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32, cutlass.Int32],
-        max_blocks: cutlass.Int32,
-        num_pages: cutlass.Int32,
-        num_work: cutlass.Int32,
-        strides: Tuple[cutlass.Int32, ...],
-        q_ptr: cute.Pointer,
-        k_ptr: cute.Pointer,
-        v_ptr: cute.Pointer,
-        k_scales_ptr: cute.Pointer,
-        v_scales_ptr: cute.Pointer,
-        block_table_ptr: cute.Pointer,
-        seq_lens_ptr: cute.Pointer,
-        work_ptr: cute.Pointer,
-        n_splits_ptr: cute.Pointer,
-        q_descale_ptr: cute.Pointer,
-        k_descale_ptr: cute.Pointer,
-        v_descale_ptr: cute.Pointer,
-        o_ptr: cute.Pointer,
-        lse_ptr: cute.Pointer,
-        o_part_ptr: cute.Pointer,
-        m_part_ptr: cute.Pointer,
-        l_part_ptr: cute.Pointer,
-        split_counters_ptr: cute.Pointer,
-        scale_qs: cutlass.Float32,
-        scale_o: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
+    def launch(self, problem_shape, max_blocks, num_pages, num_work, strides, ptrs, scale_qs, scale_o, stream):
+        """The grids of one call (traced inside ``DecodeEntry.__call__``, the launch signature)."""
         b, h_k, n_q, d = problem_shape
         (q_seq, o_seq, k_page, k_row, k_head, v_page, v_row, v_head, _qd_seq, _qd_head, _kd_seq, _kd_head,
          _vd_seq, _vd_head, ks_page, ks_row, ks_head, vs_page, vs_row, vs_head) = strides  # fmt: skip
-        ptrs = SimpleNamespace(
-            block_table=block_table_ptr, seq_lens=seq_lens_ptr, n_splits=n_splits_ptr, q_descale=q_descale_ptr,
-            k_descale=k_descale_ptr, v_descale=v_descale_ptr, lse=lse_ptr, m_part=m_part_ptr, l_part=l_part_ptr,
-        )  # fmt: skip
         v = shared_views(problem_shape, max_blocks, self.config.max_splits, strides, ptrs)
-        v.work = cute.make_tensor(work_ptr, cute.make_layout((num_work, 4), stride=(4, 1)))
+        v.work = cute.make_tensor(ptrs.work, cute.make_layout((num_work, 4), stride=(4, 1)))
         # Q, K, V, O, the o partials and NVFP4 scales are addressed from their base pointers and strides.
         base = cute.make_layout((1,))
-        v.q, v.k, v.v = cute.make_tensor(q_ptr, base), cute.make_tensor(k_ptr, base), cute.make_tensor(v_ptr, base)
-        v.o, v.o_part = cute.make_tensor(o_ptr, base), cute.make_tensor(o_part_ptr, base)
-        v.k_scales, v.v_scales = cute.make_tensor(k_scales_ptr, base), cute.make_tensor(v_scales_ptr, base)
-        v.counters = cute.make_tensor(split_counters_ptr, base)  # int32 (b, h_k, q tiles), zero between launches
-        tma = (None, None, None, None)
-        if cutlass.const_expr(self.tma):  # TMA descriptors over the logical (PS, d, (h_k, pages)) K / V views
-            ps = self.config.page_size
-            pages = (h_k, num_pages)
-            k_view = cute.make_tensor(k_ptr, cute.make_layout((ps, d, pages), stride=(k_row, 1, (k_head, k_page))))
-            v_view = cute.make_tensor(v_ptr, cute.make_layout((ps, d, pages), stride=(v_row, 1, (v_head, v_page))))
-            op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
-            box = (ps, self.box_cols)
-            atom_k, tma_k = cute.nvgpu.cpasync.make_tiled_tma_atom(op, k_view, self._box_layout(), box)
-            atom_v, tma_v = cute.nvgpu.cpasync.make_tiled_tma_atom(op, v_view, self._box_layout(), box)
-            tma = (atom_k, tma_k, atom_v, tma_v)
+        v.q, v.k, v.v = cute.make_tensor(ptrs.q, base), cute.make_tensor(ptrs.k, base), cute.make_tensor(ptrs.v, base)
+        v.o, v.o_part = cute.make_tensor(ptrs.o, base), cute.make_tensor(ptrs.o_part, base)
+        v.k_scales, v.v_scales = cute.make_tensor(ptrs.k_scales, base), cute.make_tensor(ptrs.v_scales, base)
         self.kernel(
             v.q, v.k, v.v, v.k_scales, v.v_scales, v.block_table, v.seq_lens, v.work, v.n_splits, v.q_descale,
             v.k_descale, v.v_descale, v.o, v.lse, v.o_part, v.m_part, v.l_part, b, h_k, n_q, q_seq, o_seq, k_page,
             k_row, k_head, v_page, v_row, v_head, ks_page, ks_row, ks_head, vs_page, vs_row, vs_head, scale_qs,
-            scale_qs * LOG2_E, scale_o, num_pages, *tma, v.counters,
+            scale_qs * LOG2_E, scale_o,
         ).launch(
             grid=(num_work, cute.ceil_div(n_q, Q_TILE), h_k),
             block=[THREADS, 1, 1],
@@ -229,11 +159,7 @@ class HopperDecodeKernel:
             **self.launch_extra,
         )  # fmt: skip
 
-        if cutlass.const_expr(self.reduction is not None):
-            self.reduction.launch(
-                o_ptr, lse_ptr, o_part_ptr, m_part_ptr, l_part_ptr, v.n_splits, b, h_k * n_q, d, strides[1],
-                scale_o, stream,
-            )  # fmt: skip
+        self.launch_reduction(ptrs, v.n_splits, problem_shape, strides, scale_o, stream)
 
     # ------------------------------------------------------------------------------------------
     @cute.kernel
@@ -276,12 +202,6 @@ class HopperDecodeKernel:
         scale_qs: cutlass.Float32,
         scale_qs_log2_e: cutlass.Float32,
         scale_o: cutlass.Float32,
-        num_pages: cutlass.Int32,
-        atom_k,
-        tma_k,
-        atom_v,
-        tma_v,
-        mCnt: cute.Tensor,
     ):
         cfg = self.config
         f32, i32, i64 = cutlass.Float32, cutlass.Int32, cutlass.Int64
@@ -314,8 +234,6 @@ class HopperDecodeKernel:
             smem = cutlass.memory.SmemAllocator()
             ring = self._ring(smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page,
                               ks_row, ks_head, vs_page, vs_row, vs_head)  # fmt: skip
-            if cutlass.const_expr(self.tma):
-                self._tma_ring(ring, atom_k, tma_k, atom_v, tma_v, head, h_k, num_pages, tid)
             p_buf = smem.allocate_array(cutlass.Uint8, Q_TILE * P_ROW_BYTES, byte_alignment=128).toint()
             # (warp, row) at row * WARPS + warp: a row's eight warp maxima are two 16-byte vectors
             s_max = smem.allocate_tensor(f32, cute.make_layout((WARPS, Q_TILE), stride=(1, WARPS)), 16)
@@ -402,61 +320,19 @@ class HopperDecodeKernel:
                     cute.arch.sync_threads()
                     self._pv(o_acc, p_buf, v_stage, warp, lane)
 
-            if cutlass.const_expr(self.v_even_odd and self.keys_m):
-                self._o_in_natural_order_m(o_acc, g)
-            elif cutlass.const_expr(self.v_even_odd):
+            if cutlass.const_expr(self.v_even_odd):
                 self._o_in_natural_order(o_acc, c)
             cute.arch.cp_async_wait_group(0)
-            if cutlass.const_expr(self.keys_m):
-                self._epilogue_m(
-                    row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb,
-                    head, b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
-                )  # fmt: skip
-            else:
-                self._epilogue(
-                    row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,
-                    b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
-                )  # fmt: skip
-            if cutlass.const_expr(self.fused_merge):
-                self._merge_if_last(
-                    ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, mCnt, seq, head, hb, b, h_k, n_q, n_base, o_seq,
-                    scale_o,
-                )  # fmt: skip
+            self._epilogue(
+                row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,
+                b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
+            )  # fmt: skip
 
     # -- the phases of one tile (steps 1-4 of the module docstring); ``t``: the CTA's state (kernel) -------
-    # Each dispatches to its query-rows-on-M form (``_*_rows``) or its keys-on-M form (``_*_m``, mma_layout="keys").
     @cute.jit
     def _qk(self, sacc, t, k_stage, k_scales):
-        if cutlass.const_expr(self.keys_m):
-            self._qk_m(sacc, t, k_stage, k_scales)
-        else:
-            self._qk_rows(sacc, t, k_stage, k_scales)
-
-    @cute.jit
-    def _row_max(self, sacc, t, tile):
-        if cutlass.const_expr(self.keys_m):
-            self._row_max_m(sacc, t, tile)
-        else:
-            self._row_max_rows(sacc, t, tile)
-
-    @cute.jit
-    def _softmax(self, sacc, t):
-        if cutlass.const_expr(self.keys_m):
-            self._softmax_m(sacc, t)
-        else:
-            self._softmax_rows(sacc, t)
-
-    @cute.jit
-    def _pv(self, o_acc, p_buf, v_stage, warp, lane):
-        if cutlass.const_expr(self.keys_m):
-            self._pv_m(o_acc, p_buf, v_stage, warp, lane)
-        else:
-            self._pv_rows(o_acc, p_buf, v_stage, warp, lane)
-
-    @cute.jit
-    def _qk_rows(self, sacc, t, k_stage, k_scales):
         """1. S for keys 16 warp + 0..15 of the tile into ``sacc`` (two n = 8 blocks): from the e4m3 tile at
-        ``k_stage`` by ldmatrix (one per two k-steps), or with ``k_operand="registers"`` from the packed ring
+        ``k_stage`` by ldmatrix (one per two k-steps), or with K in registers from the packed ring
         stage ``k_stage`` (and its NVFP4 scales ``k_scales``) straight into the fragments."""
         f32 = cutlass.Float32
         bf16_mma = not self.config.fp8
@@ -489,7 +365,7 @@ class HopperDecodeKernel:
                         sacc[j * 4 + e] = r[e]
 
     @cute.jit
-    def _row_max_rows(self, sacc, t, tile):
+    def _row_max(self, sacc, t, tile):
         """2. Mask tile ``tile``'s scores in ``sacc`` and store this warp's row maxima to ``t.s_max`` (the
         caller's block barrier makes them the tile's)."""
         f32 = cutlass.Float32
@@ -523,7 +399,7 @@ class HopperDecodeKernel:
                 t.s_max[warp, g + 8] = mx[1]
 
     @cute.jit
-    def _softmax_rows(self, sacc, t):
+    def _softmax(self, sacc, t):
         """3. Running max, p, corr, row sums, P to shared memory, and O *= corr (after the row-max barrier)."""
         f32 = cutlass.Float32
         g, c, warp = t.g, t.c, t.warp
@@ -584,7 +460,7 @@ class HopperDecodeKernel:
         return pp
 
     @cute.jit
-    def _pv_rows(self, o_acc, p_buf, v_stage, warp, lane):
+    def _pv(self, o_acc, p_buf, v_stage, warp, lane):
         """4. O += P.V on this warp's head-dim slice (d / 8: one or two 16-wide chunks), V from the e4m3 tile
         at ``v_stage``, P from ``p_buf``. (Explicit arguments, not the kernel's namespace: the tracer rebinds
         a namespace's values inside the loop's branches, so after the loop only plain locals are valid.)"""
@@ -611,8 +487,8 @@ class HopperDecodeKernel:
 
     @cute.jit
     def _overlap_prologue(self, ring, pages, t, sacc, tile_begin, n_iters, seq, mBT):
-        """``schedule="overlap"``, before the loop (``_overlap_step``): the last ring stage's load, tile 0's
-        V tile, S, row max and softmax (its P to shared memory)."""
+        """The overlapped schedule (``HopperConfig.overlap``), before the loop (``_overlap_step``): the last
+        ring stage's load, tile 0's V tile, S, row max and softmax (its P to shared memory)."""
         tid, stages = t.tid, self.stages
         # the ring's prologue put tiles 0 .. stages - 2 in flight; the last stage takes tile stages - 1
         if stages - 1 < n_iters:
@@ -628,7 +504,7 @@ class HopperDecodeKernel:
 
     @cute.jit
     def _overlap_step(self, ring, pages, t, sacc, it, tile_begin, n_iters, seq, mBT):
-        """``schedule="overlap"``: iteration ``it`` (0 .. n_iters - 2; the last tile's P.V follows the loop) of
+        """The overlapped schedule: iteration ``it`` (0 .. n_iters - 2; the last tile's P.V follows the loop) of
         the tile loop, with P.V of tile ``it`` and S of tile ``it`` + 1 between the same two block barriers, so
         one warp's instruction stream holds both (the serial loop runs them between different barriers):
 
@@ -655,7 +531,7 @@ class HopperDecodeKernel:
     @cute.jit
     def _scores_overlapped(self, ring, sacc, t, tile_begin, i):
         """Tile i of the overlapped schedule: V's codes into e4m3 V tile i % 2 (before or after the QK
-        MMAs: ``v_convert``), S into ``sacc``, the warp row maxima."""
+        MMAs: ``HopperConfig.v_late``), S into ``sacc``, the warp row maxima."""
         st = self._packed_stage(ring, i % self.stages)
         v_tile = ring.v_conv + (i % 2) * self.tile_bytes
         if cutlass.const_expr(not self.config.v_late):
@@ -664,31 +540,6 @@ class HopperDecodeKernel:
         if cutlass.const_expr(self.config.v_late):
             self._convert_tiles(None, st.v, None, v_tile, None, st.v_scales, t.tid)
         self._row_max(sacc, t, tile_begin + i)
-
-    @cute.jit
-    def _o_in_natural_order_m(self, o_acc, g):
-        """``v_even_odd`` with keys on M: lane (g, c) holds, per chunk and row, tile positions 16 chunk + 2g + b
-        (b = 0, 1: o_acc[4 chunk + 2b + r]), which held dims 8h + 4t + 2b (t = g % 4 < 2) or 8h + 4(t - 2) + 2b
-        + 1 (t >= 2), h = 2 chunk + g // 4. Lane t of each four (lanes 4g + c, same c and g // 4) takes dims
-        8h + 2t, 8h + 2t + 1: dim x is held by lane 2 (x % 2) + x // 4 in slot (x // 2) % 2, so dim 2t comes
-        from lane t // 2 and dim 2t + 1 from lane 2 + t // 2, both in slot t % 2. A relabeling of registers."""
-        lane = cute.arch.lane_idx()
-        t4 = g % 4
-        base_lane = lane - 4 * t4  # lane of t = 0 in this lane's four (same c, same g // 4)
-        src0 = base_lane + 4 * (t4 // 2)
-        src1 = base_lane + 4 * (2 + t4 // 2)
-        odd_slot = (t4 % 2) == 1
-        for ch in cutlass.range_constexpr(self.pv_chunks):
-            for r in cutlass.range_constexpr(2):
-                s0, s1 = o_acc[4 * ch + r], o_acc[4 * ch + 2 + r]  # slots b = 0, 1
-                a0 = cute.arch.shuffle_sync(s0, src0, mask=0xFFFFFFFF)
-                a1 = cute.arch.shuffle_sync(s1, src0, mask=0xFFFFFFFF)
-                b0 = cute.arch.shuffle_sync(s0, src1, mask=0xFFFFFFFF)
-                b1 = cute.arch.shuffle_sync(s1, src1, mask=0xFFFFFFFF)
-                n0, n1 = a0, b0
-                if odd_slot:
-                    n0, n1 = a1, b1
-                o_acc[4 * ch + r], o_acc[4 * ch + 2 + r] = n0, n1
 
     @cute.jit
     def _o_in_natural_order(self, o_acc, c):
@@ -715,138 +566,6 @@ class HopperDecodeKernel:
                     n0, n1, n2, n3 = r0, v2, r1, v3  # odd lane: dims 4, 5, 6, 7
                 o_acc[idx[0]], o_acc[idx[1]], o_acc[idx[2]], o_acc[idx[3]] = n0, n1, n2, n3
 
-    # -- keys on M (mma_layout="keys", q_rows=8): the phases' second form ----------------------------
-    @cute.jit
-    def _qk_m(self, sacc, t, k_stage, k_scales):
-        """S^T for keys 16 warp + g (+ 8) and query rows 2c, 2c + 1: one m16n8k16 per k-step."""
-        f32 = cutlass.Float32
-        qf, warp, g, c = t.qf, t.warp, t.g, t.c
-        sacc.fill(f32(0))
-        kw = []
-        for j in cutlass.range_constexpr(NB_S):
-            kw.append(self._k_words(k_stage, k_scales, warp * KEYS_PER_WARP + 8 * j + g, c))
-        for s in cutlass.range_constexpr(self.s_ksteps):
-            k0a, k0b = e4m3x4_to_pairs(kw[0][s], bf16=False)
-            k1a, k1b = e4m3x4_to_pairs(kw[1][s], bf16=False)
-            cc = (sacc[0], sacc[1], sacc[2], sacc[3])
-            r = mma_m16n8k16((k0a, k1a, k0b, k1b), (qf[s * 4], qf[s * 4 + 2]), cc, bf16=False)
-            for e in cutlass.range_constexpr(4):
-                sacc[e] = r[e]
-
-    @cute.jit
-    def _row_max_m(self, sacc, t, tile):
-        """Mask (element e: key 16 warp + g + 8 (e >> 1), row 2c + (e & 1)); the warp's row maxima."""
-        f32 = cutlass.Float32
-        cfg = self.config
-        warp, g, c = t.warp, t.g, t.c
-        if (tile + 1) * TILE_KEYS > t.mask_from:
-            key0 = tile * TILE_KEYS + warp * KEYS_PER_WARP + g
-            for e in cutlass.range_constexpr(4):
-                key = key0 + 8 * (e >> 1)
-                masked = key >= t.seq_len
-                if cutlass.const_expr(cfg.q_len > 1 and cfg.causal):
-                    qi = (t.n_base + 2 * c + (e & 1)) // t.h_r
-                    masked = masked or key > t.seq_len - cfg.q_len + qi
-                if masked:
-                    sacc[e] = -f32.inf
-        for r in cutlass.range_constexpr(2):
-            x = _fmax(sacc[r], sacc[r + 2])
-            for off in (4, 8, 16):
-                x = _fmax(x, cute.arch.shuffle_sync_bfly(x, offset=off, mask=0xFFFFFFFF))
-            if g == 0:
-                t.s_max[warp, 2 * c + r] = x
-
-    @cute.jit
-    def _softmax_m(self, sacc, t):
-        """Running max, p, corr, row sums, P^T ((key, 8 rows) f16 rows of 16 bytes) to shared memory, O *= corr."""
-        f32 = cutlass.Float32
-        g, c, warp = t.g, t.c, t.warp
-        m_prev, row_sum, o_acc = t.m_prev, t.row_sum, t.o_acc
-        m_use = cute.make_rmem_tensor((2,), f32)
-        corr = cute.make_rmem_tensor((2,), f32)
-        for r in cutlass.range_constexpr(2):
-            m_use[r], corr[r] = self._running_max(m_prev, r, t.s_max_addr, 2 * c + r, t.exp_scale)
-        for e in cutlass.range_constexpr(4):
-            p = cute.math.exp2((sacc[e] - m_use[e & 1]) * t.exp_scale, fastmath=True)
-            sacc[e] = p
-            row_sum[e] = cute.math.fma(corr[e & 1], row_sum[e], p)
-        for j in cutlass.range_constexpr(2):
-            pp = self._p_pair(sacc[2 * j], sacc[2 * j + 1], t.p_scale)
-            key = warp * KEYS_PER_WARP + 8 * j + g
-            st_shared_b32(t.p_buf + key * 16 + 4 * c, pp)
-        if cute.arch.vote_any_sync(corr[0] != f32(1.0) or corr[1] != f32(1.0)):
-            for i in cutlass.range_constexpr(cute.size(o_acc)):
-                o_acc[i] = o_acc[i] * corr[i % 2]
-
-    @cute.jit
-    def _pv_m(self, o_acc, p_buf, v_stage, warp, lane):
-        """O^T += V^T.P^T: per 16-wide head-dim chunk one m16n8k16 per k-step (A: V^T rows = even / odd dims)."""
-        pk = lane % 8 + 8 * (lane // 8)  # x4.trans over P^T rows: keys +0..7, +8..15, +16..23, +24..31
-        if cutlass.const_expr(self.pv_chunks == 2):
-            v_key = (lane % 8) + 8 * ((lane // 8) % 2)
-            chunk = warp * 2 + lane // 16
-            for ks2 in cutlass.range_constexpr(PV_KSTEPS // 2):
-                pb = ldmatrix_x4(p_buf + (ks2 * 32 + pk) * 16, trans=True)
-                for sub in cutlass.range_constexpr(2):
-                    ks = 2 * ks2 + sub
-                    key = ks * 16 + v_key
-                    vr = ldmatrix_x4(self._kv_row(v_stage, key, chunk, key & 7), trans=True)
-                    for cc_i in cutlass.range_constexpr(2):
-                        self._pv_chunk_m(o_acc, cc_i, (pb[2 * sub], pb[2 * sub + 1]), vr[2 * cc_i], vr[2 * cc_i + 1])
-        else:
-            for ks2 in cutlass.range_constexpr(PV_KSTEPS // 2):
-                pb = ldmatrix_x4(p_buf + (ks2 * 32 + pk) * 16, trans=True)
-                key = ks2 * 32 + lane
-                vr = ldmatrix_x4(self._kv_row(v_stage, key, warp, key & 7), trans=True)
-                for sub in cutlass.range_constexpr(2):
-                    self._pv_chunk_m(o_acc, 0, (pb[2 * sub], pb[2 * sub + 1]), vr[2 * sub], vr[2 * sub + 1])
-
-    @cute.jit
-    def _pv_chunk_m(self, o_acc, ch, pb, v_lo, v_hi):
-        """O^T of 16-wide chunk ``ch`` (o_acc[4 ch ..]: rows = even / odd dims, columns = query rows) += V^T.P^T
-        for one k-step: A from the ldmatrix.trans registers of keys 0-7 / 8-15 (``v_lo`` / ``v_hi``) regrouped
-        as in ``_pv_chunk``, B = ``pb`` (P^T of the k-step)."""
-        ev0, od0 = e4m3x4_to_pairs_transposed(v_lo, bf16=False)
-        ev1, od1 = e4m3x4_to_pairs_transposed(v_hi, bf16=False)
-        base = ch * 4
-        cc = (o_acc[base], o_acc[base + 1], o_acc[base + 2], o_acc[base + 3])
-        r = mma_m16n8k16((ev0, od0, ev1, od1), pb, cc, bf16=False)
-        for e in cutlass.range_constexpr(4):
-            o_acc[base + e] = r[e]
-
-    @cute.jit
-    def _epilogue_m(self, row_sum, m_prev, o_acc, s_sum, l_buf, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,
-                    b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c):  # fmt: skip
-        """``_epilogue`` for keys on M: lane (g, c) holds query rows 2c, 2c + 1 (its row sums: keys 16 warp + g,
-        + 8) and, per chunk, O at dims 16 chunk + 2g and + 1 (one bf16 pair, or two fp32 partials, per row)."""
-        i64 = cutlass.Int64
-        lane = cute.arch.lane_idx()
-        cute.arch.sync_threads()
-        for e in cutlass.range_constexpr(4):
-            row = 2 * c + (e & 1)
-            key = warp * KEYS_PER_WARP + g + 8 * (e >> 1)
-            st_shared_f32(l_buf + (row * TILE_KEYS + key) * 4, row_sum[e])
-        self._row_sum_tree(l_buf, s_sum, warp * 32 + lane)
-        out_scale, part_scale, n_splits = self._epilogue_scales(scale_o, v_descale, mNSplits, seq)
-        o_base = mO.iterator.toint()
-        op_base = mOp.iterator.toint()
-        for r in cutlass.range_constexpr(2):
-            row = 2 * c + r
-            n = n_base + row
-            if n < n_q:
-                norm, row_off = self._finish_row(
-                    row, n, m_prev[r], s_sum, warp == 0 and g == 0, lse_scale, out_scale, n_splits, mLSE, mMp,
-                    mLp, hb, slot, seq, head, n_q, o_seq,
-                )  # fmt: skip
-                for ch in cutlass.range_constexpr(self.pv_chunks):
-                    dd = (warp * self.pv_chunks + ch) * CHUNK + 2 * g
-                    v0, v1 = o_acc[ch * 4 + r], o_acc[ch * 4 + 2 + r]
-                    if n_splits == 1:
-                        st_global_b32(o_base + (row_off + i64(dd)) * 2, f32x2_to_bf16_pair(v0 * norm, v1 * norm))
-                    else:
-                        p_off = self._partial_offset(slot, seq, head, n, b, h_k, n_q)
-                        st_global_v2_f32(op_base + (p_off + i64(dd)) * 4, v0 * part_scale, v1 * part_scale)
-
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def _pv_chunk(self, o_acc, nb, pa, v_lo, v_hi, bf16_mma):
@@ -864,51 +583,11 @@ class HopperDecodeKernel:
 
     def _kv_row(self, tile, key, chunk, swizzle):
         """Shared address of 16-byte chunk ``chunk`` of key row ``key`` of an e4m3 K or V tile: at (key,
-        chunk ^ swizzle) with ``swizzle`` = key & 7 (cp.async and converted tiles), or in a row padded to
-        ``row_stride`` bytes (bulk copies, which cannot swizzle; the padding puts the eight rows of an
-        ldmatrix on distinct banks as well). Trace-time only."""
-        if cutlass.const_expr(self.bulk):
-            return tile + key * self.row_stride + chunk * CHUNK
-        if cutlass.const_expr(self.tma and self.d_boxes > 1):  # (d half, key, 128 bytes), each half swizzled
-            return tile + (chunk // 8) * (TILE_KEYS * 128) + key * 128 + (((chunk % 8) ^ swizzle) * CHUNK)
+        chunk ^ swizzle) with ``swizzle`` = key & 7 (the XOR swizzle that puts the eight rows of an
+        ldmatrix on distinct banks). Trace-time only."""
         return tile + key * self.d + ((chunk ^ swizzle) * CHUNK)
 
-    def _box_layout(self):
-        """Shared-memory layout of one TMA box: (PS keys, 128 bytes) with the 128-byte swizzle (16-byte
-        chunk c of row r at c ^ (r % 8): the swizzle the ldmatrix addressing assumes)."""
-        ps = self.config.page_size
-        return cute.make_composed_layout(
-            cute.make_swizzle(3, 4, 3), 0, cute.make_layout((ps, self.box_cols), stride=(self.box_cols, 1))
-        )
-
-    @cute.jit
-    def _tma_ring(self, ring, atom_k, tma_k, atom_v, tma_v, head, h_k, num_pages, tid):
-        """Partition the K / V rings into TMA boxes (stage, d half, page of the tile) and the global
-        views into (box, d half, (head, page)) boxes; adds them to ``ring`` for ``_load_tma``."""
-        ps = self.config.page_size
-        n_box = self.stages * self.d_boxes * self.pages_per_tile
-        ring_layout = cute.make_composed_layout(
-            cute.make_swizzle(3, 4, 3), 0,
-            cute.make_layout((ps, self.box_cols, n_box), stride=(self.box_cols, 1, ps * self.box_cols)),
-        )  # fmt: skip
-        box = (ps, self.box_cols)
-        parts = []
-        for ptr, atom, gmem in ((ring.k_ptr, atom_k, tma_k), (ring.v_ptr, atom_v, tma_v)):
-            s_all = cute.make_tensor(cute.recast_ptr(ptr, dtype=ring.kv_dtype), ring_layout)
-            s_t, g_t = cute.nvgpu.cpasync.tma_partition(
-                atom, 0, cute.make_layout(1), cute.group_modes(s_all, 0, 2),
-                cute.group_modes(cute.flat_divide(gmem, box), 0, 2),
-            )  # (TMA, n_box), (TMA, 1, d_boxes, (h_k, pages))  # fmt: skip
-            parts.append((s_t, g_t))
-        ring.tma = SimpleNamespace(
-            atom_k=atom_k, atom_v=atom_v, sK=parts[0][0], gK=parts[0][1], sV=parts[1][0], gV=parts[1][1],
-            head=head, h_k=h_k, num_pages=num_pages,
-        )  # fmt: skip
-        if tid < 32:
-            cute.nvgpu.cpasync.prefetch_descriptor(atom_k)
-            cute.nvgpu.cpasync.prefetch_descriptor(atom_v)
-
-    # -- the KV ring, shared with the wgmma variant (wgmma_kernel.py) --------------------------------
+    # -- the KV ring ---------------------------------------------------------------------------------
     def _ring(self, smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page, ks_row,
               ks_head, vs_page, vs_row, vs_head) -> SimpleNamespace:  # fmt: skip
         """Allocate the KV ring's shared memory (stages of K and V; for packed formats the converted e4m3
@@ -916,31 +595,22 @@ class HopperDecodeKernel:
         ``_ring_prologue`` and ``_ring_next`` use. Trace-time only (no runtime control flow)."""
         i64 = cutlass.Int64
         ring_bytes = self.stages * self.ring_tile_bytes
-        align = 1024 if self.tma else 128  # TMA's 128-byte swizzle repeats every 1024 bytes
-        k_ptr = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=align)
-        v_ptr = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=align)
-        k_ring, v_ring = k_ptr.toint(), v_ptr.toint()
+        k_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
+        v_ring = smem.allocate_array(cutlass.Uint8, ring_bytes, byte_alignment=128).toint()
         k_conv = k_ring  # the e4m3 tile the MMAs read (the ring stage itself for e4m3)
         v_conv = v_ring
         if self.config.packed:
             if not self.k_regs:  # K in registers needs no e4m3 K tile
                 k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
-            v_tiles = 2 if self.config.overlap else 1  # schedule="overlap": V of tile i and i + 1
+            v_tiles = 2 if self.config.overlap else 1  # the overlapped schedule: V of tile i and i + 1
             v_conv = smem.allocate_array(cutlass.Uint8, v_tiles * self.tile_bytes, byte_alignment=128).toint()
-        bars = k_ring  # bulk / TMA loads: one mbarrier per stage, its phase completes when the stage landed
-        bars_ptr = None
-        if self.mbar:
-            bars_ptr = smem.allocate_array(cutlass.Int64, self.stages, byte_alignment=8)
-            bars = bars_ptr.toint()
         ks_ring = k_ring  # NVFP4 block scales of each ring stage: (keys, d / 16) bytes for K, then V
         if self.config.kv_format == "nvfp4":
             ks_ring = smem.allocate_array(cutlass.Uint8, 2 * self.stages * self.scale_tile_bytes, byte_alignment=16)
             ks_ring = ks_ring.toint()
-        policy = l2_evict_first_policy() if self.config.evict_first else None
         return SimpleNamespace(
-            policy=policy,
-            k_ring=k_ring, v_ring=v_ring, k_conv=k_conv, v_conv=v_conv, ks_ring=ks_ring, bars=bars,
-            k_ptr=k_ptr, v_ptr=v_ptr, bars_ptr=bars_ptr, tma=None, kv_dtype=mK.element_type,
+            policy=l2_evict_first_policy(),
+            k_ring=k_ring, v_ring=v_ring, k_conv=k_conv, v_conv=v_conv, ks_ring=ks_ring,
             k_base=mK.iterator.toint(), v_base=mV.iterator.toint(),
             head_k_off=i64(head) * i64(k_head) * self.fmt.bits // 8,  # element strides -> bytes
             head_v_off=i64(head) * i64(v_head) * self.fmt.bits // 8,
@@ -955,46 +625,28 @@ class HopperDecodeKernel:
     @cute.jit
     def _ring_prologue(self, ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid):
         """Tiles 0 .. stages - 2 in flight; ``pages`` then holds the block-table entries of the next tile."""
-        if cutlass.const_expr(self.mbar):  # thread 0 sets up the stage barriers and arms the prologue's stages
-            if tid == 0:
-                for st in cutlass.range_constexpr(self.stages):
-                    mbarrier_init(ring.bars + 8 * st, 1)
-                fence_mbarrier_init()
-                for st in cutlass.range_constexpr(self.stages - 1):
-                    if st < n_iters:
-                        mbarrier_arrive_expect_tx(ring.bars + 8 * st, 2 * TILE_KEYS * self.d)
-            cute.arch.sync_threads()
         self._load_pages(pages, tile_begin, seq, seq_len, mBT)
         for st in cutlass.range_constexpr(self.stages - 1):
             if st < n_iters:
                 self._load(ring, st, tile_begin + st, pages, tid)
-            if cutlass.const_expr(not self.mbar):
-                cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_commit_group()
             if st + 1 < n_iters:
                 self._load_pages(pages, tile_begin + st + 1, seq, seq_len, mBT)
 
     @cute.jit
-    def _ring_next(self, ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid, batch_loads=True):
+    def _ring_next(self, ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid):
         """Tile ``it``: wait until it landed, refill the stage tile it - 1 used with tile it + stages - 1,
         and for packed formats convert it to e4m3 (``_convert_tiles``). Returns the shared-memory addresses
-        of the e4m3 K and V tiles the MMAs read (with ``k_operand="registers"``, K's packed ring stage)."""
+        of the e4m3 K and V tiles the MMAs read (with K in registers, K's packed ring stage)."""
         stage = it % self.stages
         nxt = it + self.stages - 1
-        if cutlass.const_expr(self.mbar):
-            # the stage's (it // stages)-th phase; then thread 0 arms the stage tile it + stages - 1 goes
-            # to (every thread is past its wait on that stage's previous phase, tile it - 1)
-            mbarrier_wait(ring.bars + 8 * stage, (it // self.stages) % 2)
-            if tid == 0 and nxt < n_iters:
-                mbarrier_arrive_expect_tx(ring.bars + 8 * (nxt % self.stages), 2 * TILE_KEYS * self.d)
-        else:
-            cute.arch.cp_async_wait_group(self.stages - 2)
+        cute.arch.cp_async_wait_group(self.stages - 2)
         # Tile `it` landed for every thread, and every warp is done with tile it - 1 (its ring
         # stage, P, the row maxima): refill that stage with tile it + stages - 1.
         cute.arch.sync_threads()
         if nxt < n_iters:
             self._load(ring, nxt % self.stages, tile_begin + nxt, pages, tid)
-        if cutlass.const_expr(not self.mbar):
-            cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_commit_group()
         if nxt + 1 < n_iters:
             self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)  # latency hidden by tile it
         k_stage = ring.k_ring + stage * self.ring_tile_bytes
@@ -1003,7 +655,7 @@ class HopperDecodeKernel:
             st = self._packed_stage(ring, stage)
             k_conv = None if self.k_regs else ring.k_conv
             if cutlass.const_expr(not self.config.v_late):  # else after the QK MMAs (step 1)
-                self._convert_tiles(st.k, st.v, k_conv, ring.v_conv, st.k_scales, st.v_scales, tid, batch_loads)
+                self._convert_tiles(st.k, st.v, k_conv, ring.v_conv, st.k_scales, st.v_scales, tid)
             v_stage = ring.v_conv
             if cutlass.const_expr(not self.k_regs):  # K from registers: the row-max barrier completes V
                 k_stage = ring.k_conv
@@ -1049,10 +701,6 @@ class HopperDecodeKernel:
         """cp.async tile ``tile`` of K and V (``ring``: see ``_ring``) into ring stage ``stage``."""
         if cutlass.const_expr(self.config.packed):
             self._load_packed(ring, stage, tile, pages, tid)
-        elif cutlass.const_expr(self.bulk):
-            self._load_bulk(ring, stage, pages, tid)
-        elif cutlass.const_expr(self.tma):
-            self._load_tma(ring, stage, pages, tid)
         else:
             self._load_tile(ring, stage, tile, pages, tid)
 
@@ -1092,8 +740,8 @@ class HopperDecodeKernel:
             row = i64(key % ps)  # TILE_KEYS is a multiple of the page size
             k_src = r.k_base + i64(page) * k_page_b + row * k_row_b + r.head_k_off + i64(chunk * CHUNK)
             v_src = r.v_base + i64(page) * v_page_b + row * v_row_b + r.head_v_off + i64(chunk * CHUNK)
-            cp_async_16(k_dst + idx * CHUNK, k_src, nbytes, prefetch=self.config.prefetch, policy=r.policy)
-            cp_async_16(v_dst + idx * CHUNK, v_src, nbytes, prefetch=self.config.prefetch, policy=r.policy)
+            cp_async_16(k_dst + idx * CHUNK, k_src, nbytes, policy=r.policy)
+            cp_async_16(v_dst + idx * CHUNK, v_src, nbytes, policy=r.policy)
         if cutlass.const_expr(self.config.kv_format == "nvfp4"):
             key = tid % TILE_KEYS  # one key row of scales per thread: K (threads 0-127), V (128-255)
             page = self._page_of(pages, key // ps)
@@ -1128,17 +776,16 @@ class HopperDecodeKernel:
         return w, sb
 
     @cute.jit
-    def _convert_tiles(self, k_packed, v_packed, k_conv, v_conv, k_scales, v_scales, tid, batch_loads=True):
+    def _convert_tiles(self, k_packed, v_packed, k_conv, v_conv, k_scales, v_scales, tid):
         """Packed codes of one K and one V tile -> e4m3 bytes in the swizzled layout the MMAs read: thread
         t converts the 16-element groups t + 256 i (key = group // (d / 16)) of each tile exactly (ptx.py):
-        fp6 / fp4 values are e4m3 values (with ``scaled_kv``: value * 2^-k, each code's bits placed, while the
-        Q fragments and P carry 2^k); NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block
-        scales of this ring stage (``*_scales``: (keys, d / 16) bytes), looked up in a table made once per
-        group; scaled e2m1's V tile holds each 8 head dims as the even ones, then the odd ones
-        (``v_even_odd``). With ``batch_loads`` every packed word (and scale byte) of both tiles is loaded
-        before the first conversion, so the loads' latency overlaps (1.03-1.14x faster at d = 256 on the
-        H200; 4 NVFP4 configs of the compile matrix spill 4-12 bytes); without it, each group is loaded as
-        it is converted (fewer live registers: the wgmma path)."""
+        fp6 / fp4 codes become e4m3 bytes of value * 2^-k, each code's bits placed (``scaled_kv``; the Q
+        fragments and P carry 2^k); NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block scales of
+        this ring stage (``*_scales``: (keys, d / 16) bytes), looked up in a table made once per group;
+        scaled e2m1's V tile holds each 8 head dims as the even ones, then the odd ones (``v_even_odd``).
+        Every packed word (and scale byte) of both tiles is loaded before the first conversion, so the
+        loads' latency overlaps (1.03-1.14x faster at d = 256 on the H200 than loading each group as it
+        is converted)."""
         cfg = self.config
         fmt = cfg.kv_format
         bits = self.fmt.bits
@@ -1150,46 +797,35 @@ class HopperDecodeKernel:
         convs = (k_conv, v_conv)
         if cutlass.const_expr(k_conv is None):  # K goes to registers (``_k_words``): V only
             tiles, convs = tiles[1:], convs[1:]
-        if cutlass.const_expr(batch_loads):  # both tiles' words, all before the first conversion
-            for t in cutlass.range_constexpr(len(tiles)):
-                for i in cutlass.range_constexpr(per_tile):
-                    w, sb = self._load_group(tiles[t][0], tiles[t][1], tid + i * THREADS)
-                    words.append(w)
-                    scale_bytes.append(sb)
+        for t in cutlass.range_constexpr(len(tiles)):  # both tiles' words, all before the first conversion
+            for i in cutlass.range_constexpr(per_tile):
+                w, sb = self._load_group(tiles[t][0], tiles[t][1], tid + i * THREADS)
+                words.append(w)
+                scale_bytes.append(sb)
         for t, conv in enumerate(convs):
             ordered = not (self.v_even_odd and t == len(convs) - 1)  # V: even / odd head dims (v_even_odd)
             for i in cutlass.range_constexpr(per_tile):
                 idx = tid + i * THREADS
                 key = idx // groups
                 grp = idx % groups
-                if cutlass.const_expr(not batch_loads):
-                    w, sb = self._load_group(tiles[t][0], tiles[t][1], idx)
-                    words.append(w)
-                    scale_bytes.append(sb)
                 w = words[t * per_tile + i]
-                if cutlass.const_expr(bits == 6 and cfg.scaled_kv):
+                if cutlass.const_expr(bits == 6):
                     o0, o1, o2, o3 = fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=fmt == "e3m2")
-                elif cutlass.const_expr(bits == 6):
-                    o0, o1, o2, o3 = fp6x16_to_e4m3x16(w[0], w[1], w[2], e3m2=fmt == "e3m2")
-                elif cutlass.const_expr(cfg.scaled_kv):
-                    o0, o1 = e2m1x8_to_e4m3x8_scaled(w[0], ordered=ordered)
-                    o2, o3 = e2m1x8_to_e4m3x8_scaled(w[1], ordered=ordered)
                 elif cutlass.const_expr(fmt == "nvfp4"):
                     table = nvfp4_block_table(scale_bytes[t * per_tile + i])
                     o0, o1 = e2m1x8_to_e4m3x8(w[0], table)
                     o2, o3 = e2m1x8_to_e4m3x8(w[1], table)
                 else:
-                    o0, o1 = e2m1x8_to_e4m3x8(w[0])
-                    o2, o3 = e2m1x8_to_e4m3x8(w[1])
+                    o0, o1 = e2m1x8_to_e4m3x8_scaled(w[0], ordered=ordered)
+                    o2, o3 = e2m1x8_to_e4m3x8_scaled(w[1], ordered=ordered)
                 st_shared_v4_b32(conv + key * self.d + ((grp ^ (key & 7)) * CHUNK), o0, o1, o2, o3)
 
     @cute.jit
     def _k_words(self, k_packed, k_scales, key, c):
-        """``k_operand="registers"``: the e4m3 bytes of lane c's head dims of ``key``, one word per k-step of
-        S (``_q_in_k_order`` gives Q's bytes in the same order), converted from the packed ring stage as
-        ``_convert_tiles`` does. fp6, NVFP4 and exact e2m1 keep the code order (word s: dims base + 4s ..
-        + 3); scaled e2m1 skips the interleave (words 2u, 2u + 1: the even / odd codes of dims base + 8u
-        .. + 7)."""
+        """K in registers: the e4m3 bytes of lane c's head dims of ``key``, one word per k-step of S
+        (``_q_in_k_order`` gives Q's bytes in the same order), converted from the packed ring stage as
+        ``_convert_tiles`` does. fp6 and NVFP4 keep the code order (word s: dims base + 4s .. + 3); e2m1
+        skips the interleave (words 2u, 2u + 1: the even / odd codes of dims base + 8u .. + 7)."""
         cfg = self.config
         fmt = cfg.kv_format
         row = k_packed + key * cfg.packed_row_bytes + c * self.k_span
@@ -1204,22 +840,17 @@ class HopperDecodeKernel:
         if cutlass.const_expr(self.fmt.bits == 6):
             for v in cutlass.range_constexpr(len(packed) // 3):
                 w = packed[3 * v : 3 * v + 3]
-                if cutlass.const_expr(cfg.scaled_kv):
-                    words += list(fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=fmt == "e3m2"))
-                else:
-                    words += list(fp6x16_to_e4m3x16(w[0], w[1], w[2], e3m2=fmt == "e3m2"))
+                words += list(fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=fmt == "e3m2"))
         else:
             table = None
             for u in cutlass.range_constexpr(len(packed)):
-                if cutlass.const_expr(cfg.scaled_kv):
-                    words += list(e2m1x8_to_e4m3x8_scaled(packed[u], ordered=False))
-                elif cutlass.const_expr(fmt == "nvfp4"):
+                if cutlass.const_expr(fmt == "nvfp4"):
                     if cutlass.const_expr(u % 2 == 0):  # a 16-code block: its scale byte, its table
                         group = c * (self.d // 64) + u // 2
                         table = nvfp4_block_table(ld_shared_u8(k_scales + key * (self.d // 16) + group))
                     words += list(e2m1x8_to_e4m3x8(packed[u], table))
                 else:
-                    words += list(e2m1x8_to_e4m3x8(packed[u]))
+                    words += list(e2m1x8_to_e4m3x8_scaled(packed[u], ordered=False))
         return words
 
     @cute.jit
@@ -1248,51 +879,6 @@ class HopperDecodeKernel:
             pages[p] = page
 
     @cute.jit
-    def _load_tma(self, r, stage, pages, tid):
-        """Warp 0 issues the TMA boxes of one K and one V tile into ring stage ``stage``: per 128 bytes
-        of head dim, one box per page; pages marked -1 (at or past the sequence end) become page index
-        num_pages, out of bounds, which TMA zero-fills (and still counts: the stage's mbarrier expects
-        every box in full)."""
-        if tid < 32:  # warp 0 whole: the DSL's TMA copy elects one lane (elect.sync over the full warp)
-            t = r.tma
-            hint = {"cache_policy": cutlass.Int64(EVICT_FIRST_POLICY)} if self.config.evict_first else {}
-            bar = r.bars_ptr + stage
-            for half in cutlass.range_constexpr(self.d_boxes):
-                for j in cutlass.range_constexpr(self.pages_per_tile):
-                    page = pages[j]
-                    if page < 0:
-                        page = t.num_pages
-                    coord = t.head + t.h_k * page
-                    box = (stage * self.d_boxes + half) * self.pages_per_tile + j
-                    cute.copy(t.atom_k, t.gK[None, 0, half, coord], t.sK[None, box], tma_bar_ptr=bar, **hint)
-                    cute.copy(t.atom_v, t.gV[None, 0, half, coord], t.sV[None, box], tma_bar_ptr=bar, **hint)
-
-    @cute.jit
-    def _load_bulk(self, r, stage, pages, tid):
-        """One key row per thread into ring stage ``stage`` (threads 0-127: K row tid, 128-255: V row tid -
-        128) by ``cp.async.bulk``, counted on the stage's mbarrier (armed by thread 0 for the whole tile);
-        rows of pages marked -1 are zero-filled by stores and counted by ``mbarrier.complete_tx``."""
-        i64 = cutlass.Int64
-        ps = self.config.page_size
-        key = tid % TILE_KEYS
-        page = self._page_of(pages, key // ps)
-        row = i64(key % ps)  # TILE_KEYS is a multiple of the page size
-        bar = r.bars + 8 * stage
-        off = stage * self.ring_tile_bytes + key * self.row_stride
-        dst = r.k_ring + off
-        src = r.k_base + i64(page) * i64(r.k_page) + row * i64(r.k_row) + r.head_k_off
-        if tid >= TILE_KEYS:
-            dst = r.v_ring + off
-            src = r.v_base + i64(page) * i64(r.v_page) + row * i64(r.v_row) + r.head_v_off
-        if page >= 0:
-            bulk_copy_g2s(dst, src, self.d, bar, policy=r.policy)
-        else:
-            zero = cutlass.Int32(0)
-            for ch in cutlass.range_constexpr(self.chunks):
-                st_shared_v4_b32(dst + ch * CHUNK, zero, zero, zero, zero)
-            mbarrier_complete_tx(bar, self.d)
-
-    @cute.jit
     def _load_tile(self, r, stage, tile, pages, tid):
         """cp.async one 128-key tile of K and V into ring stage ``stage``: thread t copies 16-byte chunk
         t % chunks of keys t // chunks + i * (256 / chunks). A chunk lands at (key, chunk ^ (key & 7))
@@ -1319,8 +905,8 @@ class HopperDecodeKernel:
             k_src = r.k_base + i64(page) * i64(r.k_page) + row * i64(r.k_row) + r.head_k_off + i64(chunk * CHUNK)
             v_src = r.v_base + i64(page) * i64(r.v_page) + row * i64(r.v_row) + r.head_v_off + i64(chunk * CHUNK)
             off = key * self.d + ((chunk ^ (key & 7)) * CHUNK)
-            cp_async_16(k_dst + off, k_src, nbytes, prefetch=self.config.prefetch, policy=r.policy)
-            cp_async_16(v_dst + off, v_src, nbytes, prefetch=self.config.prefetch, policy=r.policy)
+            cp_async_16(k_dst + off, k_src, nbytes, policy=r.policy)
+            cp_async_16(v_dst + off, v_src, nbytes, policy=r.policy)
 
     @cute.jit
     def _epilogue(self, row_sum, m_prev, o_acc, s_sum, l_buf, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,
@@ -1369,109 +955,6 @@ class HopperDecodeKernel:
                             vals[0] * part_scale, vals[1] * part_scale, vals[2] * part_scale, vals[3] * part_scale,
                         )  # fmt: skip
 
-    @cute.jit
-    def _merge_if_last(self, buf, mO, mLSE, mOp, mMp, mLp, mNSplits, mCnt, seq, head, hb, b, h_k, n_q, n_base, o_seq,
-                       scale_o):  # fmt: skip
-        """The fused split merge (``merge="fused"``), after this CTA wrote its partials: the CTA whose
-        arrival completes its (sequence, KV head, query tile) count merges all chunks of it, as
-        ``SplitReduction`` does (the same helpers, so the same instructions and bits), and resets the
-        count to zero for the next launch. ``buf``: 2 KB + 68 B of free shared memory (the K ring).
-
-        Memory order: a CTA barrier puts every thread's partial stores before thread 0's
-        ``atom.acq_rel.gpu``; the last arrival's acquire, and the barrier after it, put all chunks'
-        stores before this CTA's loads of them (which are plain ``ld.global``, never ``.nc``)."""
-        i32, i64 = cutlass.Int32, cutlass.Int64
-        splits = self.config.max_splits
-        n_splits = mNSplits[seq]
-        if n_splits > 1:
-            _, q_tile_idx, _ = cute.arch.block_idx()  # re-read, not kept live through the tile loop
-            tid, _, _ = cute.arch.thread_idx()
-            w_buf = buf  # (16 rows, max_splits) fp32 split weights
-            inv_buf = buf + Q_TILE * splits * 4  # (16,) fp32 1 / l per row
-            flag = inv_buf + Q_TILE * 4
-            q_tiles = (n_q + Q_TILE - 1) // Q_TILE
-            cute.arch.sync_threads()  # every thread's partials are written
-            if tid == 0:
-                cnt = mCnt.iterator.toint() + (i64((seq * h_k + head) * q_tiles + q_tile_idx)) * 4
-                last = i32(0)
-                if atom_add_acq_rel_gpu(cnt, 1) == n_splits - 1:
-                    last = i32(1)
-                    st_global_b32(cnt, i32(0))  # every chunk arrived: zero for the next launch
-                st_shared_b32(flag, last)
-            cute.arch.sync_threads()
-            if ld_shared_b32(flag) != 0:
-                self._merge_rows(w_buf, inv_buf, mO, mLSE, mOp, mMp, mLp, n_splits, seq, head, hb, b, h_k, n_q,
-                                 n_base, o_seq, scale_o, tid)  # fmt: skip
-
-    @cute.jit
-    def _merge_rows(self, w_buf, inv_buf, mO, mLSE, mOp, mMp, mLp, n_splits, seq, head, hb, b, h_k, n_q, n_base,
-                    o_seq, scale_o, tid):  # fmt: skip
-        """Merge this query tile's rows from ``n_splits`` chunks of fp32 partials into bf16 O and LSE.
-
-        Per row (warp w: rows w and w + 8; lane j: chunk j): m_max = max_j m_j, the weights
-        w_j = split_weight(m_j, m_max), l = sum_j w_j l_j in chunk order and the LSE; the weights and
-        1 / l go through shared memory. Then per 4 head-dim elements of a row (one thread each):
-        o = sum_j w_j o_j in chunk order and O = bf16(scale_o * o * (1 / l)). Every sum runs over all
-        ``max_splits`` slots with absent chunks as (m, l, o) = (-inf, 0, 0), exactly as ``SplitReduction``."""
-        f32, i64 = cutlass.Float32, cutlass.Int64
-        splits = self.config.max_splits
-        d = self.d
-        lane = tid % 32
-        warp = tid // 32
-        cute.arch.fence_acq_rel_gpu()
-        used = n_splits
-        if used > splits:
-            used = splits
-        for half in cutlass.range_constexpr(Q_TILE // WARPS):
-            row = warp + WARPS * half
-            n = n_base + row
-            if n < n_q:
-                m_j = -f32.inf
-                l_j = f32(0)
-                if lane < used:
-                    stat = self._stat_offset(lane, hb, n, b, h_k, n_q) * 4
-                    m_j = ld_global_f32(mMp.iterator.toint() + stat)
-                    l_j = ld_global_f32(mLp.iterator.toint() + stat)
-                m_max = -f32.inf
-                for j in cutlass.range_constexpr(splits):
-                    m_max = cute.arch.fmax(m_max, cute.arch.shuffle_sync(m_j, j))
-                w = split_weight(m_j, m_max)
-                l_acc = f32(0)
-                for j in cutlass.range_constexpr(splits):
-                    l_acc = weighted_add(l_acc, cute.arch.shuffle_sync(w, j), cute.arch.shuffle_sync(l_j, j))
-                if lane < splits:
-                    st_shared_f32(w_buf + (row * splits + lane) * 4, w)
-                if lane == 0:
-                    st_shared_f32(inv_buf + row * 4, inverse_sum(l_acc))
-                    mLSE[n, hb] = merged_lse(m_max, l_acc)
-        cute.arch.sync_threads()
-
-        per_row = d // 4  # threads per row, four head-dim elements each
-        rows_per_pass = THREADS // per_row
-        dd = (tid % per_row) * 4
-        o_base = mO.iterator.toint()
-        op_base = mOp.iterator.toint()
-        for p in cutlass.range_constexpr(Q_TILE // rows_per_pass):
-            row = p * rows_per_pass + tid // per_row
-            n = n_base + row
-            if n < n_q:
-                acc = [f32(0), f32(0), f32(0), f32(0)]
-                for j in cutlass.range_constexpr(splits):
-                    w = ld_shared_f32(w_buf + (row * splits + j) * 4)
-                    p0, p1, p2, p3 = f32(0), f32(0), f32(0), f32(0)
-                    if j < used:
-                        p_off = self._partial_offset(j, seq, head, n, b, h_k, n_q) + i64(dd)
-                        p0, p1, p2, p3 = ld_global_v4_f32(op_base + p_off * 4)
-                    for k, part in enumerate((p0, p1, p2, p3)):
-                        acc[k] = weighted_add(acc[k], w, part)
-                inv_l = ld_shared_f32(inv_buf + row * 4)
-                out = [scale_o * acc[k] * inv_l for k in range(4)]
-                row_off = i64(seq) * i64(o_seq) + (i64(head) * i64(n_q) + i64(n)) * i64(d)
-                st_global_v2_b32(
-                    o_base + (row_off + i64(dd)) * 2, f32x2_to_bf16_pair(out[0], out[1]),
-                    f32x2_to_bf16_pair(out[2], out[3]),
-                )  # fmt: skip
-
     def _epilogue_scales(self, scale_o, v_descale, mNSplits, seq):
         """(factor of unsplit O, factor of the fp32 partials, splits of this sequence): both undo P's scale
         (P = e4m3(p * 448) on the e4m3-Q path) and apply the V descale; the unsplit one also scale_o."""
@@ -1501,14 +984,6 @@ class HopperDecodeKernel:
         # + 1e-30: an empty row has l = 0 and O = 0 and writes 0; otherwise l >= 1 absorbs it.
         norm = out_scale / (l_total + f32(1e-30))
         return norm, i64(seq) * i64(o_seq) + (i64(head) * i64(n_q) + i64(n)) * i64(self.d)
-
-    def _stat_offset(self, slot, hb, n, b, h_k, n_q):
-        """Element offset of query row ``n``'s m (or l) in the (splits, b, h_k, n_q) fp32 partials
-        (``hb`` = head + h_k * seq): ``mMp[n, hb, slot]`` without splitting ``hb`` back into its
-        (h_k, b) coordinates (indexing the tensor does that by an integer division, 176 more SASS
-        instructions in the merge)."""
-        i64 = cutlass.Int64
-        return (i64(slot) * i64(b * h_k) + i64(hb)) * i64(n_q) + i64(n)
 
     def _partial_offset(self, slot, seq, head, n, b, h_k, n_q):
         """Element offset of query row ``n``'s d values in the (splits, b, h_k, n_q, d) fp32 partials."""

@@ -50,21 +50,6 @@ def ldmatrix_x4(smem_addr, *, trans: bool = False, loc=None, ip=None):
 
 
 @dsl_user_op
-def mma_m16n8k32_e4m3(a, b, c, *, loc=None, ip=None):
-    """``mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32`` (sm_89+): D = A (16x32) . B (32x8) + C on fp8
-    operands, four e4m3 bytes per register. a: 4 Int32, b: 2 Int32, c: 4 Float32; returns 4 Float32. Used
-    by ``benchmarks.probe_fp8_accumulation --mma-sync`` (how exactly the warp-level fp8 MMA adds)."""
-    res = _asm(
-        _struct(4, T.f32()),
-        [_i32(x, loc, ip) for x in a] + [_i32(x, loc, ip) for x in b] + [_f32(x, loc, ip) for x in c],
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
-    )
-    return _unpack(res, 4, T.f32(), Float32)
-
-
-@dsl_user_op
 def mma_m16n8k16(a, b, c, *, bf16: bool, loc=None, ip=None):
     """``mma.sync.aligned.m16n8k16.row.col.f32.{f16|bf16}``: D = A (16x16) . B (16x8) + C, fp32 accumulate.
     a: 4 Int32 (packed pairs), b: 2 Int32, c: 4 Float32; returns 4 Float32."""
@@ -79,9 +64,8 @@ def mma_m16n8k16(a, b, c, *, bf16: bool, loc=None, ip=None):
     return _unpack(res, 4, T.f32(), Float32)
 
 
-def _cp_async(cache: str, nbytes: int, smem_addr, gmem_addr, src_bytes, loc, ip, prefetch=0, policy=None):
+def _cp_async(cache: str, nbytes: int, smem_addr, gmem_addr, src_bytes, loc, ip, policy=None):
     hint = ".L2::cache_hint" if policy is not None else ""
-    hint += f".L2::{prefetch}B" if prefetch else ""
     ops = [_i32(smem_addr, loc, ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(src_bytes, loc, ip)]
     if policy is not None:
         ops.append(Int64(policy).ir_value(loc=loc, ip=ip))
@@ -101,11 +85,10 @@ def l2_evict_first_policy(*, loc=None, ip=None):
 
 
 @dsl_user_op
-def cp_async_16(smem_addr, gmem_addr, src_bytes, *, prefetch: int = 0, policy=None, loc=None, ip=None):
+def cp_async_16(smem_addr, gmem_addr, src_bytes, *, policy=None, loc=None, ip=None):
     """``cp.async.cg.shared.global`` of 16 bytes; ``src_bytes`` 0 zero-fills the destination (nothing is read).
-    ``prefetch`` 64 / 128 / 256: the L2 prefetch-size hint (``.L2::nB``); ``policy``: an L2 cache policy
-    (``l2_evict_first_policy``)."""
-    _cp_async("cg", 16, smem_addr, gmem_addr, src_bytes, loc, ip, prefetch, policy)
+    ``policy``: an L2 cache policy (``l2_evict_first_policy``)."""
+    _cp_async("cg", 16, smem_addr, gmem_addr, src_bytes, loc, ip, policy)
 
 
 @dsl_user_op
@@ -114,66 +97,7 @@ def cp_async_8(smem_addr, gmem_addr, src_bytes, *, loc=None, ip=None):
     _cp_async("ca", 8, smem_addr, gmem_addr, src_bytes, loc, ip)
 
 
-# -- bulk copies with mbarrier completion (the ``loads="bulk"`` ring) --------------------------------
-@dsl_user_op
-def mbarrier_init(bar_addr, count: int, *, loc=None, ip=None):
-    """``mbarrier.init`` of the 8-byte barrier at shared address ``bar_addr`` for ``count`` arrivals."""
-    _asm(None, [_i32(bar_addr, loc, ip)], f"mbarrier.init.shared::cta.b64 [$0], {count};", "r", side_effects=True)
-
-
-@dsl_user_op
-def fence_mbarrier_init(*, loc=None, ip=None):
-    """Make ``mbarrier.init`` visible to the async proxy (bulk copies' complete_tx); a barrier follows."""
-    _asm(None, [], "fence.mbarrier_init.release.cluster;", "", side_effects=True)
-
-
-def _mbarrier_op(text: str, bar_addr, value, loc, ip):
-    """An mbarrier instruction ``text`` on the barrier at shared address ``bar_addr`` ($0) with one 32-bit
-    operand ``value`` ($1)."""
-    _asm(None, [_i32(bar_addr, loc, ip), _i32(value, loc, ip)], text, "r,r", side_effects=True)
-
-
-@dsl_user_op
-def mbarrier_arrive_expect_tx(bar_addr, nbytes, *, loc=None, ip=None):
-    """One arrival on ``bar_addr`` that also expects ``nbytes`` more bytes of bulk copies this phase."""
-    _mbarrier_op("mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", bar_addr, nbytes, loc, ip)
-
-
-@dsl_user_op
-def mbarrier_wait(bar_addr, parity, *, loc=None, ip=None):
-    """Spin until the phase of ``bar_addr`` with parity ``parity`` (0 / 1) has completed; the bulk copies
-    it counted are then visible to this thread."""
-    text = "{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n@!p bra WAIT;\n}"
-    _mbarrier_op(text, bar_addr, parity, loc, ip)
-
-
-@dsl_user_op
-def mbarrier_complete_tx(bar_addr, nbytes, *, loc=None, ip=None):
-    """Count ``nbytes`` of the current phase of ``bar_addr`` as done without a copy (rows zero-filled by
-    stores instead; a barrier makes those visible)."""
-    _mbarrier_op("mbarrier.complete_tx.relaxed.cta.shared::cta.b64 [$0], $1;", bar_addr, nbytes, loc, ip)
-
-
-@dsl_user_op
-def bulk_copy_g2s(smem_addr, gmem_addr, nbytes, bar_addr, *, policy=None, loc=None, ip=None):
-    """``cp.async.bulk`` of ``nbytes`` (a multiple of 16; both addresses 16-byte aligned) from global to
-    shared memory by the copy engine; completion counts ``nbytes`` against the mbarrier at ``bar_addr``.
-    ``policy``: an L2 cache policy (``l2_evict_first_policy``)."""
-    ops = [_i32(smem_addr, loc, ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(nbytes, loc, ip)]
-    ops.append(_i32(bar_addr, loc, ip))
-    hint, extra, cons = "", "", ""
-    if policy is not None:
-        ops.append(Int64(policy).ir_value(loc=loc, ip=ip))
-        hint, extra, cons = ".L2::cache_hint", ", $4", ",l"
-    _asm(
-        None,
-        ops,
-        f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes{hint} [$0], [$1], $2, [$3]{extra};",
-        "r,l,r,r" + cons,
-        side_effects=True,
-    )
-
-
+# -- global loads and stores ------------------------------------------------------------------------
 @dsl_user_op
 def ld_global_b32(gmem_addr, *, loc=None, ip=None):
     """A 4-byte read-only global load."""
@@ -191,15 +115,6 @@ def ld_global_v2_b32(gmem_addr, *, loc=None, ip=None):
         side_effects=True,
     )
     return _unpack(res, 2, T.i32(), Int32)
-
-
-@dsl_user_op
-def ld_global_v4_b32(gmem_addr, *, loc=None, ip=None):
-    """A 16-byte read-only global load (16-byte aligned) that does not allocate in L1: a stream read."""
-    res = _asm(_struct(4, T.i32()), [Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
-               "ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
-               side_effects=True)  # fmt: skip
-    return _unpack(res, 4, T.i32(), Int32)
 
 
 @dsl_user_op
@@ -336,20 +251,8 @@ def st_shared_v4_b32(smem_addr, v0, v1, v2, v3, *, loc=None, ip=None):
     )
 
 
-# -- sub-byte codes -> e4m3 bytes (exact) ---------------------------------------------------------
-# fp6: a code's magnitude bits are moved into f16 position (exponent field into the low exponent bits,
-# mantissa into the top mantissa bits); that f16 is the magnitude times 2^-k (k = 15 - bias: 14 for
-# e2m3, 12 for e3m2, subnormals included), so one exact f16 multiply by 2^k gives it and
-# cvt.rn.satfinite.e4m3x2.f16x2 stores it (every fp6 value is an e4m3 value); e4m3 is sign-magnitude,
-# so the code's sign bit is OR-ed into the byte. e2m1 and NVFP4: byte-permute tables (below).
-_F16X2_POW2 = {4: 0x4C004C00, 6: 0x54005400, 12: 0x6C006C00, 14: 0x74007400}
-# Where a code's bits go in an f16 (sign shift, magnitude shift, magnitude mask) and the power of two k
-# that makes the f16 the code's value (tests/kernel/test_hopper_ptx_recipes.py checks every code); the
-# kernel places the magnitude and ORs the sign into the e4m3 byte, which is the same value.
-F16_PLACEMENT = {
-    "e3m2": (10, 8, 0x1F00, 12),  # s eee mm (bits 5 | 4-0) -> sign 15, exponent 12-10, mantissa 9-8
-    "e2m3": (10, 7, 0x0F80, 14),  # s ee mmm (bits 5 | 4-0) -> sign 15, exponent 11-10, mantissa 9-7
-}
+# -- NVFP4 codes -> e4m3 bytes by a per-block table ------------------------------------------------
+_F16X2_POW2 = {4: 0x4C004C00, 6: 0x54005400}  # (2^k, 2^k) as f16x2, for SCALED_KV_EXPONENT's k
 # NVFP4: per block of 16 codes, e4m3(m * scale * 2^-3) for the eight e2m1 magnitudes m (0, 0.5, 1, 1.5 |
 # 2, 3, 4, 6) is made once, by four f16x2 products (exact: at most 6 significant bits, 2^-13 .. 336) and
 # one rounding each (the spec's), into the two table words that e2m1's byte-permute lookup reads. Every
@@ -357,7 +260,6 @@ F16_PLACEMENT = {
 # sign-symmetric, so XOR-ing the code's sign bit into the looked-up byte gives the product's sign, as
 # IEEE multiplication does.
 NVFP4_MAG_F16X2 = (0x2C000000, 0x32003000, 0x36003400, 0x3A003800)  # (lo | hi << 16): m * 2^-3 as f16
-FP6_GROUP_SELECTORS = (0x0543, 0x0432)  # prmt: bytes 3-5 (w0.b3, w1.b0, w1.b1) and 6-8 (w1.b2, w1.b3, w2.b0)
 
 
 def f16x2_pow2(k: int) -> int:
@@ -379,56 +281,19 @@ def nvfp4_block_table(scale_byte, *, loc=None, ip=None):
     return _unpack(res, 2, T.i32(), Int32)
 
 
-FP6_PAIR_SELECTORS = (0x1404, 0x3424)  # prmt(r, 0, sel): [0, c0, 0, c1] and [0, c2, 0, c3] from byte lanes
-
-
-@dsl_user_op
-def fp6x16_to_e4m3x16(w0, w1, w2, *, e3m2: bool, loc=None, ip=None):
-    """Sixteen fp6 codes (a little-endian bitstream: code i at bits 6i .. 6i + 5 of the 12 bytes
-    w0 | w1 | w2) -> four words of e4m3 bytes (codes 4k .. 4k + 3 in word k). Per 3-byte group: the four
-    codes into byte lanes, their magnitudes paired into f16x2 halves at bit 8 (e3m2) or 7 (e2m3) by byte
-    permutes, times 2^k, to e4m3, and the sign bits (code bit 5 -> byte bit 7) OR-ed in."""
-    _, mag_shl, _, k = F16_PLACEMENT["e3m2" if e3m2 else "e2m3"]
-    text = "{\n\t.reg .b32 v<4>, r, m, sg, x, t0, q, mul;\n\t.reg .b16 ea, eb;\n\t"
-    text += f"mov.b32 mul, {_F16X2_POW2[k]:#x};\n\t"
-    s1, s2 = FP6_GROUP_SELECTORS
-    text += f"mov.b32 v0, $4;\n\tprmt.b32 v1, $4, $5, {s1:#x};\n\tprmt.b32 v2, $5, $6, {s2:#x};\n\t"
-    text += "shr.b32 v3, $6, 8;\n\t"
-    for g in range(4):  # 3 bytes = codes c0 (bits 0-5), c1 (6-11), c2 (12-17), c3 (18-23)
-        text += f"and.b32 r, v{g}, 0x3F;\n\t"
-        for i in (1, 2, 3):  # code i -> byte i
-            text += f"shl.b32 t0, v{g}, {2 * i};\n\tand.b32 t0, t0, {0x3F << (8 * i):#x};\n\tor.b32 r, r, t0;\n\t"
-        text += "and.b32 m, r, 0x1F1F1F1F;\n\tshl.b32 sg, r, 2;\n\tand.b32 sg, sg, 0x80808080;\n\t"
-        for name, sel in zip(("ea", "eb"), FP6_PAIR_SELECTORS):
-            text += f"prmt.b32 x, m, 0, {sel:#x};\n\t"
-            if mag_shl != 8:
-                text += f"shr.b32 x, x, {8 - mag_shl};\n\t"
-            text += f"mul.rn.f16x2 x, x, mul;\n\tcvt.rn.satfinite.e4m3x2.f16x2 {name}, x;\n\t"
-        text += f"mov.b32 q, {{ea, eb}};\n\tor.b32 ${g}, q, sg;\n\t"
-    text += "}"
-    res = _asm(_struct(4, T.i32()), [_i32(x, loc, ip) for x in (w0, w1, w2)], text, "=r,=r,=r,=r,r,r,r")
-    return _unpack(res, 4, T.i32(), Int32)
-
-
-E2M1_E4M3_LUT = (0x3C383000, 0x4C484440)  # e4m3 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6
 E2M1_SIGN_SELECTORS = (0xD9C8, 0xFBEA)  # prmt(w << 4, w, sel), sign-replicate mode: codes 0-3, codes 4-7
 
 
 @dsl_user_op
-def e2m1x8_to_e4m3x8(w, table=None, *, loc=None, ip=None):
+def e2m1x8_to_e4m3x8(w, table, *, loc=None, ip=None):
     """Eight e2m1 codes (code i in bits 4i .. 4i + 3) -> two words of e4m3 bytes by byte permutes: the
     magnitudes index an 8-byte table (prmt), the signs come from prmt's sign-replicate mode (w << 4 puts
     the even codes' sign bits at byte msbs, w itself the odd codes', XOR-ed into the looked-up bytes).
     ``table``: two words of e4m3 bytes for the magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6 (NVFP4's, signed
-    like the block scale, from ``nvfp4_block_table``); default e2m1's own."""
+    like the block scale, from ``nvfp4_block_table``)."""
     sg0, sg1 = E2M1_SIGN_SELECTORS
-    ops = [_i32(w, loc, ip)]
-    if table is None:
-        lo, hi = E2M1_E4M3_LUT
-        setup = f"mov.b32 l0, {lo:#x};\n\tmov.b32 l1, {hi:#x};\n\t"
-    else:
-        ops += [_i32(x, loc, ip) for x in table]
-        setup = "mov.b32 l0, $3;\n\tmov.b32 l1, $4;\n\t"
+    ops = [_i32(w, loc, ip)] + [_i32(x, loc, ip) for x in table]
+    setup = "mov.b32 l0, $3;\n\tmov.b32 l1, $4;\n\t"
     text = (
         "{\n\t.reg .b32 w4, sel, mag, sgn, l0, l1;\n\t" + setup + "shl.b32 w4, $2, 4;\n\t"
         "and.b32 sel, $2, 0x7777;\n\tprmt.b32 mag, l0, l1, sel;\n\t"
@@ -436,7 +301,7 @@ def e2m1x8_to_e4m3x8(w, table=None, *, loc=None, ip=None):
         "shr.b32 sel, $2, 16;\n\tand.b32 sel, sel, 0x7777;\n\tprmt.b32 mag, l0, l1, sel;\n\t"
         f"prmt.b32 sgn, w4, $2, {sg1:#x};\n\tand.b32 sgn, sgn, 0x80808080;\n\txor.b32 $1, mag, sgn;\n\t}}"
     )
-    res = _asm(_struct(2, T.i32()), ops, text, "=r,=r,r" + ",r,r" * (table is not None))
+    res = _asm(_struct(2, T.i32()), ops, text, "=r,=r,r,r,r")
     return _unpack(res, 2, T.i32(), Int32)
 
 
@@ -458,6 +323,7 @@ E2M1_SCALED_INTERLEAVE = (0x5140, 0x7362)  # prmt(even, odd, sel): codes 0-3 | c
 # fp6, a 3-byte group of four codes (bits 6i .. 6i + 5): code i's five magnitude bits move 2i to byte i's
 # bits 0-4 and its sign 2i + 2 to bit 7; codes sharing a shift share a term. (shift left, mask) per term.
 # e2m3's bytes are these; e3m2's magnitude sits one bit higher (byte = r + (r & 0x1F1F1F1F)).
+FP6_GROUP_SELECTORS = (0x0543, 0x0432)  # prmt: bytes 3-5 (w0.b3, w1.b0, w1.b1) and 6-8 (w1.b2, w1.b3, w2.b0)
 FP6_SCALED_TERMS = ((0, 0x1F), (2, 0x1F80), (4, 0x1F8000), (6, 0x1F800000), (8, 0x80000000))
 FP6_SCALED_MAG = 0x1F1F1F1F
 
@@ -490,8 +356,9 @@ def e2m1x8_to_e4m3x8_scaled(w, *, ordered: bool = True, loc=None, ip=None):
 
 @dsl_user_op
 def fp6x16_to_e4m3x16_scaled(w0, w1, w2, *, e3m2: bool, loc=None, ip=None):
-    """Sixteen fp6 codes (a little-endian bitstream in w0 | w1 | w2, as ``fp6x16_to_e4m3x16``) -> four
-    words of e4m3 bytes of value * 2^-k (k = ``SCALED_KV_EXPONENT``: 4 for e3m2, 6 for e2m3) by shifts and
+    """Sixteen fp6 codes (a little-endian bitstream: code i at bits 6i .. 6i + 5 of the 12 bytes
+    w0 | w1 | w2; the four 3-byte groups gathered by ``FP6_GROUP_SELECTORS``) -> four words of e4m3
+    bytes of value * 2^-k (k = ``SCALED_KV_EXPONENT``: 4 for e3m2, 6 for e2m3) by shifts and
     masks (``FP6_SCALED_TERMS``)."""
     s1, s2 = FP6_GROUP_SELECTORS
     text = "{\n\t.reg .b32 v<4>, r, t;\n\t"
@@ -519,177 +386,17 @@ def f16x2_times_pow2(x, k: int, *, loc=None, ip=None):
     return Int32(_asm(T.i32(), [_i32(x, loc, ip)], text, "=r,r"))
 
 
-# -- warpgroup MMA (keys on M: the fp8 path without conversions) ----------------------------------
-
-GMMA_CORE_BYTES = 128  # a no-swizzle core matrix: 8 rows x 16 bytes, contiguous
-
-
-def gmma_desc_bits(lbo: int, sbo: int) -> int:
-    """The constant part of a wgmma shared-memory descriptor for a K-major, no-swizzle (interleaved)
-    operand: ``lbo`` bytes between the two 16-byte K halves of a core-matrix row, ``sbo`` bytes between
-    8-row groups (bits 16-29 and 32-45, in 16-byte units; layout type 0 in bits 62-63). The start address
-    (bits 0-13, in 16-byte units) is OR-ed in by the kernel."""
-    for name, v in (("lbo", lbo), ("sbo", sbo)):
-        if v % 16 or not 0 <= v >> 4 < 1 << 14:
-            raise ValueError(f"{name}={v}: a multiple of 16 below 2^18 bytes")
-    return ((lbo >> 4) << 16) | ((sbo >> 4) << 32)
-
-
-def _wgmma_waited(n, steps, mma, operands, in_constraints, loc, ip):
-    """One asm block of ``steps`` warpgroup MMAs into fresh fp32 accumulators: fence, the k-steps, commit,
-    wait (so the compiler cannot touch the registers while the MMA is in flight). ``mma(s, d_regs,
-    scale_d)`` gives k-step s's instruction (its inputs numbered from n / 2, after the n / 2 outputs; the
-    first k-step overwrites D, the others add to it). Returns the n / 2 Float32 accumulators."""
-    nd = n // 2
-    d_regs = "{" + ", ".join(f"${i}" for i in range(nd)) + "}"
-    z = f"${nd + len(operands)}"  # a zero operand after the inputs, for the two predicates
-    lines = ["{", ".reg .pred fresh, acc;", f"setp.ne.b32 fresh, {z}, 0;", f"setp.eq.b32 acc, {z}, 0;",
-             "wgmma.fence.sync.aligned;"]  # fmt: skip
-    lines += [mma(s, d_regs, "fresh" if s == 0 else "acc") for s in range(steps)]
-    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
-    constraints = ",".join(["=f"] * nd + list(in_constraints) + ["r"])
-    res = _asm(_struct(nd, T.f32()), list(operands) + [_i32(0, loc, ip)], "\n\t".join(lines), constraints,
-               side_effects=True)  # fmt: skip
-    return _unpack(res, nd, T.f32(), Float32)
-
-
-@dsl_user_op
-def wgmma_e4m3_rs(a, descs, *, n: int, loc=None, ip=None):
-    """D = A . B over ``len(descs)`` k-steps of ``wgmma.mma_async.m64n{n}k32.f32.e4m3.e4m3`` into fresh
-    fp32 accumulators, waited for before returning (fence, issue, commit, wait in one asm block, so the
-    compiler cannot touch the registers while the MMA is in flight).
-
-    a: 4 Int32 per k-step (this thread's A fragment: row g / g + 8 of the warp's 16 rows, k 4c .. 4c + 3
-    and 16 + 4c .. 16 + 4c + 3, four e4m3 bytes each); descs: one Int64 shared-memory descriptor of B
-    (n x 32 bytes, K-major) per k-step. Returns n / 2 Float32: (row g, col 2c), (g, 2c + 1), (g + 8, 2c),
-    (g + 8, 2c + 1), then the same for cols + 8, ...; all 128 threads of the warpgroup must call it.
-    Raises ValueError (at trace time) unless there are 4 A registers per descriptor and n is a multiple of
-    8 in 8 .. 256."""
-    steps = len(descs)
-    if len(a) != 4 * steps or n % 8 or not 8 <= n <= 256:
-        raise ValueError(f"wgmma_e4m3_rs: {len(a)} A registers for {steps} k-steps, n={n}")
-    nd = n // 2
-
-    def mma(s, d_regs, scale_d):
-        a_regs = ", ".join(f"${nd + 4 * s + i}" for i in range(4))
-        return (f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {d_regs}, {{{a_regs}}}, "
-                f"${nd + 4 * steps + s}, {scale_d}, 1, 1;")  # fmt: skip
-
-    operands = [_i32(x, loc, ip) for x in a] + [Int64(x).ir_value(loc=loc, ip=ip) for x in descs]
-    return _wgmma_waited(n, steps, mma, operands, ["r"] * (4 * steps) + ["l"] * steps, loc, ip)
-
-
-WGMMA_SS_KINDS = {  # dtype -> (k per instruction, the PTX type and trailing immediates)
-    "e4m3": (32, "e4m3.e4m3", "1, 1"),  # fp8: both operands K-major (no transpose immediates)
-    "f16": (16, "f16.f16", "1, 1, 1, 0"),  # A M-major (imm-trans-a 1), B K-major
-}
-
-
-@dsl_user_op
-def wgmma_ss(a_descs, b_descs, *, n: int, dtype: str, loc=None, ip=None):
-    """D = A . B over ``len(a_descs)`` k-steps of ``wgmma.mma_async.m64n{n}k{k}.f32`` with both operands
-    in shared memory, into fresh fp32 accumulators, waited for before returning (as ``wgmma_e4m3_rs``).
-
-    dtype "e4m3": k = 32, A and B K-major; "f16": k = 16, A M-major (the 16-bit types may be transposed),
-    B K-major. a_descs / b_descs: one Int64 descriptor each per k-step. Returns n / 2 Float32 in the
-    accumulator order of ``wgmma_e4m3_rs``; all 128 threads of the warpgroup must call it. Raises
-    ValueError (at trace time) for an unknown dtype, unequal descriptor counts or n outside 8 .. 256 in
-    steps of 8."""
-    if dtype not in WGMMA_SS_KINDS:
-        raise ValueError(f"wgmma_ss: dtype={dtype!r} (allowed {tuple(WGMMA_SS_KINDS)})")
-    steps = len(a_descs)
-    if len(b_descs) != steps or n % 8 or not 8 <= n <= 256:
-        raise ValueError(f"wgmma_ss: {steps} A and {len(b_descs)} B descriptors, n={n}")
-    k, types, imms = WGMMA_SS_KINDS[dtype]
-    nd = n // 2
-
-    def mma(s, d_regs, scale_d):
-        return (f"wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{types} {d_regs}, ${nd + s}, ${nd + steps + s}, "
-                f"{scale_d}, {imms};")  # fmt: skip
-
-    operands = [Int64(x).ir_value(loc=loc, ip=ip) for x in list(a_descs) + list(b_descs)]
-    return _wgmma_waited(n, steps, mma, operands, ["l"] * (2 * steps), loc, ip)
-
-
+# -- misc ------------------------------------------------------------------------------------------
 @dsl_user_op
 def prmt(a, b, selector: int, *, loc=None, ip=None):
     """``prmt.b32``: byte i of the result is byte ``(selector >> 4 i) & 7`` of (b:a), a's bytes 0-3."""
     return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)], f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r"))
 
 
-@dsl_user_op
-def fence_proxy_async_shared(*, loc=None, ip=None):
-    """Make this thread's shared-memory stores visible to wgmma (the async proxy); a barrier follows."""
-    _asm(None, [], "fence.proxy.async.shared::cta;", "", side_effects=True)
-
-
-@dsl_user_op
-def st_shared_b16(smem_addr, value, *, loc=None, ip=None):
-    """Store the low 16 bits of ``value``."""
-    text = "{\n\t.reg .b16 t;\n\tcvt.u16.u32 t, $1;\n\tst.shared.b16 [$0], t;\n\t}"
-    _asm(None, [_i32(smem_addr, loc, ip), _i32(value, loc, ip)], text, "r,r", side_effects=True)
-
-
-@dsl_user_op
-def st_global_b32(gmem_addr, value, *, loc=None, ip=None):
-    _asm(None, [Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(value, loc, ip)], "st.global.b32 [$0], $1;", "l,r",
-         side_effects=True)  # fmt: skip
-
-
-@dsl_user_op
-def atom_add_acq_rel_gpu(gmem_addr, value, *, loc=None, ip=None):
-    """``atom.acq_rel.gpu.global.add.s32``: add ``value`` to the int32 at ``gmem_addr`` and return the old
-    value; release orders this CTA's earlier global writes (after a CTA barrier) before the add, acquire
-    makes the writes other CTAs released before their adds visible after it."""
-    return Int32(_asm(T.i32(), [Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(value, loc, ip)],
-                      "atom.acq_rel.gpu.global.add.s32 $0, [$1], $2;", "=r,l,r", True))  # fmt: skip
-
-
-@dsl_user_op
-def ld_global_f32(gmem_addr, *, loc=None, ip=None):
-    """A 4-byte global load that may read what other CTAs of this grid wrote (not ``.nc``)."""
-    return Float32(_asm(T.f32(), [Int64(gmem_addr).ir_value(loc=loc, ip=ip)], "ld.global.f32 $0, [$1];", "=f,l", True))
-
-
-@dsl_user_op
-def ld_global_v4_f32(gmem_addr, *, loc=None, ip=None):
-    """A 16-byte global load (16-byte aligned) that may read what other CTAs of this grid wrote."""
-    res = _asm(_struct(4, T.f32()), [Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
-               "ld.global.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l", side_effects=True)  # fmt: skip
-    return _unpack(res, 4, T.f32(), Float32)
-
-
-@dsl_user_op
-def st_global_v2_f32(gmem_addr, v0, v1, *, loc=None, ip=None):
-    _asm(None, [Int64(gmem_addr).ir_value(loc=loc, ip=ip), _f32(v0, loc, ip), _f32(v1, loc, ip)],
-         "st.global.v2.f32 [$0], {$1, $2};", "l,f,f", side_effects=True)  # fmt: skip
-
-
-@dsl_user_op
-def f32x2_to_e4m3x2(lo, hi, *, loc=None, ip=None):
-    """(lo, hi) fp32 -> two e4m3 bytes (lo in bits 0-7) with cvt.rn.satfinite (the spec's P rounding)."""
-    text = "{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.e4m3x2.f32 t, $2, $1;\n\tcvt.u32.u16 $0, t;\n\t}"
-    return Int32(_asm(T.i32(), [_f32(lo, loc, ip), _f32(hi, loc, ip)], text, "=r,f,f"))
-
-
 __all__ = [
-    "GMMA_CORE_BYTES",
-    "gmma_desc_bits",
-    "wgmma_e4m3_rs",
-    "wgmma_ss",
-    "WGMMA_SS_KINDS",
-    "ld_shared_v4_b32",
-    "prmt",
-    "fence_proxy_async_shared",
-    "st_shared_b16",
-    "st_global_b32",
-    "st_global_v2_f32",
-    "atom_add_acq_rel_gpu",
-    "ld_global_f32",
-    "ld_global_v4_f32",
-    "f32x2_to_e4m3x2",
     "ldmatrix_x4",
     "mma_m16n8k16",
+    "l2_evict_first_policy",
     "cp_async_16",
     "cp_async_8",
     "ld_global_b32",
@@ -702,20 +409,27 @@ __all__ = [
     "f32x2_to_e4m3_pair",
     "f32x2_to_bf16_pair",
     "ld_shared_b32",
-    "ld_shared_v4_f32",
-    "ld_shared_u8",
     "ld_shared_v2_b32",
+    "ld_shared_v4_b32",
+    "ld_shared_u8",
     "ld_shared_f32",
+    "ld_shared_v4_f32",
     "st_shared_f32",
     "st_shared_v4_b32",
     "f16x2_pow2",
     "nvfp4_block_table",
     "e2m1x8_to_e4m3x8",
-    "E2M1_E4M3_LUT",
-    "E2M1_SIGN_SELECTORS",
-    "FP6_GROUP_SELECTORS",
-    "FP6_PAIR_SELECTORS",
-    "F16_PLACEMENT",
+    "e2m1x8_to_e4m3x8_scaled",
+    "fp6x16_to_e4m3x16_scaled",
+    "f16x2_times_pow2",
+    "prmt",
     "NVFP4_MAG_F16X2",
-    "fp6x16_to_e4m3x16",
+    "E2M1_SIGN_SELECTORS",
+    "SCALED_KV_EXPONENT",
+    "E2M1_SCALED_EVEN",
+    "E2M1_SCALED_ODD",
+    "E2M1_SCALED_INTERLEAVE",
+    "FP6_GROUP_SELECTORS",
+    "FP6_SCALED_TERMS",
+    "FP6_SCALED_MAG",
 ]

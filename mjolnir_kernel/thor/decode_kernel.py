@@ -46,14 +46,14 @@ Tensors seen by the kernel (element strides from the host):
   Q  (n_q, d, (h_k, b))  packed query rows n = qi * h_r + hr of a KV head, d contiguous
   K  (PS, d, (h_k, pages))   V  (d, PS, (h_k, pages))  logical views of any layout with d contiguous
   O  (d, n_q, (h_k, b)) bf16, LSE (n_q, (h_k, b)) fp32, partials o/m/l with a trailing split mode.
-The arithmetic, stage by stage, is NUMERICS.md section 5; mjolnir_numerics.emulate_decode models it.
+The arithmetic, stage by stage, is the spec's (mjolnir_numerics.emulator_stages; docs/numerics.md);
+mjolnir_numerics.emulate_decode models it.
 """
 
 from functools import partial
 from types import SimpleNamespace
-from typing import Tuple, Type
+from typing import Type
 
-import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
@@ -62,7 +62,7 @@ import cutlass.memory
 import cutlass.utils.blackwell_helpers as sm100_utils
 from cutlass.cute.nvgpu import OperandMajorMode, tcgen05
 
-from ..config import (
+from .config import (
     EVICT_FIRST_POLICY,
     MMA_K,
     MMA_M,
@@ -74,11 +74,11 @@ from ..config import (
     TILE_KEYS,
     WARP_THREADS,
     WARPGROUP_THREADS,
-    DecodeConfig,
-    can_implement,
+    ThorConfig,
+    can_implement_thor,
 )
-from ..kernel_views import shared_views
-from .reduction_kernel import LOG2_E, SplitReduction
+from ..kernel_views import DecodeEntry, shared_views
+from ..reduction import LOG2_E, SplitReduction
 
 WARPS_PER_WARPGROUP = WARPGROUP_THREADS // WARP_THREADS
 LEAD = SP_STAGES - 1  # K of tile s + LEAD is loaded before V of tile s (consumers drain in that order)
@@ -112,8 +112,8 @@ _KV_GMEM_TYPE = {
 }
 
 
-class ThorDecodeKernel:
-    """The decode kernel for one ``DecodeConfig``; ``cute.compile(ThorDecodeKernel(cfg), *args)``.
+class ThorDecodeKernel(DecodeEntry):
+    """The decode kernel for one ``ThorConfig``; ``cute.compile(ThorDecodeKernel(cfg), *args)``.
 
     ``__call__`` arguments (all runtime):
       problem_shape (b, h_k, n_q, d) int32; max_blocks (block-table row length); num_pages;
@@ -124,8 +124,8 @@ class ThorDecodeKernel:
       the CUDA stream.
     """
 
-    def __init__(self, config: DecodeConfig):
-        can_implement(config)
+    def __init__(self, config: ThorConfig):
+        can_implement_thor(config)
         self.config = config
         dv = config.derived
         self.softmax_wg = 0
@@ -258,45 +258,14 @@ class ThorDecodeKernel:
     # Entry point: views, TMA atoms, launches
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def __call__(
-        self,
-        problem_shape: Tuple[cutlass.Int32, cutlass.Int32, cutlass.Int32, cutlass.Int32],
-        max_blocks: cutlass.Int32,
-        num_pages: cutlass.Int32,
-        num_work: cutlass.Int32,
-        strides: Tuple[cutlass.Int32, ...],
-        q_ptr: cute.Pointer,
-        k_ptr: cute.Pointer,
-        v_ptr: cute.Pointer,
-        k_scales_ptr: cute.Pointer,
-        v_scales_ptr: cute.Pointer,
-        block_table_ptr: cute.Pointer,
-        seq_lens_ptr: cute.Pointer,
-        work_ptr: cute.Pointer,
-        n_splits_ptr: cute.Pointer,
-        q_descale_ptr: cute.Pointer,
-        k_descale_ptr: cute.Pointer,
-        v_descale_ptr: cute.Pointer,
-        o_ptr: cute.Pointer,
-        lse_ptr: cute.Pointer,
-        o_part_ptr: cute.Pointer,
-        m_part_ptr: cute.Pointer,
-        l_part_ptr: cute.Pointer,
-        scale_qs: cutlass.Float32,
-        scale_o: cutlass.Float32,
-        stream: cuda.CUstream,
-    ):
+    def launch(self, problem_shape, max_blocks, num_pages, num_work, strides, ptrs, scale_qs, scale_o, stream):
+        """The grids of one call (traced inside ``DecodeEntry.__call__``, the launch signature)."""
         cfg = self.config
-        q_dtype = q_ptr.dtype
+        q_dtype = ptrs.q.dtype
         kv_mma_dtype, kv_stage_dtype, _ = self._operand_types(q_dtype)
         kq_mma, vp_mma = self._tiled_mmas(q_dtype, kv_mma_dtype)
-        ptrs = SimpleNamespace(
-            q=q_ptr, k=k_ptr, v=v_ptr, k_scales=k_scales_ptr, v_scales=v_scales_ptr, block_table=block_table_ptr,
-            seq_lens=seq_lens_ptr, n_splits=n_splits_ptr, q_descale=q_descale_ptr, k_descale=k_descale_ptr,
-            v_descale=v_descale_ptr, o=o_ptr, lse=lse_ptr, o_part=o_part_ptr, m_part=m_part_ptr, l_part=l_part_ptr,
-        )  # fmt: skip
         views = self._views(problem_shape, max_blocks, num_pages, strides, ptrs)
-        work = cute.make_tensor(work_ptr, cute.make_layout((num_work, 4), stride=(4, 1)))
+        work = cute.make_tensor(ptrs.work, cute.make_layout((num_work, 4), stride=(4, 1)))
         lay = self._smem_layouts(kq_mma, vp_mma, q_dtype, kv_stage_dtype)
         atoms = self._tma_atoms(views, lay, kq_mma, vp_mma, kv_stage_dtype)
         b, h_k, n_q, d = problem_shape
@@ -316,11 +285,7 @@ class ThorDecodeKernel:
             **self.launch_extra,
         )  # fmt: skip
 
-        if cutlass.const_expr(self.reduction is not None):
-            self.reduction.launch(
-                o_ptr, lse_ptr, o_part_ptr, m_part_ptr, l_part_ptr, views.n_splits, b, h_k * n_q, d, strides[1],
-                scale_o, stream,
-            )  # fmt: skip
+        self.launch_reduction(ptrs, views.n_splits, problem_shape, strides, scale_o, stream)
 
     # ------------------------------------------------------------------------------------------
     # The decode kernel: shared resources, then one stage per warp role
@@ -636,13 +601,6 @@ class ThorDecodeKernel:
         n_iters = c.n_iters
         tile_begin = c.tile_begin
         for s in cutlass.range(n_iters + LEAD):
-            if cutlass.const_expr(cfg.l2_prefetch > 0):
-                if s == 0:
-                    for ahead in cutlass.range_constexpr(1, cfg.l2_prefetch):
-                        if ahead < n_iters:
-                            self._prefetch_tile(c, gK_t, gV_t, tile_begin + ahead)
-                if s + cfg.l2_prefetch < n_iters:
-                    self._prefetch_tile(c, gK_t, gV_t, tile_begin + s + cfg.l2_prefetch)
             if s < n_iters:
                 tile = tile_begin + s
                 for dk in cutlass.range_constexpr(self.tiles_d):
@@ -665,18 +623,6 @@ class ThorDecodeKernel:
                         else:
                             dst = sV[None, 0, j, h.index]
                         cute.copy(atom_v, gV_t[None, dm, 0, coord], dst, tma_bar_ptr=h.barrier, **hint)
-
-    @cute.jit
-    def _prefetch_tile(self, c, gK_t, gV_t, tile):
-        """TMA-prefetch K and V of one tile into L2 (pages past the sequence end are skipped)."""
-        pages_per_tile = TILE_KEYS // self.config.page_size
-        for j in cutlass.range_constexpr(pages_per_tile):
-            block = tile * pages_per_tile + j
-            if block * self.config.page_size < c.seq_len:
-                coord = c.kv_head + c.h_k * c.mBT[c.seq, block]
-                for dk in cutlass.range_constexpr(self.tiles_d):
-                    cute.prefetch(c.k_atom, gK_t[None, 0, dk, coord])
-                    cute.prefetch(c.v_atom, gV_t[None, dk, 0, coord])
 
     @cute.jit
     def _load_kv_packed(self, c, hint):
@@ -760,49 +706,40 @@ class ThorDecodeKernel:
         ld_v_thr = cute.make_tiled_copy_S(
             cute.make_copy_atom(cute.nvgpu.warp.LdMatrix16x16x8bOp(transpose=True, num_matrices=2), kv_dtype), st_v
         ).get_slice(tid)
-        sK_thr = ld_k_thr.partition_S(c.tAsK)
-        rK_shape = ld_k_thr.partition_D(c.tAsK).shape[:-1]
-        tK_thr = st_k_thr.partition_D(c.tAK)
-        rK16_shape = st_k_thr.partition_S(c.tAK).shape[:-1]
-        sV_thr = ld_v_thr.partition_S(c.tAsV)
-        rV_shape = ld_v_thr.partition_D(c.tAsV).shape[:-1]
-        tV_thr = st_v_thr.partition_D(c.tAV)
-        rV16_shape = st_v_thr.partition_S(c.tAV).shape[:-1]
+        # K of tile s and V of tile s - LEAD (the ring's order): e4m3 from shared memory -> bf16 into TMEM
+        parts = (
+            self._convert_part(ld_k_thr, st_k_thr, c.tAsK, c.tAK),
+            self._convert_part(ld_v_thr, st_v_thr, c.tAsV, c.tAV),
+        )
 
         n_iters = c.n_iters
         for s in cutlass.range(n_iters + LEAD):
-            if s < n_iters:
-                for _stage in cutlass.range(self.tiles_d // groups, unroll=2):
-                    r8 = cute.make_rmem_tensor(rK_shape, kv_dtype)
-                    r16 = cute.make_rmem_tensor(rK16_shape, q_dtype)
-                    src = kv_consumer.wait_and_advance()
-                    cute.copy(ld_k_thr, sK_thr[CPY_SLICE + (src.index,)], r8)
-                    cute.arch.fence_view_async_shared()
-                    src.release()
-                    r16.store(r8.load().to(cutlass.Float32).to(q_dtype).reshape(rK16_shape))
-                    dst = cvt_producer.acquire_and_advance()
-                    cute.copy(st_k_thr, r16, tK_thr[CPY_SLICE + (dst.index,)])
-                    cute.arch.fence_view_async_tmem_store()
-                    dst.commit()
-                    for _other in cutlass.range_constexpr(groups - 1):
-                        kv_consumer.advance()
-                        cvt_producer.advance()
-            if s >= LEAD:
-                for _stage in cutlass.range(self.tiles_d // groups, unroll=2):
-                    r8 = cute.make_rmem_tensor(rV_shape, kv_dtype)
-                    r16 = cute.make_rmem_tensor(rV16_shape, q_dtype)
-                    src = kv_consumer.wait_and_advance()
-                    cute.copy(ld_v_thr, sV_thr[CPY_SLICE + (src.index,)], r8)
-                    cute.arch.fence_view_async_shared()
-                    src.release()
-                    r16.store(r8.load().to(cutlass.Float32).to(q_dtype).reshape(rV16_shape))
-                    dst = cvt_producer.acquire_and_advance()
-                    cute.copy(st_v_thr, r16, tV_thr[CPY_SLICE + (dst.index,)])
-                    cute.arch.fence_view_async_tmem_store()
-                    dst.commit()
-                    for _other in cutlass.range_constexpr(groups - 1):
-                        kv_consumer.advance()
-                        cvt_producer.advance()
+            active = (s < n_iters, s >= LEAD)
+            for which in cutlass.range_constexpr(2):
+                ld_thr, st_thr, s_thr, t_thr, r_shape, r16_shape = parts[which]
+                if active[which]:
+                    for _stage in cutlass.range(self.tiles_d // groups, unroll=2):
+                        r8 = cute.make_rmem_tensor(r_shape, kv_dtype)
+                        r16 = cute.make_rmem_tensor(r16_shape, q_dtype)
+                        src = kv_consumer.wait_and_advance()
+                        cute.copy(ld_thr, s_thr[CPY_SLICE + (src.index,)], r8)
+                        cute.arch.fence_view_async_shared()
+                        src.release()
+                        r16.store(r8.load().to(cutlass.Float32).to(q_dtype).reshape(r16_shape))
+                        dst = cvt_producer.acquire_and_advance()
+                        cute.copy(st_thr, r16, t_thr[CPY_SLICE + (dst.index,)])
+                        cute.arch.fence_view_async_tmem_store()
+                        dst.commit()
+                        for _other in cutlass.range_constexpr(groups - 1):
+                            kv_consumer.advance()
+                            cvt_producer.advance()
+
+    @staticmethod
+    def _convert_part(ld_thr, st_thr, smem, tmem):
+        """One operand (K or V) of ``convert_bf16``: its copies, the partitions of its shared-memory and TMEM
+        stages, and the register shapes (trace-time only)."""
+        return (ld_thr, st_thr, ld_thr.partition_S(smem), st_thr.partition_D(tmem), ld_thr.partition_D(smem).shape[:-1],
+                st_thr.partition_S(tmem).shape[:-1])  # fmt: skip
 
     @cute.jit
     def convert_nvfp4(self, c):
@@ -898,19 +835,20 @@ class ThorDecodeKernel:
     # ------------------------------------------------------------------------------------------
     # Stage: MMA warps
     # ------------------------------------------------------------------------------------------
+    def _mma_warp_start(self, c):
+        """What both MMA warps start with: their register budget, then (their clone of the K/V ring's
+        consumer state, the barrier GEMM1 -> GEMM2, the barrier GEMM2 -> GEMM1). Trace-time only."""
+        self._set_registers(self.config.derived.mma_tma_regs)
+        return c.p.a_consumer.clone(), c.p.kq_bar, c.p.vp_bar
+
     @cute.jit
     def mma_kq(self, c):
         """GEMM1 per tile: S[stage] = K . Q over tiles_d stages; then hand over to GEMM2."""
-        self._set_registers(self.config.derived.mma_tma_regs)
-        tiled_mma = c.kq_mma
-        tCtS = c.tCtS
-        tAK = c.tAK
+        a_consumer, kq_bar, vp_bar = self._mma_warp_start(c)
+        tiled_mma, tCtS, tAK = c.kq_mma, c.tCtS, c.tAK
         q_frag = c.thr_mma_kq.make_fragment_B(c.tBsQ)
         q_consumer = c.p.q_consumer.clone()
-        a_consumer = c.p.a_consumer.clone()
         s_producer = c.p.s_producer.clone()
-        kq_bar = c.p.kq_bar
-        vp_bar = c.p.vp_bar
         for _ in cutlass.range_constexpr(self.tiles_d):
             q_consumer.wait_and_advance()
         s_token = cutlass.Boolean(True)  # the producer acquires first
@@ -945,16 +883,11 @@ class ThorDecodeKernel:
     @cute.jit
     def mma_vp(self, c):
         """GEMM2 per tile: O += V . P, accumulating in TMEM; then frees TMEM at the end."""
-        self._set_registers(self.config.derived.mma_tma_regs)
-        tiled_mma = c.vp_mma
-        tCtO = c.tCtO
-        tAV = c.tAV
+        a_consumer, kq_bar, vp_bar = self._mma_warp_start(c)
+        tiled_mma, tCtO, tAV = c.vp_mma, c.tCtO, c.tAV
         p_frag = c.thr_mma_vp.make_fragment_B(c.tBsP_nk)
-        a_consumer = c.p.a_consumer.clone()
         p_consumer = c.p.p_consumer.clone()
         o_producer = c.p.o_producer.clone()
-        kq_bar = c.p.kq_bar
-        vp_bar = c.p.vp_bar
         n_iters = c.n_iters
         tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
         for _ in cutlass.range_constexpr(self.tiles_d):  # K stages of tile 0 belong to the GEMM1 warp
@@ -1152,39 +1085,12 @@ class ThorDecodeKernel:
                 o_h.release()
             m_prev.store(m.load())
 
-        self._epilogue(
-            c,
-            o_consumer,
-            ld_s_thr,
-            tStO,
-            o_regs,
-            row_sum,
-            tSsL,
-            lane,
-            warp,
-            lane_owns_col,
-            n_base,
-            lse_scale,
-            v_descale,
-        )
+        self._epilogue(c, o_consumer, ld_s_thr, tStO, o_regs, row_sum, tSsL, lane, warp, lane_owns_col, n_base,
+                       lse_scale, v_descale)  # fmt: skip
 
     @cute.jit
-    def _epilogue(
-        self,
-        c,
-        o_consumer,
-        ld_s_thr,
-        tStO,
-        o_regs,
-        row_sum,
-        tSsL,
-        lane,
-        warp,
-        lane_owns_col,
-        n_base,
-        lse_scale,
-        v_descale,
-    ):
+    def _epilogue(self, c, o_consumer, ld_s_thr, tStO, o_regs, row_sum, tSsL, lane, warp, lane_owns_col, n_base,
+                  lse_scale, v_descale):  # fmt: skip
         """Row statistics and O: l = butterfly sum over the warp's lanes (xor 16..1), then
         w0 + w1 + w2 + w3 over the warps; unsplit: bf16(O * (out_scale / (l + 1e-30))) and
         lse = m * lse_scale + log(l); split: fp32 partials O * v_descale / p_scale, m, l."""

@@ -40,62 +40,10 @@ def test_back_to_back_must_be_positive(capsys):
     assert "--back-to-back" in capsys.readouterr().err
 
 
-def test_kernel_times_picks_the_two_grids_by_name():
-    """profile_hopper_decode --kernel-times: the decode and reduction grids' mean durations, by the names
-    the CuTe DSL gives them; other kernels (a fill, a copy) are left out."""
-    from benchmarks.profile_hopper_decode import kernel_times
-
-    def ev(key, count, total):
-        return SimpleNamespace(key=key, count=count, device_time_total=total)
-
-    prof = SimpleNamespace(
-        key_averages=lambda: [
-            ev("kernel_cutlass_kernel_mjolnir_kernelhopperdecode_kernelHopperDecodeKernel_object_at_0x7f", 20, 400.0),
-            ev("kernel_cutlass_kernel_mjolnir_kernelthorreduction_kernelSplitReduction_object_at_0x7f", 20, 58.0),
-            ev("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>", 3, 6.0),
-            ev("cudaLaunchKernelExC", 40, 0.0),
-        ]
-    )
-    times = kernel_times(prof)
-    assert times == {"HopperDecodeKernel": (20, 20.0), "SplitReduction": (20, 2.9)}
-
-
-@pytest.mark.parametrize(
-    "argv, name",
-    [
-        (["--graph-calls", "-1"], "--graph-calls"),
-        (["--launches", "0"], "--launches"),
-    ],
-)
-def test_profile_rejects_bad_counts(argv, name, capsys):
-    from benchmarks.profile_hopper_decode import main
-
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2 and f"{name}: expected" in capsys.readouterr().err
-
-
 def test_l2_resident_refuses_the_size_matched_read(capsys):
     with pytest.raises(SystemExit):
         bh.main(["--l2-resident", "--size-matched-stream"])
     assert "--l2-resident" in capsys.readouterr().err
-
-
-def test_subbyte_sweeps_are_hopper_decode_options():
-    """Each sub-byte sweep of the bench is a HopperConfig field that decode() takes as a Hopper-only option, and
-    the values its help lists are the field's allowed values besides "auto"; "auto" parses to None."""
-    from dataclasses import fields
-
-    from mjolnir_kernel.api import HOPPER_ONLY_OPTIONS
-    from mjolnir_kernel.hopper import config as hc
-
-    allowed = {"k_operand": hc.K_OPERANDS, "v_convert": hc.V_CONVERTS, "schedule": hc.SCHEDULES,
-               "mma_layout": hc.MMA_LAYOUTS}  # fmt: skip
-    names = {f.name for f in fields(hc.HopperConfig)}
-    for name, _, _, values in bh.SUBBYTE_SWEEPS:
-        assert name in names and name in HOPPER_ONLY_OPTIONS
-        assert [v.split()[0] for v in values.split(", ")] == [v for v in allowed[name] if v != "auto"]
-    assert bh._auto_list("auto,keys,") == [None, "keys"]
 
 
 @pytest.mark.parametrize("value", ["64", "128,96", "", "d128"])

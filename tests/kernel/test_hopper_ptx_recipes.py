@@ -1,8 +1,8 @@
 """The bit recipes behind the Hopper kernel's sub-byte -> e4m3 conversions (mjolnir_kernel.hopper.ptx),
-replayed on the CPU for every code: where a code's bits go in an f16, the power of two that makes that
-f16 the code's value, the byte-permute table and sign selectors of e2m1, the byte selectors that gather
-fp6 code groups, and NVFP4's per-block table of e4m3(m * scale / 8). The same for the scaled
-conversions (``kv_convert="scaled"``): shifts and masks that make each code's e4m3 byte of value * 2^-k.
+replayed on the CPU for every code: NVFP4's per-block table of e4m3(m * scale / 8) with the sign selectors
+of its byte-permute lookup, the byte selectors that gather fp6 code groups, and the scaled conversions of
+e2m1, e3m2 and e2m3 (``HopperConfig.scaled_kv``): the shifts and masks that make each code's e4m3 byte of
+value * 2^-k, and the f16 powers of two that Q and P carry.
 The PTX itself runs in the H200 conformance tests; these pin the constants it is built from to the
 formats' definitions."""
 
@@ -11,14 +11,11 @@ import pytest
 import torch
 
 from mjolnir_kernel.hopper.ptx import (
-    E2M1_E4M3_LUT,
     E2M1_SCALED_EVEN,
     E2M1_SCALED_INTERLEAVE,
     E2M1_SCALED_ODD,
     E2M1_SIGN_SELECTORS,
-    F16_PLACEMENT,
     FP6_GROUP_SELECTORS,
-    FP6_PAIR_SELECTORS,
     FP6_SCALED_MAG,
     FP6_SCALED_TERMS,
     NVFP4_MAG_F16X2,
@@ -69,53 +66,9 @@ def _fp6_blocks(seed: int, trials: int = 600):
         yield [w0, _prmt(w0, w1, sel1), _prmt(w1, w2, sel2), w2 >> 8], [(stream >> (6 * i)) & 63 for i in range(16)]
 
 
-@pytest.mark.parametrize("fmt", sorted(F16_PLACEMENT))
-def test_f16_placement_gives_every_code_value(fmt):
-    sign_shl, mag_shl, mag_mask, k = F16_PLACEMENT[fmt]
-    values = _values(fmt)
-    codes = np.arange(values.size, dtype=np.uint32)
-    bits = ((codes << sign_shl) & 0x8000) | ((codes << mag_shl) & mag_mask)
-    placed = bits.astype(np.uint16).view(np.float16).astype(np.float64) * 2.0**k
-    np.testing.assert_array_equal(placed, values)
-    assert (np.signbit(placed) == np.signbit(values)).all()  # -0 stays -0
+@pytest.mark.parametrize("k", sorted(set(SCALED_KV_EXPONENT.values())))
+def test_f16x2_powers_of_two(k):
     assert f16x2_pow2(k) == (np.float16(2.0**k).view(np.uint16).item() * 0x10001)
-
-
-def test_e2m1_table_and_sign_selectors():
-    want = _e4m3_bytes(_values("e2m1"))
-    lo, hi = E2M1_E4M3_LUT
-    assert [_prmt(lo, hi, m) & 0xFF for m in range(8)] == want[:8]
-    sel0, sel1 = E2M1_SIGN_SELECTORS
-    for w in _e2m1_words(0):
-        w4 = (w << 4) & 0xFFFFFFFF
-        o0 = _prmt(lo, hi, w & 0x7777) ^ (_prmt(w4, w, sel0) & 0x80808080)
-        o1 = _prmt(lo, hi, (w >> 16) & 0x7777) ^ (_prmt(w4, w, sel1) & 0x80808080)
-        got = [(o0 >> (8 * i)) & 0xFF for i in range(4)] + [(o1 >> (8 * i)) & 0xFF for i in range(4)]
-        assert got == [want[(w >> (4 * j)) & 15] for j in range(8)], hex(w)
-
-
-@pytest.mark.parametrize("fmt", ["e3m2", "e2m3"])
-def test_fp6_group_gather_and_conversion(fmt):
-    """16 codes in 12 bytes (a little-endian bitstream) -> four 3-byte groups by the selectors; per group
-    the codes into byte lanes, magnitudes (c0, c1) and (c2, c3) paired in f16x2 halves by the pair
-    selectors (shifted to the format's magnitude position), times 2^k, to e4m3, and the sign bits OR-ed in
-    -> the e4m3 bytes of every code (-0 included)."""
-    _, mag_shl, _, k = F16_PLACEMENT[fmt]
-    want_byte = _e4m3_bytes(_values(fmt))
-    for groups, codes in _fp6_blocks(1):
-        got = []
-        for v in groups:
-            r = v & 0x3F
-            for i in (1, 2, 3):
-                r |= (v << (2 * i)) & (0x3F << (8 * i))
-            m, sg = r & 0x1F1F1F1F, (r << 2) & 0x80808080
-            word = []
-            for sel in FP6_PAIR_SELECTORS:
-                x = _prmt(m, 0, sel) >> (8 - mag_shl)
-                halves = np.array([x & 0xFFFF, x >> 16], dtype=np.uint16).view(np.float16).astype(np.float64)
-                word += _e4m3_bytes(halves * 2.0**k)
-            got += [b | ((sg >> (8 * i)) & 0xFF) for i, b in enumerate(word)]
-        assert got == [want_byte[c] for c in codes]
 
 
 def test_nvfp4_block_table_gives_e4m3_of_code_times_scale():

@@ -4,7 +4,7 @@ Runs without a GPU (CPU tensors; the device check comes after the argument check
 import pytest
 import torch
 
-from mjolnir_kernel.api import DeviceError, decode, decode_paged
+from mjolnir_kernel.api import DeviceError, decode
 from mjolnir_kernel.host import STRIDE_FIELDS, check_decode_inputs, kernel_strides
 from mjolnir_numerics.cache import LAYOUTS, PagedKVCache
 from mjolnir_numerics.scales import pack_q, quantize_q
@@ -49,7 +49,7 @@ def test_q_checks():
     a, kw = args_of(q, qd, cache)
     _expect("q", "dtype torch.float16", q.half(), *a[1:], **kw)
     _expect("q", "expected \\(num_seqs", q[0], *a[1:], **kw)
-    _expect("q", "head dim 64", q[..., :64], *a[1:], **kw)
+    _expect("q", "head_dim: 64", q[..., :64], *a[1:], **kw)
     _expect(
         "q", "head dim must be contiguous", torch.zeros(2, H_Q, 2 * D, dtype=torch.bfloat16)[..., ::2], *a[1:], **kw
     )
@@ -58,7 +58,7 @@ def test_q_checks():
     _expect("q_len", "int >= 1", *a, **{**kw, "q_len": 0})
     qf, qdf, cache6 = make("e2m3", q_dtype="e4m3")
     a6, kw6 = args_of(q, None, cache6)
-    _expect("q", "needs float8_e4m3fn Q", *a6, **kw6)
+    _expect("q", "e2m3 KV runs only with e4m3 Q", *a6, **kw6)
 
 
 def test_q_descale_checks():
@@ -75,7 +75,7 @@ def test_pool_checks():
     k, v = a[1], a[2]
     _expect("k_pool", "are torch.float8_e4m3fn", q, k.view(torch.uint8), v, *a[3:], **kw)
     _expect("v_pool", "differs from k_pool", q, k, v[:-1], *a[3:], **kw)
-    _expect("k_pool", "page size 8", q, k[:, :8], v[:, :8], *a[3:], **kw)
+    _expect("k_pool", "page_size: 8", q, k[:, :8], v[:, :8], *a[3:], **kw)
     wide = torch.zeros(k.shape[0], 16, H_K, D + 8, dtype=torch.uint8).view(torch.float8_e4m3fn)[..., :D]
     _expect("k_pool", "multiples of 16 bytes", q, wide, wide, *a[3:], **kw)
     q6, qd6, c6 = make("e2m3", q_dtype="e4m3")
@@ -188,6 +188,7 @@ def test_decode_without_a_tcgen05_gpu_says_why():
         decode(q, cache)
     with pytest.raises(ValueError, match="^q: dtype"):  # argument errors come first, even on the CPU
         decode(q.half(), cache)
-    a, kw = args_of(q, qd, cache)
     with pytest.raises(ValueError, match="^softmax_scale"):
-        decode_paged(*a, **kw, softmax_scale=-1.0)
+        decode(q, cache, softmax_scale=-1.0)
+    with pytest.raises(ValueError, match="^causal"):
+        decode(q, cache, causal="yes")

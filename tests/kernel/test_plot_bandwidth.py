@@ -73,7 +73,7 @@ def test_csv_directory_is_checked_before_any_gpu_work(capsys):
 def test_fixed_cost_fit_recovers_a_line_and_needs_two_sizes(tmp_path, capsys):
     """``benchmarks.fixed_cost``: rows at several sizes on an exact line (8 us + bytes / 4.5 TB/s for the
     kernel, 2 us + bytes / 4.7 TB/s for the read) give back the line; one size is refused by name."""
-    from benchmarks import fixed_cost as fc
+    from benchmarks.probes import fixed_cost as fc
 
     paths = []
     for i, mb in enumerate((17, 34, 67, 134)):

@@ -27,7 +27,7 @@ def _compile(max_splits):
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
 
-    from mjolnir_kernel.thor.reduction_launch import ReductionLauncher
+    from mjolnir_kernel.reduction import ReductionLauncher
 
     major, minor = torch.cuda.get_device_capability()
     arch = f"sm_{major}{minor}a"

@@ -1,8 +1,8 @@
 """Every code of every element format: its value, its properties and its round trip.
 
-Oracles: ml_dtypes' value tables and gfloat's ``decode_ndarray`` (NUMERICS.md section 1); both are
-independent of :mod:`mjolnir_numerics.formats`. Values are compared as float32 bit patterns, so the
-sign of zero and NaN codes count.
+Oracles: ml_dtypes' value tables and gfloat's ``decode_ndarray`` (docs/numerics.md, "Oracles the tests
+trust"); both are independent of :mod:`mjolnir_numerics.formats`. Values are compared as float32 bit
+patterns, so the sign of zero and NaN codes count.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""NVFP4 against an independent numpy / ml_dtypes computation of the recipe (NUMERICS.md section 3).
+"""NVFP4 against an independent numpy / ml_dtypes computation of the recipe (docs/numerics.md, "NVFP4").
 
 The reference below is written from the recipe, not from :mod:`mjolnir_numerics.nvfp4`: every step is
 float32 numpy arithmetic in the order the recipe states, and the roundings are ml_dtypes casts
@@ -18,7 +18,7 @@ from mjolnir_numerics import E2M1, E4M3, NVFP4Tensor, dequantize, nvfp4_quantize
 F32 = np.float32
 E4M3_MAX = F32(448.0)
 E2M1_MAX = F32(6.0)
-KERNEL_VALUE_MAX = 6.0 * 448.0 / 8  # largest code * scale * 2^-3 (NUMERICS.md 3): 336
+KERNEL_VALUE_MAX = 6.0 * 448.0 / 8  # largest code * scale * 2^-3 (docs/numerics.md, "NVFP4"): 336
 # 336 is not an e4m3 value: it ties between 320 (even mantissa) and 352, so the largest kernel value is 320.
 KERNEL_VALUE_TOP = 320.0
 # kernel_values * kernel_descale vs values: the only rounding between them is the e4m3 rounding of

@@ -1,6 +1,6 @@
 """Sub-byte packing: round trips, the documented bit positions, and clear errors.
 
-Layouts (NUMERICS.md section 2): fp4 puts element 2i in the low nibble of byte i; fp6 is a
+Layouts (docs/numerics.md, "Packing"): fp4 puts element 2i in the low nibble of byte i; fp6 is a
 little-endian bitstream, element i at bits [6i, 6i + 6), four codes in three bytes.
 """
 

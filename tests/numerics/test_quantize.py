@@ -1,9 +1,9 @@
 """``quantize`` is bit exact: codes identical to gfloat and ml_dtypes on every probe.
 
-Oracles (NUMERICS.md section 1): ``gfloat.round_ndarray(fi, x, TiesToEven, sat=True)`` for all four
-element formats; ml_dtypes ``float6_e3m2fn`` / ``float6_e2m3fn`` / ``float4_e2m1fn`` for fp6 / fp4
-(non-NaN inputs: ml_dtypes maps NaN to +-0, our spec to +max) and ``float8_e4m3fn`` for |x| <= 464
-only (it is not saturating). CODES are compared, so the sign of zero counts.
+Oracles (docs/numerics.md, "Oracles the tests trust"): ``gfloat.round_ndarray(fi, x, TiesToEven, sat=True)``
+for all four element formats; ml_dtypes ``float6_e3m2fn`` / ``float6_e2m3fn`` / ``float4_e2m1fn`` for
+fp6 / fp4 (non-NaN inputs: ml_dtypes maps NaN to +-0, our spec to +max) and ``float8_e4m3fn`` for
+|x| <= 464 only (it is not saturating). CODES are compared, so the sign of zero counts.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ML_DTYPE = {
     "e2m3": ml_dtypes.float6_e2m3fn,
     "e2m1": ml_dtypes.float4_e2m1fn,
 }
-# ml_dtypes.float8_e4m3fn is not saturating: |x| > 464 (448 + half an ulp) gives NaN (NUMERICS.md 1).
+# ml_dtypes.float8_e4m3fn is not saturating: |x| > 464 (448 + half an ulp) gives NaN (docs/numerics.md).
 ML_DTYPES_E4M3_TRUSTED_ABS = 464.0
 fmt_params = pytest.mark.parametrize("fmt", ELEMENT_FORMATS, ids=lambda f: f.name)
 
@@ -279,7 +279,7 @@ def test_every_16_bit_input_matches_its_float32_widening_and_gfloat(fmt, dtype):
 # the seed's quantizer (why we differ)
 # ---------------------------------------------------------------------------------------------------
 # Ties the seed's minifloat_quantize breaks toward the smaller magnitude: at every midpoint whose lower
-# neighbour has an odd code, i.e. 15 of 31 per sign for fp6 and 3 of 7 per sign for fp4 (NUMERICS.md 1).
+# neighbour has an odd code, i.e. 15 of 31 per sign for fp6 and 3 of 7 per sign for fp4 (docs/numerics.md).
 SEED_WRONG_MIDPOINT_VALUES = {"e3m2": (30, 62), "e2m3": (30, 62), "e2m1": (6, 14)}
 
 

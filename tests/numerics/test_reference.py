@@ -86,7 +86,7 @@ def test_attribution_research_switch_reaches_the_emulator():
     g = torch.Generator().manual_seed(2)
     q = torch.randn(1, 6, 64, generator=g)
     k, v = [torch.randn(150, 2, 64, generator=g)], [torch.randn(150, 2, 64, generator=g)]
-    with pytest.raises(ValueError, match="head dim 64"):
+    with pytest.raises(ValueError, match="head_dim: 64"):
         attribute_errors(q, k, v, "e4m3")
     rows = attribute_errors(q, k, v, "e4m3", allow_unsupported=True)
     assert [r.source for r in rows] == list(ERROR_SOURCES)

@@ -1,4 +1,4 @@
-"""Synthetic K/V generators: every kind has the property it claims (ANCHORS.md, "What real K/V look like")."""
+"""Synthetic K/V generators: every kind has the property it claims (docs/data.md, "What real K/V look like")."""
 
 import math
 

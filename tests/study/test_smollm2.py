@@ -26,8 +26,8 @@ from mjolnir_study.smollm2 import (
     prefix_decode_attention,
 )
 
-# ANCHORS.md measured 17.8 on 512 tokens of pydoc_data.topics with interleaved RoPE and 345 with the
-# half-split convention. Here: 18.6 / 339 on the first 512 held-out tokens (Python 3.11 topics).
+# docs/data.md ("SmolLM2 facts"): 17.8 on 512 tokens of pydoc_data.topics with interleaved RoPE and 345
+# with the half-split convention. Here: 18.6 / 339 on the first 512 held-out tokens (Python 3.11 topics).
 PPL_512_UPPER = 30.0
 PPL_512_LOWER = 8.0  # far below the anchor would mean leaked targets (e.g. a broken causal mask)
 HALF_SPLIT_MIN_FACTOR = 5.0

@@ -1,4 +1,5 @@
-"""A matrix product through Hopper's warp-level MMAs, for ``benchmarks.probe_fp8_accumulation --mma-sync``.
+"""A matrix product through Hopper's warp-level MMAs, for ``benchmarks.probes.probe_fp8_accumulation
+--mma-sync``.
 
 D = A . B^T for e4m3 A (m, k) and B (n, k), row-major bytes, fp32 D (m, n): one warp per 16 x 8 tile of D,
 chained over k in fp32 registers, either
@@ -9,16 +10,54 @@ chained over k in fp32 registers, either
   (four bytes of a row per lane and k-step, ``e4m3x4_to_pairs``).
 
 The question it answers: does the fp8 warp-level MMA add 32 products as exactly as the f16 one adds 16,
-or like the fp8 warpgroup MMA (NUMERICS.md section 4)? ``probe_fp8_accumulation`` compares both with the
-exact sum (on the H200: at fp32 precision, like the f16 path).
+or like the fp8 warpgroup MMA (docs/numerics.md, "Special functions and the tensor cores")?
+``probe_fp8_accumulation`` compares both with the exact sum (on the H200: at fp32 precision, like the f16
+path).
+
+The fp8 ``mma.sync`` and the fp32 pair store are defined here, not in ``mjolnir_kernel.hopper.ptx``: the
+decode kernel uses neither.
 """
 
 import cutlass
 import cutlass.cute as cute
 
-from .ptx import e4m3x4_to_pairs, ld_global_b32, mma_m16n8k16, mma_m16n8k32_e4m3, st_global_v2_f32
+from mjolnir_kernel.hopper.ptx import (
+    T,
+    Float32,
+    Int64,
+    _asm,
+    _f32,
+    _i32,
+    _struct,
+    _unpack,
+    dsl_user_op,
+    e4m3x4_to_pairs,
+    ld_global_b32,
+    mma_m16n8k16,
+)
 
 MMA_PATHS = ("fp8", "f16")
+
+
+@dsl_user_op
+def mma_m16n8k32_e4m3(a, b, c, *, loc=None, ip=None):
+    """``mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32`` (sm_89+): D = A (16x32) . B (32x8) + C on fp8
+    operands, four e4m3 bytes per register. a: 4 Int32, b: 2 Int32, c: 4 Float32; returns 4 Float32. Used
+    by ``benchmarks.probes.probe_fp8_accumulation --mma-sync`` (how exactly the warp-level fp8 MMA adds)."""
+    res = _asm(
+        _struct(4, T.f32()),
+        [_i32(x, loc, ip) for x in a] + [_i32(x, loc, ip) for x in b] + [_f32(x, loc, ip) for x in c],
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
+    )
+    return _unpack(res, 4, T.f32(), Float32)
+
+
+@dsl_user_op
+def st_global_v2_f32(gmem_addr, v0, v1, *, loc=None, ip=None):
+    _asm(None, [Int64(gmem_addr).ir_value(loc=loc, ip=ip), _f32(v0, loc, ip), _f32(v1, loc, ip)],
+         "st.global.v2.f32 [$0], {$1, $2};", "l,f,f", side_effects=True)  # fmt: skip
 
 
 class WarpMmaProbe:
@@ -79,7 +118,7 @@ def compile_probe(k: int, path: str, arch: str = "sm_90a", cubin_dir=None):
     import cuda.bindings.driver as cuda
     from cutlass.cute.runtime import make_ptr
 
-    from ..compile import COMPILE_OPTIONS
+    from mjolnir_kernel.compile import COMPILE_OPTIONS
 
     def ptr(dtype):
         return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=16)
@@ -96,7 +135,7 @@ def probe_sass(k: int, path: str, arch: str = "sm_90a") -> str:
     """The probe kernel's machine code (``cuobjdump -sass``; needs the ``kernel`` extra's tools). On sm_90a
     it shows how ptxas lowers the fp8 ``mma.sync.m16n8k32``: unpacks to f16 (F2FP), two ``HMMA.16816`` per
     instruction and fp32 adds, not a native fp8 MMA."""
-    from ..sass import disassemble_compiled
+    from mjolnir_kernel.sass import disassemble_compiled
 
     return disassemble_compiled(lambda cubin_dir: compile_probe(k, path, arch, cubin_dir))
 

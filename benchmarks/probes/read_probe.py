@@ -4,8 +4,8 @@ The issue's yardstick is ``torch.sum`` over a few GB of int64 (4.5-4.6 TB/s on t
 reads far fewer bytes (67 MB at batch 1 with 32K keys), and a read of that size is slower for any kernel:
 the grid has to ramp up and drain. ``torch.sum`` over the same bytes measures that for one kernel
 (``--size-matched-stream`` in ``benchmarks.bench_hopper_decode``); ``ReadProbe`` is the other side, a
-kernel that does nothing but read, tuned by a sweep (``benchmarks.read_roofline``), so that a row can be
-compared with the fastest bare read of its bytes found on that GPU.
+kernel that does nothing but read, tuned by a sweep (``benchmarks.probes.read_roofline``), so that a row
+can be compared with the fastest bare read of its bytes found on that GPU.
 
 Each thread XORs 16-byte ``ld.global.nc.L1::no_allocate`` loads, ``unroll`` independent ones per step
 (the loads are inline assembly with side effects, so none is optimised away), and writes its XOR to a sink
@@ -14,15 +14,33 @@ Two ways to share the bytes out:
 
 * ``pattern="chunks"``: CTA i reads its own contiguous range (as a decode CTA reads its pages);
 * ``pattern="stride"``: the grid walks the buffer in grid-sized steps (the usual grid-stride loop).
+
+Its two PTX wrappers (the 16-byte stream load and the sink store) live here, not in
+``mjolnir_kernel.hopper.ptx``: the decode kernel uses neither.
 """
 
 import cutlass
 import cutlass.cute as cute
 
-from .ptx import ld_global_v4_b32, st_global_b32
+from mjolnir_kernel.hopper.ptx import T, Int32, Int64, _asm, _i32, _struct, _unpack, dsl_user_op
 
 READ_PATTERNS = ("chunks", "stride")
 VECTOR_BYTES = 16
+
+
+@dsl_user_op
+def ld_global_v4_b32(gmem_addr, *, loc=None, ip=None):
+    """A 16-byte read-only global load (16-byte aligned) that does not allocate in L1: a stream read."""
+    res = _asm(_struct(4, T.i32()), [Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
+               "ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+               side_effects=True)  # fmt: skip
+    return _unpack(res, 4, T.i32(), Int32)
+
+
+@dsl_user_op
+def st_global_b32(gmem_addr, value, *, loc=None, ip=None):
+    _asm(None, [Int64(gmem_addr).ir_value(loc=loc, ip=ip), _i32(value, loc, ip)], "st.global.b32 [$0], $1;", "l,r",
+         side_effects=True)  # fmt: skip
 
 
 class ReadProbe:
@@ -95,7 +113,7 @@ def compile_read_probe(threads: int, unroll: int, pattern: str, arch: str = "sm_
     import cuda.bindings.driver as cuda
     from cutlass.cute.runtime import make_ptr
 
-    from ..compile import COMPILE_OPTIONS
+    from mjolnir_kernel.compile import COMPILE_OPTIONS
 
     def ptr(dtype):
         return make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=16)

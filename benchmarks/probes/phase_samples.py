@@ -1,24 +1,25 @@
 """Where the Hopper decode kernel's warps spend their time, phase by phase of the tile loop: Nsight
 Compute's warp-state sampling summed between the loop's block barriers, on an sm_90 GPU (the lent H200).
 
-For every format it profiles one launch of ``benchmarks.profile_hopper_decode`` (batch 32, L = 32768,
-e4m3 Q, mma.sync) under ``ncu --section SourceCounters`` (clocks locked to base, ncu's default: the shares
-are the result, not the times), exports the per-instruction samples (``--page
-source``), cuts the SASS at each ``BAR.SYNC`` and prints each phase's share of all samples. A sample is one
-warp's state at one instant, so a phase's share is the fraction of the warps' time spent in it. Phases are
-named by what they hold:
+For every format it profiles one launch of ``benchmarks.probes.profile_hopper_decode`` (batch 32,
+L = 32768, e4m3 Q; the kernel's default config) under ``ncu --section SourceCounters`` (clocks locked to
+base, ncu's default: the shares are the result, not the times), exports the per-instruction samples
+(``--page source``), cuts the SASS at each ``BAR.SYNC`` and prints each phase's share of all samples. A
+sample is one warp's state at one instant, so a phase's share is the fraction of the warps' time spent in
+it. Phases are named by what they hold:
 
 * ``convert``  sub-byte codes to e4m3 tiles (shared loads and stores, no MMA); the ring's wait comes first
-* ``conv+QK``  both in one stretch (``k_operand="registers"``: V's tile is converted, K's codes go straight
-               into the MMA fragments, between the ring's barrier and the row-max barrier)
+* ``conv+QK``  both in one stretch (K in registers, ``HopperConfig.k_registers``: V's tile is converted,
+               K's codes go straight into the MMA fragments, between the ring's barrier and the row-max
+               barrier)
 * ``S = QK``   the Q.K^T MMAs and the row max
 * ``softmax``  exp2, row sums, P to shared memory, the O rescale
 * ``P.V``      the P.V MMAs (``ldmatrix.trans`` of V)
 * ``other``    everything else (prologue, epilogue)
 
-    python -m benchmarks.phase_samples                     # e4m3 and the sub-byte formats
-    python -m benchmarks.phase_samples --formats e2m1
-    python -m benchmarks.phase_samples --stalls            # and why: the stall reasons per phase
+    python -m benchmarks.probes.phase_samples              # e4m3 and the sub-byte formats
+    python -m benchmarks.probes.phase_samples --formats e2m1
+    python -m benchmarks.probes.phase_samples --stalls     # and why: the stall reasons per phase
 
 Needs ``ncu`` on the PATH (the device has it) and permission to read the GPU's performance counters.
 """
@@ -32,7 +33,7 @@ import os
 import sys
 import tempfile
 
-from benchmarks._ncu import FORMATS, comma_list, run_ncu, tools_missing
+from benchmarks.probes._ncu import FORMATS, comma_list, run_ncu, tools_missing
 
 PHASES = ("convert", "conv+QK", "S = QK", "softmax", "P.V", "other")
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -119,8 +120,8 @@ def stall_shares(table: dict, min_share: float = STALL_MIN) -> tuple:
 
 def _profile(fmt: str, batch: int, workdir: str) -> str:
     report = os.path.join(workdir, f"phases_{fmt}")
-    target = [sys.executable, "-m", "benchmarks.profile_hopper_decode", "--format", fmt, "--q-dtype", "e4m3",
-              "--batch", str(batch), "--launches", "4"]  # fmt: skip
+    target = [sys.executable, "-m", "benchmarks.probes.profile_hopper_decode", "--format", fmt, "--q-dtype",
+              "e4m3", "--batch", str(batch), "--launches", "4"]  # fmt: skip
     run_ncu(["ncu", "--target-processes", "all", "-k", "regex:Hopper", "--launch-skip", "3", "--launch-count", "1",
              "--section", "SourceCounters", "-f", "-o", report, *target], "phase_samples")  # fmt: skip
     export = ["ncu", "--import", report + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"]
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
     import torch
 
     print(f"# {torch.cuda.get_device_name()}; Nsight Compute warp-state samples per tile-loop phase, % of all")
-    print(f"# batch {args.batch}, L = 32768, 32/8 heads, d = 128, page size 64, e4m3 Q, mma.sync; one launch each")
+    print(f"# batch {args.batch}, L = 32768, 32/8 heads, d = 128, page size 64, e4m3 Q; one launch each")
     print("{:<7} ".format("format") + " ".join(f"{p:>8}" for p in PHASES))
     tables = {}
     with tempfile.TemporaryDirectory(prefix="mjolnir-phases-") as tmp:

@@ -31,17 +31,21 @@
 # OR TORT (INCLUDING NEGLIGENCE OR OTHERWISE) ARISING IN ANY WAY OUT OF THE USE
 # OF THIS SOFTWARE, EVEN IF ADVISED OF THE POSSIBILITY OF SUCH DAMAGE.
 
-"""Split-KV reduction: merges the fp32 partials of the sequences the plan split (device code).
+"""Split-KV reduction, shared by both decode kernels: merges the fp32 partials of the sequences the plan
+split (device code; it uses no tcgen05 instruction, so it runs on sm_90 and later).
 
 One CTA per (128 head-dim elements, packed query row, sequence); thread = head-dim element.
-Arithmetic (NUMERICS.md section 5, step 11): m_max = max_j m_j; w_j = exp2(log2e * (m_j - m_max))
-(0 where m_j is -inf); l = sum_j w_j l_j and o = sum_j w_j o_j in split order, each term one fma;
-out = bf16(scale_o * o * (1 / l)) (0 where l is 0); lse = m_max + log(l).
+Arithmetic (the spec's ``mjolnir_numerics.emulator_stages.reduction``; docs/numerics.md, step 11):
+m_max = max_j m_j; w_j = exp2(log2e * (m_j - m_max)) (0 where m_j is -inf); l = sum_j w_j l_j and
+o = sum_j w_j o_j in split order, each term one fma; out = bf16(scale_o * o * (1 / l)) (0 where l is 0);
+lse = m_max + log(l).
 Sequences with one chunk were finished by the decode kernel and are left alone.
 """
 
 import math
 from functools import partial
+
+import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
@@ -51,7 +55,7 @@ D_PER_CTA = 128
 _exp2 = partial(cute.math.exp2, fastmath=True)
 
 
-# -- the merge arithmetic, shared with the Hopper kernel's fused merge (same instructions, same bits) --
+# -- the merge arithmetic, one helper per step of the spec's reduction ------------------------------
 @cute.jit
 def split_weight(m_j: cutlass.Float32, m_max: cutlass.Float32) -> cutlass.Float32:
     """``w_j = ex2(log2e * (m_j - m_max))``, 0 where the chunk saw no key (``m_j`` = -inf)."""
@@ -161,3 +165,32 @@ class SplitReduction:
                 o[d_idx, row, seq] = o.element_type(scale_o * o_acc * inv_l)
             if d_blk == 0 and tid == 0:
                 lse[row, seq] = merged_lse(m_max, l_acc)
+
+
+class ReductionLauncher:
+    """The reduction alone, for testing it on any GPU the CuTe DSL targets (tests/kernel/test_reduction_gpu.py
+    compares it with the spec's reduction): ``cute.compile(ReductionLauncher(max_splits), *args)``."""
+
+    def __init__(self, max_splits: int, pdl: bool = False):
+        self.reduction = SplitReduction(max_splits, pdl)
+
+    @cute.jit
+    def __call__(
+        self,
+        o_ptr: cute.Pointer,  # (b, h_q, d) bf16, sequence stride o_seq
+        lse_ptr: cute.Pointer,  # (b, h_q) fp32
+        o_part_ptr: cute.Pointer,  # (max_splits, b, h_q, d) fp32
+        m_part_ptr: cute.Pointer,  # (max_splits, b, h_q) fp32
+        l_part_ptr: cute.Pointer,  # (max_splits, b, h_q) fp32
+        n_splits_ptr: cute.Pointer,  # (b,) int32
+        b: cutlass.Int32,
+        h_q: cutlass.Int32,
+        d: cutlass.Int32,
+        o_seq: cutlass.Int32,
+        scale_o: cutlass.Float32,
+        stream: cuda.CUstream,
+    ):
+        n_splits = cute.make_tensor(n_splits_ptr, cute.make_layout((b,)))
+        self.reduction.launch(
+            o_ptr, lse_ptr, o_part_ptr, m_part_ptr, l_part_ptr, n_splits, b, h_q, d, o_seq, scale_o, stream
+        )

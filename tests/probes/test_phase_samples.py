@@ -3,7 +3,7 @@ block barriers are named by what they hold, and their samples become shares of t
 
 import pytest
 
-from benchmarks import phase_samples as ps
+from benchmarks.probes import phase_samples as ps
 
 HEADER = '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"'
 
@@ -35,7 +35,8 @@ def test_phases_are_named_and_shared():
 
 
 def test_a_stretch_that_converts_and_multiplies_is_its_own_phase():
-    """k_operand="registers": V's tile is converted (16-byte stores) in the stretch of the QK MMAs."""
+    """K in registers (HopperConfig.k_registers): V's tile is converted (16-byte stores) in the stretch of the
+    QK MMAs."""
     stretch = [("LOP3.LUT R5, R4, 0x1c1c1c1c, RZ, 0xc0, !PT", 20), ("STS.128 [R8], R4", 5),
                ("HMMA.16816.F32 R20, R12, R16, R20", 15), ("BAR.SYNC.DEFER_BLOCKING 0x0", 0)]  # fmt: skip
     rows = LOOP[:3] + stretch + LOOP[12:]

@@ -1,4 +1,5 @@
-"""How exactly does the GPU's fp8 tensor core add up a dot product? (NUMERICS.md section 4)
+"""How exactly does the GPU's fp8 tensor core add up a dot product? (docs/numerics.md, "Special functions and
+the tensor cores")
 
 The spec (``mjolnir_numerics.emulator_stages``, model 1) treats a tensor-core dot product as the exact
 sum of the exact products, rounded once to fp32. This probe measures how far an fp8 (e4m3 x e4m3 ->
@@ -12,12 +13,12 @@ and the largest error in units of ``2^-24 * sum_i |a_i b_i|`` (the spec's per-te
 those units, :data:`mjolnir_numerics.emulator_stages.TENSOR_CORE_REL_BOUND`).
 
 ``--mma-sync`` asks the same of the warp-level MMAs the decode kernel is built on
-(``mjolnir_kernel.hopper.mma_probe``, the CuTe DSL): ``mma.sync.m16n8k32`` on the fp8 bytes ("sync8") and,
+(``benchmarks.probes.mma_probe``, the CuTe DSL): ``mma.sync.m16n8k32`` on the fp8 bytes ("sync8") and,
 as the kernel does today, ``mma.sync.m16n8k16`` on the bytes widened exactly to f16 ("sync16"), each
 chained over K in fp32 registers; its last column is the fraction of outputs where the two agree.
 
-    python -m benchmarks.probe_fp8_accumulation            # on a GPU with fp8 tensor cores
-    python -m benchmarks.probe_fp8_accumulation --mma-sync # the warp-level MMAs (sm_89+, the CuTe DSL)
+    python -m benchmarks.probes.probe_fp8_accumulation             # on a GPU with fp8 tensor cores
+    python -m benchmarks.probes.probe_fp8_accumulation --mma-sync  # the warp-level MMAs (sm_89+, the CuTe DSL)
 """
 
 from __future__ import annotations
@@ -80,10 +81,10 @@ def measure(kind: str, k: int, fast_accum: bool, m: int = 256, n: int = 256, see
 
 
 def measure_mma_sync(kind: str, k: int, m: int = 256, n: int = 256, seed: int = 0) -> dict:
-    """One case through the warp-level MMAs (``mjolnir_kernel.hopper.mma_probe``): ``{"sync8": stats,
+    """One case through the warp-level MMAs (``benchmarks.probes.mma_probe``): ``{"sync8": stats,
     "sync16": stats, "agree": fraction of outputs where the two paths give the same fp32}`` (stats as
     ``error_stats``). K must be a multiple of 32."""
-    from mjolnir_kernel.hopper.mma_probe import compile_probe, run_probe
+    from benchmarks.probes.mma_probe import compile_probe, run_probe
 
     gen = torch.Generator().manual_seed(seed)
     a, b = _operands(kind, m, n, k, gen, "cuda")

@@ -1,4 +1,4 @@
-"""The warp-level MMA probe (``mjolnir_kernel.hopper.mma_probe``, ``benchmarks.probe_fp8_accumulation
+"""The warp-level MMA probe (``benchmarks.probes.mma_probe``, ``benchmarks.probes.probe_fp8_accumulation
 --mma-sync``): its error measure on the CPU, its argument checks, and what ptxas makes of the fp8
 ``mma.sync`` on sm_90a (from the machine code, no GPU needed)."""
 
@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from benchmarks import probe_fp8_accumulation as probe
+from benchmarks.probes import probe_fp8_accumulation as probe
 from mjolnir_kernel import compile as kc
 from mjolnir_kernel import sass
 
@@ -42,7 +42,7 @@ def test_mma_sync_probe_needs_k_in_steps_of_32(capsys):
 
 @needs_cutlass
 def test_probe_kernel_arguments_are_checked():
-    from mjolnir_kernel.hopper.mma_probe import WarpMmaProbe
+    from benchmarks.probes.mma_probe import WarpMmaProbe
 
     with pytest.raises(ValueError, match="k: expected a positive multiple of 32, got 48"):
         WarpMmaProbe(48, "fp8")
@@ -63,9 +63,9 @@ def _opcodes(sass_text: str) -> list:
 def test_fp8_mma_sync_is_lowered_to_f16_mmas_on_sm90():
     """Hopper has no warp-level fp8 MMA: ptxas turns one ``mma.sync.m16n8k32`` on e4m3 into the same f16
     unpacks and two ``HMMA.16816`` that the decode kernel already issues, plus an fp32 add per output.
-    So feeding the e4m3 bytes to mma.sync would not take the widening out of the tile loop (README, "Hopper's
-    fp8 tensor cores")."""
-    from mjolnir_kernel.hopper.mma_probe import probe_sass
+    So feeding the e4m3 bytes to mma.sync would not take the widening out of the tile loop (docs/numerics.md,
+    "Special functions and the tensor cores")."""
+    from benchmarks.probes.mma_probe import probe_sass
 
     fp8, f16 = _opcodes(probe_sass(32, "fp8")), _opcodes(probe_sass(32, "f16"))
     hmma = [op for op in fp8 if op.startswith("HMMA")]

@@ -1,10 +1,10 @@
 """How close each format's Hopper decode could come to the stream: Nsight Compute's instruction counts
 turned into floors, side by side in one run on an sm_90 GPU (the lent H200).
 
-For every (format, mma) pair it profiles one launch of ``benchmarks.profile_hopper_decode`` (batch 32,
-L = 32768, e4m3 Q) under ``ncu``, and one launch of the read-only stream (``torch.sum`` over a 1.5 GiB
-int64 tensor: torch splits larger sums into several kernels) the same way, with the clocks left as they
-run (``--clock-control none``). Per kernel it prints:
+For every format it profiles one launch of ``benchmarks.probes.profile_hopper_decode`` (batch 32,
+L = 32768, e4m3 Q; the kernel's default config) under ``ncu``, and one launch of the read-only stream
+(``torch.sum`` over a 1.5 GiB int64 tensor: torch splits larger sums into several kernels) the same way,
+with the clocks left as they run (``--clock-control none``). Per kernel it prints:
 
 * ``TB/s``, ``%stream``: KV bytes (as stored, plus NVFP4 block scales) over the profiled duration, and
   that as a fraction of the profiled stream;
@@ -16,8 +16,8 @@ run (``--clock-control none``). Per kernel it prints:
   cycle at the clock it ran at, and nothing else took time. A kernel cannot beat either floor without
   executing fewer such instructions per byte.
 
-    python -m benchmarks.pipe_floors                                # the default formats, mma.sync + wgmma
-    python -m benchmarks.pipe_floors --formats e2m1 --mma sync      # one row
+    python -m benchmarks.probes.pipe_floors                     # the default formats
+    python -m benchmarks.probes.pipe_floors --formats e2m1      # one row
 
 Needs ``ncu`` on the PATH (the device has it) and permission to read the GPU's performance counters.
 """
@@ -28,9 +28,8 @@ import argparse
 import re
 import sys
 
-from benchmarks._ncu import FORMATS, comma_list, run_ncu, tools_missing
+from benchmarks.probes._ncu import FORMATS, comma_list, run_ncu, tools_missing
 
-MMAS = ("sync", "wgmma")
 STREAM_BYTES = 3 << 29  # 1.5 GiB: one reduction kernel (torch splits a sum over more than 2^31 bytes)
 
 # The metrics each profile collects (``--print-units base``: seconds, bytes, hertz).
@@ -137,7 +136,6 @@ def _stream_target() -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--formats", default=",".join(FORMATS), type=comma_list(FORMATS, "--formats"))
-    ap.add_argument("--mma", default=",".join(MMAS), type=comma_list(MMAS, "--mma"))
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--stream-target", action="store_true", help=argparse.SUPPRESS)  # what ncu runs
     args = ap.parse_args(argv)
@@ -149,7 +147,7 @@ def main(argv=None) -> int:
         return 2
     import torch
 
-    stream = parse_metrics(_ncu(["-m", "benchmarks.pipe_floors", "--stream-target"], "reduce", 2))
+    stream = parse_metrics(_ncu(["-m", "benchmarks.probes.pipe_floors", "--stream-target"], "reduce", 2))
     stream_bytes = STREAM_BYTES
     if not 0.95 * stream_bytes <= stream.get("dram__bytes_read.sum", 0.0) <= 1.05 * stream_bytes:
         raise RuntimeError(
@@ -161,22 +159,21 @@ def main(argv=None) -> int:
     print("# 32/8 heads, d = 128, page size 64, e4m3 Q; one launch each")
     gib = STREAM_BYTES / (1 << 30)
     print(f"# read-only stream (torch.sum over {gib:g} GiB int64, profiled the same way): {stream_tbps:.2f} TB/s")
-    head = ("format", "mma", "us", "TB/s", "%stream", "ALU busy", "issue busy", "ALU floor", "issue floor", "GHz")
-    print("{:<7} {:<6} {:>8} {:>6} {:>8} {:>9} {:>11} {:>10} {:>12} {:>5}".format(*head))
+    head = ("format", "us", "TB/s", "%stream", "ALU busy", "issue busy", "ALU floor", "issue floor", "GHz")
+    print("{:<7} {:>8} {:>6} {:>8} {:>9} {:>11} {:>10} {:>12} {:>5}".format(*head))
     for fmt in args.formats:
-        for mma in args.mma:
-            target = ["-m", "benchmarks.profile_hopper_decode", "--format", fmt, "--q-dtype", "e4m3",
-                      "--batch", str(args.batch), "--mma", mma, "--launches", "4"]  # fmt: skip
-            out = _ncu(target, "Hopper", 3)
-            kv = _KV_BYTES.search(out)
-            if kv is None:
-                raise RuntimeError(f"pipe_floors: no KV byte count in the profile target's output:\n{out[-2000:]}")
-            r = floors(parse_metrics(out), float(kv.group(1)), stream_tbps)
-            print(
-                f"{fmt:<7} {mma:<6} {r['us']:8.1f} {r['tbps']:6.2f} {r['pct_stream']:7.1f}% {r['alu_busy']:8.1f}%"
-                f" {r['issue_busy']:10.1f}% {r['alu_floor']:9.1f}% {r['issue_floor']:11.1f}% {r['clock_ghz']:5.2f}",
-                flush=True,
-            )
+        target = ["-m", "benchmarks.probes.profile_hopper_decode", "--format", fmt, "--q-dtype", "e4m3",
+                  "--batch", str(args.batch), "--launches", "4"]  # fmt: skip
+        out = _ncu(target, "Hopper", 3)
+        kv = _KV_BYTES.search(out)
+        if kv is None:
+            raise RuntimeError(f"pipe_floors: no KV byte count in the profile target's output:\n{out[-2000:]}")
+        r = floors(parse_metrics(out), float(kv.group(1)), stream_tbps)
+        print(
+            f"{fmt:<7} {r['us']:8.1f} {r['tbps']:6.2f} {r['pct_stream']:7.1f}% {r['alu_busy']:8.1f}%"
+            f" {r['issue_busy']:10.1f}% {r['alu_floor']:9.1f}% {r['issue_floor']:11.1f}% {r['clock_ghz']:5.2f}",
+            flush=True,
+        )
     return 0
 
 

@@ -1,12 +1,13 @@
-"""The bare-read kernel (``mjolnir_kernel.hopper.read_probe``) and its benchmark (``benchmarks.read_roofline``):
-argument checks and the machine code on any machine, and on an sm_90+ GPU that every byte is read once."""
+"""The bare-read kernel (``benchmarks.probes.read_probe``) and its benchmark
+(``benchmarks.probes.read_roofline``): argument checks and the machine code on any machine, and on an sm_90+
+GPU that every byte is read once."""
 
 import re
 
 import pytest
 import torch
 
-from benchmarks import read_roofline as rr
+from benchmarks.probes import read_roofline as rr
 from mjolnir_kernel import compile as kc
 from mjolnir_kernel import sass
 
@@ -42,7 +43,7 @@ def test_sweep_keeps_to_the_resident_threads_per_sm():
 
 @needs_cutlass
 def test_probe_arguments_are_checked():
-    from mjolnir_kernel.hopper.read_probe import ReadProbe
+    from benchmarks.probes.read_probe import ReadProbe
 
     with pytest.raises(ValueError, match="pattern: expected one of"):
         ReadProbe(256, 4, "random")
@@ -57,7 +58,7 @@ def test_probe_arguments_are_checked():
 def test_each_step_issues_unroll_stream_loads_of_16_bytes(pattern):
     """The timed loop is a stream read: ``unroll`` 16-byte non-caching loads per step and nothing else
     that touches memory."""
-    from mjolnir_kernel.hopper.read_probe import compile_read_probe
+    from benchmarks.probes.read_probe import compile_read_probe
 
     text = sass.disassemble_compiled(lambda d: compile_read_probe(256, 8, pattern, "sm_90a", cubin_dir=d))
     loop = sass.parse_loops(text, "kernel")[0]
@@ -81,7 +82,7 @@ def test_each_step_issues_unroll_stream_loads_of_16_bytes(pattern):
 def test_every_vector_is_read_once(pattern, n_vec, threads, unroll, ctas):
     """XOR over the threads' sink words == XOR over the input's words: a vector missed, or read twice, or
     read by the wrong lane's offset would change it (random words)."""
-    from mjolnir_kernel.hopper.read_probe import compile_read_probe, read_launcher
+    from benchmarks.probes.read_probe import compile_read_probe, read_launcher
 
     major, minor = torch.cuda.get_device_capability()
     compiled = compile_read_probe(threads, unroll, pattern, f"sm_{major}{minor}a")

@@ -1,18 +1,19 @@
 """One Hopper decode shape, launched eagerly a few times: a target for Nsight Compute.
 
-The README's profile of the Hopper kernel (DRAM / L2 busy, issue rate, stall reasons) came from:
+The docs' profile of the Hopper kernel (DRAM / L2 busy, issue rate, stall reasons) came from:
 
     ncu --target-processes all -k regex:Hopper --launch-skip 3 --launch-count 1 \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
         --section Occupancy --section SchedulerStats \\
-        python -m benchmarks.profile_hopper_decode --format e2m1 --q-dtype e4m3 --batch 32
+        python -m benchmarks.probes.profile_hopper_decode --format e2m1 --q-dtype e4m3 --batch 32
 
 (stall reasons: ``--metrics smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio``).
 ``--kernel-times`` needs no Nsight: it times the launches with ``torch.profiler`` and prints each grid's
-mean duration (the decode grid, and the reduction grid of split sequences unless ``--merge fused``);
-with ``--graph-calls N`` the launches are CUDA-graph replays of N calls each, as the bench times them.
-The pools are the bench's (``benchmarks.bench_hopper_decode.build_pools``: L = 32768, page size 64,
-shuffled pages, 32/8 heads at d = 128 or 24/4 at d = 256).
+mean duration (the decode grid, and the reduction grid of split sequences); with ``--graph-calls N``
+the launches are CUDA-graph replays of N calls each, as the bench times them. The call is the bench's:
+``mjolnir_kernel.prepare`` with default arguments on a ``mjolnir_numerics.PagedKVCache`` over the bench's
+pools (``benchmarks.bench_hopper_decode.build_pools``: L = 32768, page size 64, shuffled pages, 32/8
+heads at d = 128 or 24/4 at d = 256).
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlen", type=int, default=32768)
     ap.add_argument("--head-dim", type=int, default=128, choices=(128, 256))
     ap.add_argument("--launches", type=int, default=5)
-    ap.add_argument("--mma", default=None, choices=("sync", "wgmma"))
-    ap.add_argument("--merge", default=None, choices=("kernel", "fused"), help="split merge (HopperConfig.merge)")
     ap.add_argument("--kernel-times", action="store_true", help="print each grid's mean duration (torch.profiler)")
     ap.add_argument("--graph-calls", type=int, default=0, metavar="N",
                     help="launch through CUDA-graph replays of N calls each (0: eager launches)")  # fmt: skip
@@ -46,14 +45,21 @@ def main(argv=None) -> int:
         print("profile_hopper_decode: needs a CUDA GPU", file=sys.stderr)
         return 2
     from benchmarks.bench_hopper_decode import build_pools
-    from mjolnir_kernel.api import prepare_decode
+    from mjolnir_kernel import prepare
+    from mjolnir_numerics.cache import PagedKVCache
+    from mjolnir_numerics.formats import get_format
     from mjolnir_numerics.scales import quantize_q
 
+    page_size = 64  # the bench's default
     h_q, h_k = (32, 8) if args.head_dim == 128 else (24, 4)
     gen = torch.Generator(device="cuda").manual_seed(0)
     k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(
-        args.batch, args.seqlen, h_k, args.head_dim, args.format, 64, gen, "nhd"
+        args.batch, args.seqlen, h_k, args.head_dim, args.format, page_size, gen, "nhd"
     )
+    cache = PagedKVCache(
+        get_format(args.format), page_size, "nhd", args.head_dim, k_pool, v_pool, scales.get("k_scales"),
+        scales.get("v_scales"), bt, lens, kd, vd,
+    )  # fmt: skip
     q = torch.randn(args.batch, h_q, args.head_dim, generator=gen, device="cuda").to(torch.bfloat16)
     q_descale = None
     if args.q_dtype == "e4m3":
@@ -61,10 +67,7 @@ def main(argv=None) -> int:
     stream = torch.cuda.Stream()  # a prepared call launches on the stream current when it was prepared
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        prep = prepare_decode(
-            q, k_pool, v_pool, bt, lens, kd, vd, kv_format=args.format, q_descale=q_descale, mma=args.mma,
-            merge=args.merge, **scales,
-        )  # fmt: skip
+        prep = prepare(q, cache, q_descale=q_descale)
         for _ in range(3):  # warm-up: the first launch loads the module
             prep.launch()
     torch.cuda.synchronize()
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
         for _ in range(replays):
             launch()
         torch.cuda.synchronize()
-    splits = max(prep._keep["n_splits"].tolist())
+    splits = max(prep.plan.n_splits, default=1)
     how = f"CUDA-graph replays of {args.graph_calls} calls" if args.graph_calls else "eager"
     launches = replays * max(1, args.graph_calls)
     print(
@@ -99,7 +102,7 @@ def kernel_times(prof) -> dict:
     """{grid: (launches, mean device microseconds)} of the decode and reduction grids in a profile."""
     out = {}
     for e in prof.key_averages():
-        for grid in ("HopperDecodeKernel", "HopperWgmmaDecodeKernel", "SplitReduction"):
+        for grid in ("HopperDecodeKernel", "SplitReduction"):
             if grid in e.key and e.count:
                 out[grid] = (e.count, e.device_time_total / e.count)
     return out

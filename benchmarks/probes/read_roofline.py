@@ -4,15 +4,15 @@ The issue's 90 % target is a fraction of a read-only stream over a few GB (``tor
 decode call reads fewer bytes (67 MB for e4m3 KV at batch 1 with 32K keys, 32/8 heads, d = 128), and a
 read of that size pays the grid's ramp-up and drain, for every kernel. ``--size-matched-stream`` in
 ``benchmarks.bench_hopper_decode`` measures that for torch.sum's kernel; this benchmark asks whether any
-kernel could read those bytes faster: ``mjolnir_kernel.hopper.read_probe.ReadProbe`` does nothing but
+kernel could read those bytes faster: ``benchmarks.probes.read_probe.ReadProbe`` does nothing but
 read (16-byte loads, ``unroll`` in flight per thread), and a sweep over its CTA size, unroll, CTAs per SM
 and access pattern finds the fastest configuration for each size. Timed exactly as the decode rows are
 (CUDA-graph replays; ``--back-to-back N`` cycles through enough distinct copies that every call reads
 DRAM). Per size it prints torch.sum and the best bare read (with its configuration), in us, TB/s and as a
 fraction of the 4 GiB stream (``%stream``); ``--all`` prints every configuration of the sweep.
 
-    python -m benchmarks.read_roofline --back-to-back 20                 # the e4m3 decode sizes
-    python -m benchmarks.read_roofline --sizes-mb 67,268 --all --iters 10
+    python -m benchmarks.probes.read_roofline --back-to-back 20                 # the e4m3 decode sizes
+    python -m benchmarks.probes.read_roofline --sizes-mb 67,268 --all --iters 10
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ CTAS_PER_SM = (1, 2, 4)
 def sweep_configs(threads=THREADS, unrolls=UNROLLS, ctas_per_sm=CTAS_PER_SM, patterns=None):
     """Every (threads, unroll, ctas_per_sm, pattern) of the sweep (threads x CTAs per SM at most 2048, the
     H200's resident threads per SM)."""
-    from mjolnir_kernel.hopper.read_probe import READ_PATTERNS
+    from benchmarks.probes.read_probe import READ_PATTERNS
 
     patterns = READ_PATTERNS if patterns is None else patterns
     return [(t, u, c, p) for t, u, c, p in itertools.product(threads, unrolls, ctas_per_sm, patterns) if t * c <= 2048]
@@ -50,7 +50,7 @@ def bare_read_ms(nbytes: int, iters: int, configs=None, compiled=None, timing=No
     (threads, unroll, pattern) -> kernel, filled as needed, to compile each kernel once across sizes."""
     import torch
 
-    from mjolnir_kernel.hopper.read_probe import VECTOR_BYTES, compile_read_probe, read_launcher
+    from benchmarks.probes.read_probe import VECTOR_BYTES, compile_read_probe, read_launcher
 
     if timing is None:
         from benchmarks import bench_hopper_decode as timing

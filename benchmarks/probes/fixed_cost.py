@@ -13,7 +13,7 @@ row's fixed cost can be set against a read's. Runs anywhere (the CSVs come from 
         python -m benchmarks.bench_hopper_decode --seqlen $L --formats e4m3 --batches 1 --back-to-back 20 \\
             --size-matched-stream --no-peers --iters 10 --csv b1_L$L.csv
     done
-    python -m benchmarks.fixed_cost b1_L*.csv
+    python -m benchmarks.probes.fixed_cost b1_L*.csv
 """
 
 from __future__ import annotations
