@@ -3,8 +3,12 @@
 Shapes (issue 3): b=32, L=4096, h_q=24, h_k=4, d=256, e4m3 KV, with bf16 Q and with e4m3 Q (target:
 at least 4x faster than the seed on the same inputs), and b=1, L=131072 (target: under 1 s), and
 peak memory at most 3x the float32 size of the KV being read. Exits non-zero when a target is missed.
+The targets are checked on the ideal arithmetic (``EmulatorKnobs(mma="ideal", log="correctly_rounded")``, the
+arithmetic they were set for); the last columns time the default, the target's hardware MMA and log models
+(issue 23), in the same run: what the exact models cost.
 
-Usage, from the repository root: ``python -m benchmarks.bench_emulator [--device cpu|cuda] [--quick] [--no-seed]``
+Usage, from the repository root:
+``python -m benchmarks.bench_emulator [--device cpu|cuda] [--quick] [--no-seed] [--no-hardware]``
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 
 from benchmarks.seed import SEED_PATH, load_seed
 from mjolnir_numerics.cache import PagedKVCache
-from mjolnir_numerics.emulator import emulate_decode
+from mjolnir_numerics.emulator import EmulatorKnobs, emulate_decode
 from mjolnir_numerics.plan import default_plan
 from mjolnir_numerics.formats import E4M3
 from mjolnir_numerics.scales import pack_q, quantize_q
@@ -121,7 +125,8 @@ def timed(fn, device, cpu_times: Optional[list] = None):
     return out, time.perf_counter() - t
 
 
-def bench_case(name, num_seqs, seq_len, q_path, device, seed_fn, heads_q=24, heads_k=4, d=256, page_size=128):
+def bench_case(name, num_seqs, seq_len, q_path, device, seed_fn, heads_q=24, heads_k=4, d=256, page_size=128,
+               hardware=True):  # fmt: skip
     cache = random_e4m3_cache(num_seqs, seq_len, heads_k, d, page_size, device)
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(num_seqs, heads_q, d, generator=gen).to(torch.bfloat16).to(device)
@@ -134,9 +139,12 @@ def bench_case(name, num_seqs, seq_len, q_path, device, seed_fn, heads_q=24, hea
         small = random_e4m3_cache(1, 256, heads_k, d, page_size, device)
         emulate_decode(q[:1], small, **{k: v[:1] for k, v in kwargs.items()})
     cpu = []
+    ideal = EmulatorKnobs(mma="ideal", log="correctly_rounded")
     with PeakRSS(device) as mem:
-        (o, lse), ours = timed(lambda: emulate_decode(q, cache, **kwargs), device, cpu)
+        (o, lse), ours = timed(lambda: emulate_decode(q, cache, **kwargs, knobs=ideal), device, cpu)
     row = {"case": name, "ours_s": ours, "ours_cpu_s": cpu[-1], "peak_ratio": mem.extra / kv_fp32_bytes}
+    if hardware:  # the default: the target's (Thor's) MMA and log models
+        _, row["hw_s"] = timed(lambda: emulate_decode(q, cache, **kwargs), device)
     if seed_fn is not None:
         plan = default_plan(cache.seq_lens.cpu(), heads_k, heads_q // heads_k, target="thor", head_dim=d)
         plan_chunk = plan.chunk_tiles
@@ -175,6 +183,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--quick", action="store_true", help="smaller shapes (a smoke run; targets not checked)")
     ap.add_argument("--no-seed", action="store_true", help="skip the seed timing")
+    ap.add_argument("--no-hardware", action="store_true", help="skip the hardware-arithmetic timing")
     ap.add_argument(
         "--threads",
         type=int,
@@ -186,16 +195,17 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     print(f"device {args.device}, torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
     seed_fn = None if args.no_seed or not SEED_PATH.exists() else load_seed_emulator()
+    hw = not args.no_hardware
     big = (32, 4096) if not args.quick else (4, 1024)
     long = (1, 131072) if not args.quick else (1, 16384)
     rows = [
-        bench_case(f"b={big[0]} L={big[1]} bf16 Q", *big, "bf16", args.device, seed_fn),
-        bench_case(f"b={big[0]} L={big[1]} e4m3 Q", *big, "e4m3", args.device, seed_fn),
-        bench_case(f"b={long[0]} L={long[1]} e4m3 Q", *long, "e4m3", args.device, seed_fn),
+        bench_case(f"b={big[0]} L={big[1]} bf16 Q", *big, "bf16", args.device, seed_fn, hardware=hw),
+        bench_case(f"b={big[0]} L={big[1]} e4m3 Q", *big, "e4m3", args.device, seed_fn, hardware=hw),
+        bench_case(f"b={long[0]} L={long[1]} e4m3 Q", *long, "e4m3", args.device, seed_fn, hardware=hw),
     ]
     print(
         f"{'case':<28}{'seed s':>9}{'+decode':>9}{'ours s':>9}{'ratio':>8}{'ratio+dec':>10}{'peak/KVfp32':>13}"
-        f"{'seed cpu':>10}{'ours cpu':>10}{'cpu ratio':>10}"
+        f"{'seed cpu':>10}{'ours cpu':>10}{'cpu ratio':>10}{'hw arith s':>11}{'hw/ideal':>9}"
     )
     failed = []
     for i, r in enumerate(rows):
@@ -208,6 +218,7 @@ def main(argv=None) -> int:
         print(
             f"{r['case']:<28}{seed_s:>9}{dec:>9}{r['ours_s']:>9.2f}{ratio:>8}{ratio_dec:>10}{r['peak_ratio']:>13.2f}"
             f"{seed_cpu:>10}{r['ours_cpu_s']:>10.2f}{cpu_ratio:>10}"
+            + (f"{r['hw_s']:>11.2f}{r['hw_s'] / r['ours_s']:>8.1f}x" if "hw_s" in r else f"{'-':>11}{'-':>9}")
         )
         if args.quick:
             continue

@@ -175,6 +175,29 @@ def _bench_cmd(args) -> int:
         return 2
 
 
+def _conform_cmd(args) -> int:
+    from .arch import decode_device_reason
+    from .compile import cutlass_available
+
+    reason = cutlass_available() or decode_device_reason()
+    if reason:
+        print(f"conform: needs a GPU a kernel runs on (9.0, 10.x, 11.x) and the CuTe DSL: {reason}", file=sys.stderr)
+        return 2
+    from mjolnir_numerics.cases import CASES
+
+    from .conformance import KERNEL_CASES, conform_parallel, random_cases
+
+    cases = (() if args.no_named else CASES + KERNEL_CASES) + random_cases(args.random, args.seed, args.max_keys)
+    rows = conform_parallel(cases, args.jobs)
+    for row in rows:
+        print(row.line(), flush=True)
+    exact = sum(r.o_identical == 1.0 and r.lse_identical == 1.0 for r in rows)
+    failed = [r.case for r in rows if not r.report.ok]
+    print(f"# {len(rows)} cases: {exact} bit-identical in every O and LSE bit; {len(rows) - len(failed)} within the"
+          f" named tolerances (mjolnir_kernel.conformance); {len(failed)} failed")  # fmt: skip
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mjolnir_kernel", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -192,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--smem-per-sm", type=int, default=None, help="shared memory per SM to assume (bytes)")
     c.add_argument("--baseline", default=None, help="spill baseline JSON (default: the checked-in one)")
     c.add_argument("--update-baseline", action="store_true", help="record these results in the baseline")
+
+    f = sub.add_parser("conform", help="this GPU's kernel against the spec on named and random cases")
+    f.add_argument("--random", type=_count_arg, default=20, help="random cases besides the named ones (default 20)")
+    f.add_argument("--seed", type=_count_arg, default=0, help="seed of the random cases")
+    f.add_argument("--max-keys", type=_count_arg, default=65536, help="the longest random sequence")
+    f.add_argument("--no-named", action="store_true", help="only the random cases")
+    f.add_argument("--jobs", type=_count_arg, default=1, help="processes sharing the GPU (the compiles run on CPUs)")
 
     b = sub.add_parser("bench", help="check against the spec, then time the kernel")
     b.add_argument("--batch", "--num-seqs", dest="batch", type=int, default=1)
@@ -235,6 +265,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.cmd == "compile":
         return _compile_cmd(args)
+    if args.cmd == "conform":
+        return _conform_cmd(args)
     return _bench_cmd(args)
 
 

@@ -48,6 +48,17 @@ def p_flip_atol(v_values_absmax: float, v_descale_max: float, scale_o: float, q_
     return float(step * v_values_absmax * v_descale_max * abs(scale_o))
 
 
+def case_flip_atol(inputs, scale_o: float = 1.0) -> float:
+    """:func:`p_flip_atol` for a built case (``mjolnir_numerics.cases.CaseInputs``): its cache's V values on
+    the pages its sequences use, its largest V descale, its Q path."""
+    cache = inputs.cache
+    ps = cache.page_size
+    used = [cache.block_table[i, : -(-n // ps)] for i, n in enumerate(cache.seq_lens.tolist()) if n > 0]
+    v_abs = float(cache.page_values("v", torch.cat(used)).abs().max()) if used else 0.0
+    q_dtype = "e4m3" if inputs.q.dtype == torch.float8_e4m3fn else "bf16"
+    return p_flip_atol(v_abs, float(cache.v_descale.max()), scale_o, q_dtype)
+
+
 def ordinal(x: torch.Tensor) -> torch.Tensor:
     """Monotone integer ordinal of bf16 / fp32 values (adjacent floats differ by 1; +0 == -0)."""
     if x.dtype == torch.bfloat16:
@@ -189,3 +200,106 @@ KERNEL_CASES = (
     DecodeCase("hopper_32_splits_three_q_tiles", (4096, 3, 0, 2600), q_len=3, heads_q=48, heads_k=4,
                force_splits=32, notes="n_q 36; 32 and 21 chunks, an empty sequence, a three-key one"),
 )  # fmt: skip
+
+
+# -- the user's conformance check: named cases plus random ones, on the GPU at hand ---------------------
+def random_cases(n: int, seed: int = 0, max_keys: int = 65536) -> tuple[DecodeCase, ...]:
+    """``n`` random cases the kernels run (``fuzz_<seed>_<i>``): a random KV format and Q dtype the
+    capability rule allows, 1-4 sequences of 0 to ``max_keys`` keys (varlen, often short), q_len 1-8
+    causal or not, every page size, layout and descale granularity, GQA groups 1-8, both head dims, and
+    K/V patterns with sinks, outlier channels and heavy tails; default plans (no forced splits)."""
+    import random
+
+    from mjolnir_numerics.cache import LAYOUTS
+    from mjolnir_numerics.capability import HEAD_DIMS, KV_FORMATS, PAGE_SIZES
+    from mjolnir_numerics.cases import PATTERNS
+    from mjolnir_numerics.scales import GRANULARITIES
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n: expected an int >= 0, got {n!r}")
+    rng = random.Random(seed)
+    cases = []
+    for i in range(n):
+        fmt = rng.choice(KV_FORMATS)
+        q_dtype = rng.choice(("bf16", "e4m3")) if fmt == "e4m3" else "e4m3"
+        q_len = rng.choice((1, 1, 1, 2, 3, 4, 8))
+        long_cap = max_keys if rng.random() < 0.15 else 3000
+        lens = [0 if rng.random() < 0.1 else rng.randint(q_len, max(q_len, long_cap)) for _ in range(rng.randint(1, 4))]
+        heads_k = rng.choice((1, 2, 4, 8))
+        cases.append(DecodeCase(
+            f"fuzz_{seed}_{i}", tuple(lens), heads_q=heads_k * rng.choice((1, 2, 4, 6, 8)), heads_k=heads_k,
+            head_dim=rng.choice(HEAD_DIMS), q_len=q_len, causal=rng.random() < 0.7, fmt=fmt, q_dtype=q_dtype,
+            page_size=rng.choice(PAGE_SIZES), layout=rng.choice(LAYOUTS), granularity=rng.choice(GRANULARITIES),
+            pattern=rng.choice(PATTERNS), seed=seed * 100003 + i,
+        ))  # fmt: skip
+    return tuple(cases)
+
+
+@dataclass(frozen=True)
+class ConformanceRow:
+    """One case of :func:`conform`: the comparison, the plans' agreement and the bit-identical fractions."""
+
+    case: str
+    report: ComparisonReport
+    same_plan: bool
+    o_identical: float
+    lse_identical: float
+
+    def line(self) -> str:
+        plan = "same plan" if self.same_plan else "PLANS DIFFER"
+        return (f"{self.case:<34} O {100 * self.o_identical:8.3f} %  LSE {100 * self.lse_identical:8.3f} %  "
+                f"max {self.report.o_max_ulp} bf16 ulp, {self.report.lse_max_ulp} fp32 ulp  {plan}  "
+                f"{'ok' if self.report.ok else 'FAIL'}")  # fmt: skip
+
+
+def conform(cases, device: str = "cuda") -> list[ConformanceRow]:
+    """Run every case through ``mjolnir_kernel.decode`` and ``mjolnir_numerics.emulate_decode`` with the same
+    arguments and default plans on ``device`` (a GPU a kernel runs on), and compare them bit for bit.
+    A case whose build or call raises is reported as a failing row (its error in ``case``)."""
+    from mjolnir_numerics.emulator import emulate_decode
+
+    from .api import decode
+
+    rows = []
+    for case in cases:
+        try:
+            x = case.build(device)
+            kw = x.emulator_kwargs()
+            o, lse, plan = decode(x.q, x.cache, **kw, return_plan=True)
+            ref = emulate_decode(x.q, x.cache, **kw, return_details=True)
+        except Exception as e:  # a case that cannot run is a finding, reported by name
+            bad = ComparisonReport(0, 0.0, 0, 0.0, 0, 0, 0.0, 0, False)
+            rows.append(ConformanceRow(f"{case.name}: {type(e).__name__}: {str(e)[:80]}", bad, False, 0.0, 0.0))
+            continue
+        report = compare_outputs(o.cpu(), lse.cpu(), ref.o.cpu(), ref.lse.cpu(), o_flip_atol=case_flip_atol(x))
+        o_same = float((o.view(torch.int16) == ref.o.view(torch.int16)).float().mean()) if o.numel() else 1.0
+        l_same = float((lse.view(torch.int32) == ref.lse.view(torch.int32)).float().mean()) if lse.numel() else 1.0
+        rows.append(ConformanceRow(case.name, report, plan == ref.plan, o_same, l_same))
+    return rows
+
+
+def _conform_shard(cases) -> list[ConformanceRow]:
+    return conform(cases)
+
+
+def conform_parallel(cases, jobs: int) -> list[ConformanceRow]:
+    """:func:`conform` in ``jobs`` processes sharing the GPU (the compiles, one per distinct config, are
+    the slow part and run on the CPU); cases of one config stay in one process, rows come back in the
+    cases' order."""
+    if jobs <= 1:
+        return conform(cases)
+    import multiprocessing as mp
+
+    shards = [[] for _ in range(jobs)]
+    order = {}
+    for i, case in enumerate(cases):  # one shard per (format, Q, d, page size, q_len, causal): one compile each
+        key = (case.fmt, case.q_dtype, case.head_dim, case.page_size, case.q_len, case.causal)
+        order.setdefault(key, len(order))
+        shards[order[key] % jobs].append((i, case))
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        results = pool.map(_conform_shard, [[c for _, c in shard] for shard in shards])
+    rows = [None] * len(cases)
+    for shard, res in zip(shards, results):
+        for (i, _), row in zip(shard, res):
+            rows[i] = row
+    return rows

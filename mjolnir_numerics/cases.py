@@ -56,6 +56,9 @@ class CaseInputs:
         )
 
 
+PATTERNS = ("gaussian", "sink", "moving_max", "uniform", "heavy_tail", "outlier_channels")
+
+
 @dataclass(frozen=True)
 class DecodeCase:
     """A named decode case.
@@ -70,7 +73,8 @@ class DecodeCase:
         force_splits: > 0 forces that many chunks on the longest sequence; 0 uses the kernel's plan.
         pattern: how K/V/Q are drawn: ``"gaussian"``; ``"sink"`` (key 0 aligned with every query,
             logit ~ +12); ``"moving_max"`` (the largest logit sits in the second tile);
-            ``"uniform"`` (K = 0: every logit 0).
+            ``"uniform"`` (K = 0: every logit 0); ``"heavy_tail"`` (K and V plus rare N(0, 100) spikes);
+            ``"outlier_channels"`` (four key channels 20x the rest).
         seed: RNG seed.
         notes: what the case checks.
     """
@@ -112,8 +116,14 @@ class DecodeCase:
                     ks[i][min(L - 1, 200)] = qdir * 3.0
         elif self.pattern == "uniform":
             ks = [torch.zeros_like(x) for x in ks]
+        elif self.pattern == "heavy_tail":  # N(0, 1) + N(0, 100) * Bernoulli(0.001), K and V
+            for x in ks + vs:
+                x += 10.0 * torch.randn(x.shape, generator=gen) * (torch.rand(x.shape, generator=gen) < 1e-3)
+        elif self.pattern == "outlier_channels":  # four fixed key channels at 20x the others
+            for x in ks:
+                x[..., :4] *= 20.0
         elif self.pattern != "gaussian":
-            raise ValueError(f"pattern: {self.pattern!r} is not one of gaussian, sink, moving_max, uniform")
+            raise ValueError(f"pattern: {self.pattern!r} is not one of {', '.join(PATTERNS)}")
         q = q.to(torch.bfloat16).float()  # the model's bf16 query
         cache = PagedKVCache.from_float(
             ks,

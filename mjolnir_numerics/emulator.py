@@ -16,7 +16,9 @@ Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp l
 * inputs and outputs are the kernel's: vLLM-shaped Q (bf16, or e4m3 plus its descale), the paged
   cache's stored bytes, bf16 O ``(num_seqs * q_len, h_q, d)``; the seed takes packed float values and
   float pools and returns fp32 O before the store (here ``return_details=True`` gives it as ``o_fp32``);
-* S and V.P are exact sums rounded once (the seed: torch fp32 einsum, summation order of the BLAS);
+* S and V.P are the target's tensor-core block FMAs in the kernel's order, or with
+  ``EmulatorKnobs(mma="ideal")`` exact sums rounded once (the seed: torch fp32 einsum, summation order
+  of the BLAS);
 * the row sum is the kernel's per-key-row ``fma(corr, l, p)`` reduced by the warp butterfly and the
   4-warp sum (the seed: ``l * corr + p.sum(-1)``);
 * O is rescaled only when a column max moved (bit-identical; the seed always rescales);
@@ -25,7 +27,8 @@ Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp l
   merge (``scale_o * (o * vd / p_scale) / l``, weight exp(0) = 1);
 * the reduction is the kernel's (``ex2(log2e * (m_j - m_max))``, 0 for -inf, split-order sums,
   ``scale_o * o * (1 / l)``, 0 where l = 0); the seed uses ``torch.exp`` and a division;
-* ex2 is correctly rounded with flush-to-zero, log correctly rounded (the seed: torch's libm);
+* ex2 is correctly rounded with flush-to-zero, log is libdevice's ``logf`` (or correctly rounded)
+  (the seed: torch's libm);
 * constants are fp32 (``fp32(fp32(scale) * fp32(log2 e))``; the seed multiplies two doubles first);
 * an empty sequence gives O = 0 and LSE = -inf (the seed fails on it);
 * rows past the sequence end inside its last page are read, as the kernel reads them (K masked, V
@@ -40,15 +43,18 @@ from typing import Optional, Union
 
 import torch
 
+from .arithmetic import MMA_MODELS, kstep_groups
 from .cache import check_descale, descale_table
 from .capability import HEAD_DIMS, unsupported_reason
 from .emulator_stages import (
     LOG2E_F32,
     accumulate_pv,
+    accumulate_pv_mma,
     correct_row_sum,
     epilogue,
     log2_f32,
     log_f32,
+    log_libdevice_f32,
     mask_tile,
     reduce_row_sum,
     reduction,
@@ -56,6 +62,7 @@ from .emulator_stages import (
     row_norm,
     round_p,
     score_tile,
+    score_tile_mma,
     softmax_tile,
     update_column_max,
 )
@@ -73,13 +80,15 @@ P_FORMATS = ("e4m3", "e5m2", "bf16", "fp32")
 ROW_SUM_FROM = ("unrounded", "rounded")
 V_DESCALE_AT = ("epilogue", "output")
 LSE_BASES = ("e", "2")
+MMA_ARITHMETIC = ("hardware", "ideal")
+LOG_ARITHMETIC = ("hardware", "correctly_rounded")
 _Q_SIG_BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
 _P_SIG_BITS = {"e4m3": None, "e5m2": 3, "bf16": 8, "fp32": 24}
 
 
 @dataclass(frozen=True)
 class EmulatorKnobs:
-    """Research knobs; every default is the Thor kernel.
+    """Research knobs; every default is the kernel on the emulated target.
 
     Attributes:
         p_scale: P is rounded as ``fmt(p * p_scale)`` and ``1 / p_scale`` folds into the output scale.
@@ -91,6 +100,14 @@ class EmulatorKnobs:
         v_descale_at: ``"epilogue"`` (kernel: folded into the fp32 output scale) or ``"output"``
             (FlashInfer: ``bf16(bf16(o) * v_descale)`` after the output is rounded).
         lse_base: ``"e"`` (kernel: natural log) or ``"2"`` (FlashInfer).
+        mma: ``"hardware"`` (the target's MMA model: ``mjolnir_numerics.arithmetic``, its instructions in the
+            kernel's order), ``"ideal"`` (each tile's contraction exact, rounded once to nearest), or None:
+            hardware where the kernel runs the configuration (its P format, bf16 or e4m3 Q), else ideal.
+        log: the LSE's natural log: ``"hardware"`` (the target's: libdevice ``logf``,
+            :func:`~mjolnir_numerics.emulator_stages.log_libdevice_f32`), ``"correctly_rounded"``, or None:
+            as ``mma``, the target's where the kernel runs the configuration, else correctly rounded.
+            ``lse_base="2"`` (not a kernel's) always takes the correctly rounded log2. ex2 has one model,
+            correctly rounded with flush to zero (docs/numerics.md says what that leaves).
     """
 
     p_scale: Optional[float] = None
@@ -98,6 +115,8 @@ class EmulatorKnobs:
     row_sum: str = "unrounded"
     v_descale_at: str = "epilogue"
     lse_base: str = "e"
+    mma: Optional[str] = None
+    log: Optional[str] = None
 
     def __post_init__(self):
         if self.p_format is not None and self.p_format not in P_FORMATS:
@@ -108,9 +127,11 @@ class EmulatorKnobs:
             ("row_sum", self.row_sum, ROW_SUM_FROM),
             ("v_descale_at", self.v_descale_at, V_DESCALE_AT),
             ("lse_base", self.lse_base, LSE_BASES),
+            ("mma", self.mma, MMA_ARITHMETIC + (None,)),
+            ("log", self.log, LOG_ARITHMETIC + (None,)),
         ):
             if val not in allowed:
-                raise ValueError(f"{name}: {val!r} is not one of {', '.join(allowed)}")
+                raise ValueError(f"{name}: {val!r} is not one of {', '.join(str(a) for a in allowed)}")
 
 
 @dataclass(frozen=True)
@@ -286,10 +307,16 @@ def _pad_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, x.new_zeros((*x.shape[:-2], _MIN_GEMM_ROWS - m, x.shape[-1]))], dim=-2)
 
 
-def _score_step(q_a: torch.Tensor, q_norm, n_rows: int, k_src: "_TileSource", blocks, ws: dict, q_sig_bits):
+def _score_step(q_a: torch.Tensor, q_norm, n_rows: int, k_src: "_TileSource", blocks, ws: dict, q_sig_bits, mma):
     """Step 3 for one tile of every active chunk, block by block: S float32 ``(A, G, N, T)``.
-    ``q_a``: float64 Q rows ``(A, G, M, D)`` (zero-padded past ``n_rows``); ``q_norm`` their norms (wide Q)."""
+    ``q_a``: float64 Q rows ``(A, G, M, D)`` (zero-padded past ``n_rows``); ``q_norm`` their norms (wide Q);
+    ``mma``: None (the ideal arithmetic) or (model, head-dim groups, key groups) of the hardware's."""
     a, g, rows, _ = q_a.shape
+    if mma is not None:
+        s = torch.empty((a, g, n_rows, TILE_KEYS), dtype=torch.float32, device=q_a.device)
+        for a0, a1 in blocks:
+            s[a0:a1] = score_tile_mma(q_a[a0:a1, :, :n_rows], k_src.values(a0, a1, ws), mma[0], mma[1])
+        return s
     prod = _buffer(ws, "s", (a, g, rows, TILE_KEYS), torch.float64, q_a.device)
     s = torch.empty((a, g, n_rows, TILE_KEYS), dtype=torch.float32, device=q_a.device)
     for a0, a1 in blocks:
@@ -299,10 +326,16 @@ def _score_step(q_a: torch.Tensor, q_norm, n_rows: int, k_src: "_TileSource", bl
     return s
 
 
-def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, ws: dict, p_sig_bits) -> torch.Tensor:
-    """Step 9 for one tile of every active chunk, block by block: ``O = fp32(O + exact(V.P))``, float32
-    ``(A, G, N, D)`` (:func:`~mjolnir_numerics.emulator_stages.accumulate_pv`)."""
+def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, ws: dict, p_sig_bits, mma):
+    """Step 9 for one tile of every active chunk, block by block: ``O += V.P``, float32 ``(A, G, N, D)``:
+    the ideal arithmetic (:func:`~mjolnir_numerics.emulator_stages.accumulate_pv`, ``mma`` None) or the
+    hardware's (:func:`~mjolnir_numerics.emulator_stages.accumulate_pv_mma`)."""
     a, g, n, t = p_q.shape
+    if mma is not None:
+        o_new = torch.empty_like(o_a)
+        for a0, a1 in blocks:
+            o_new[a0:a1] = accumulate_pv_mma(o_a[a0:a1], p_q[a0:a1], v_src.values(a0, a1, ws), mma[0], mma[2])
+        return o_new
     d = v_src.data.shape[-1]
     rows = max(n, _MIN_GEMM_ROWS)
     p64 = _buffer(ws, "p64", (a, g, rows, t), torch.float64, p_q.device)
@@ -491,6 +524,18 @@ def _emulate(
     inv_p_scale = _f32(1.0 / p_scale)
     q_sig_bits = None if fp8_q else _Q_SIG_BITS[q.dtype]
     p_sig_bits = _P_SIG_BITS[p_format]
+    # the kernel's own configuration: its P format and a problem it runs (the capability rule)
+    native = p_format == ("e4m3" if fp8_q else "bf16") and unsupported_reason(fmt.name, q_dtype, d, ps) is None
+    arithmetic = knobs.mma or ("hardware" if native else "ideal")
+    mma = None
+    if arithmetic == "hardware":
+        if not native:
+            raise ValueError(
+                f"knobs: mma='hardware' models the kernels' own MMAs (P {('e4m3' if fp8_q else 'bf16')} on a problem "
+                f"they run), got P {p_format}, q {q.dtype}, {fmt.name} KV, head dim {d}; use mma='ideal'"
+            )
+        model = MMA_MODELS[tgt.mma_model(q_dtype)]
+        mma = (model, *kstep_groups(tgt.walk, fmt.name, q_dtype, d))
 
     dev = q.device
     kd = cache.descale_table("k").float().to(dev)
@@ -507,7 +552,14 @@ def _emulate(
     else:
         out_scale = (so * torch.ones_like(vd)) * inv_p_scale
         part_scale = torch.full_like(vd, inv_p_scale)
-    lse_log = log_f32 if knobs.lse_base == "e" else log2_f32
+    if knobs.lse_base == "2":
+        if knobs.log == "hardware":
+            raise ValueError("knobs: log='hardware' models the kernels' natural-log LSE; lse_base='2' has none")
+        lse_log = log2_f32
+    else:
+        default_log = "hardware" if native and tgt.log == "libdevice_logf" else "correctly_rounded"
+        hw_log = (knobs.log or default_log) == "hardware"
+        lse_log = log_libdevice_f32 if hw_log else log_f32
 
     # -- chunks of all sequences advance together ----------------------------------------------------
     chunks = plan.chunks()
@@ -543,7 +595,7 @@ def _emulate(
         blocks = _blocks(seqs.shape[0], G, dev)
         k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev)
         q_a = q_c[sel]
-        s_t = _score_step(q_a, None if q_norm_c is None else q_norm_c[sel], N, k_src, blocks, ws, q_sig_bits)
+        s_t = _score_step(q_a, None if q_norm_c is None else q_norm_c[sel], N, k_src, blocks, ws, q_sig_bits, mma)
         del k_src
         s_t = mask_tile(s_t, keys, last_key[sel])
         m_prev = m[sel]
@@ -556,7 +608,7 @@ def _emulate(
         if s > 0:
             o_a = rescale_o(o_a, corr, m_new, m_prev)
         v_src = _TileSource(cache, "v", seqs, tiles, sl_dev, bt_dev)
-        o_a = _pv_step(o_a, p_q, v_src, blocks, ws, p_sig_bits)
+        o_a = _pv_step(o_a, p_q, v_src, blocks, ws, p_sig_bits, mma)
         del v_src
         if full:
             m, l, o = m_new, l_new, o_a

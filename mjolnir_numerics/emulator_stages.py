@@ -12,8 +12,12 @@ below is deterministic and built only from IEEE float32 / float64 basic operatio
 representable data, so the emulator is bit-identical on CPU and CUDA.
 
 1. **Tensor-core dot products** (S = K.Q and V.P per tile, and the V.P sum added into the fp32
-   accumulator): modelled as the EXACT sum of the exact products, rounded once to fp32 (round to
-   nearest even), computed in three tiers (:func:`settle_f32`). e4m3 values are multiples of 2^-9
+   accumulator). By default, where the kernel runs the configuration: the target's hardware model, one
+   block FMA per MMA instruction in the kernel's order (:func:`score_tile_mma`,
+   :func:`accumulate_pv_mma`; :mod:`mjolnir_numerics.arithmetic` states the model and proves its
+   implementation exact). The ideal model (``EmulatorKnobs(mma="ideal")``, and every configuration no
+   kernel runs): the EXACT sum of the exact products, rounded once to fp32 (round to nearest even),
+   computed in three tiers (:func:`settle_f32`). e4m3 values are multiples of 2^-9
    below 2^9, so an e4m3 x e4m3 (or fp6 / fp4 / NVFP4-kernel-value) product is an integer below 2^36
    on the 2^-18 grid and any sum of up to 2^17 of them is an integer below 2^53: the float64 GEMM is
    exact in any order, on any device (the fp8-Q path). With a wide operand (bf16 Q; bf16 / e5m2 / fp32
@@ -40,8 +44,9 @@ representable data, so the emulator is bit-identical on CPU and CUDA.
    Correct rounding is computed from float64 exp2 (error < 2 float64 ulps), and the rare results
    within 2^7 float64 ulps (2^-22 fp32 ulp) of an fp32 rounding midpoint are redone in 60-digit decimal
    arithmetic (:func:`exp2_f32`), so CPU and CUDA libm differences cannot show.
-3. **log (LSE, ``cute.math.log(fastmath=False)``)**: correctly rounded fp32 natural log (same
-   method); CUDA's ``logf`` is within 1 ulp of it.
+3. **log (LSE, ``cute.math.log(fastmath=False)``)**: libdevice's ``logf``, bit for bit
+   (:func:`log_libdevice_f32`, plain fp32 fmas; matched the H200 on every positive fp32), or the
+   correctly rounded fp32 natural log (:func:`log_f32`, same method as ex2), which it is within 1 ulp of.
 4. **fma** (the row sum ``l = fma(corr, l, p)``): exact product in float64, exact round-to-odd sum,
    one rounding to fp32: exactly IEEE fma.
 5. **fp32 add / mul / div** (softmax, epilogue, reduction): IEEE round to nearest even, as the
@@ -69,6 +74,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .arithmetic import chain_fma
 from .formats import E4M3
 from .quantize import quantize
 
@@ -80,6 +86,7 @@ __all__ = [
     "fma_f32",
     "exp2_f32",
     "log_f32",
+    "log_libdevice_f32",
     "log2_f32",
     "gemm_error_bound",
     "verified_f32",
@@ -91,6 +98,7 @@ __all__ = [
     "NORM_MARGIN",
     "BOUND_FLOOR",
     "score_tile",
+    "score_tile_mma",
     "mask_tile",
     "update_column_max",
     "softmax_tile",
@@ -98,6 +106,7 @@ __all__ = [
     "correct_row_sum",
     "rescale_o",
     "accumulate_pv",
+    "accumulate_pv_mma",
     "reduce_row_sum",
     "epilogue",
     "reduction",
@@ -222,6 +231,66 @@ def log_f32(x: torch.Tensor) -> torch.Tensor:
     """Correctly rounded fp32 natural log of fp32 ``x`` (``log(0) = -inf``, negative -> NaN)."""
     x64 = x.double()
     return _correct_round(torch.log(x64), x64, lambda d: d.ln())
+
+
+# libdevice ``logf`` (``__nv_logf``, CUDA 13): the minimax polynomial of log1p on the reduced argument,
+# highest degree first, applied by Horner's rule in fp32 fmas; its leading coefficient is
+# -0.13018857 (float bits 0x3E055027).
+_LOGF_POLY = (
+    -0.13018856942653656006,
+    0.14084610342979431152,
+    -0.12148627638816833496,
+    0.13980610668659210205,
+    -0.16684235632419586182,
+    0.20012299716472625732,
+    -0.24999669194221496582,
+    0.33333182334899902344,
+    -0.5,
+)
+_LN2_F32 = 0.69314718246459960938  # fp32(ln 2)
+_TWO_M23 = 2.0**-23
+
+
+def log_libdevice_f32(x: torch.Tensor) -> torch.Tensor:
+    """The kernel's LSE log, ``cute.math.log(x, fastmath=False)`` = libdevice ``logf``, bit for bit.
+
+    Transcribed from the sm_90a SASS of the decode kernels' epilogue and reduction (a sequence of IEEE
+    fp32 operations, no SFU): ``x`` below 2^-126 is scaled by 2^23 (t = -23, else t = 0);
+    ``i = bits(x) - 0x3f2aaaab``, ``e = i & 0xff800000`` (the exponent that brings x into
+    [2/3, 4/3)); ``m = float(bits(x) - e)``, ``f = m - 1``; the polynomial ``r`` of ``_LOGF_POLY`` in
+    ``f`` by fmas, then ``r = f * r``, ``r = fma(f, r, f)``; ``t = fma(float(e), 2^-23, t)``; the
+    result ``fma(t, fp32(ln 2), r)``. ``x`` negative, +inf or NaN (bits above 0x7f7fffff as unsigned):
+    ``fma(x, inf, inf)`` (NaN, +inf, NaN); ``x == 0``: -inf. Measured on the H200 against the
+    hardware over every fp32 in [1, 2^24] (``benchmarks/probes/arithmetic_sweep.py --parts log``); the
+    same libdevice code runs on every target. Within 1 ulp of the correctly rounded :func:`log_f32`.
+
+    Args:
+        x: float32 tensor, any shape, CPU or CUDA.
+
+    Returns:
+        float32 tensor like ``x``.
+    """
+    if x.dtype != torch.float32:
+        raise ValueError(f"x: expected float32, got {x.dtype}")
+    tiny = x < _F32_MIN_NORMAL
+    xs = torch.where(tiny, x * 2.0**23, x)
+    t = torch.where(tiny, -23.0, 0.0).to(torch.float32)
+    bits = xs.view(torch.int32)
+    e = (bits - 0x3F2AAAAB) & torch.tensor(0xFF800000 - (1 << 32), dtype=torch.int32)
+    m = (bits - e).view(torch.float32)
+    ef = e.to(torch.float32)  # a multiple of 2^23 below 2^31 in magnitude: exact
+    f = m - 1.0
+    r = torch.full_like(f, _LOGF_POLY[0])
+    for coef in _LOGF_POLY[1:]:
+        r = fma_f32(f, r, torch.tensor(coef, dtype=torch.float32, device=x.device))
+    r = f * r
+    r = fma_f32(f, r, f)
+    t = fma_f32(ef, torch.tensor(_TWO_M23, dtype=torch.float32, device=x.device), t)
+    res = fma_f32(t, torch.tensor(_LN2_F32, dtype=torch.float32, device=x.device), r)
+    special = (bits < 0) | (bits > 0x7F7FFFFF)  # as unsigned: above the largest finite positive
+    inf = torch.tensor(math.inf, dtype=torch.float32, device=x.device)
+    res = torch.where(special, fma_f32(xs, inf, inf), res)
+    return torch.where(x == 0, -inf, res)
 
 
 def log2_f32(x: torch.Tensor) -> torch.Tensor:
@@ -354,6 +423,23 @@ def score_tile(
     k_norm = NARROW_MAX * math.sqrt(k64.shape[-1])  # a bound, not the norm: no pass over the tile
     grid = grid_exponent(q64, q_sig_bits) + NARROW_GRID_EXP
     return settle_f32(z, q_norm[..., :, None], k_norm, grid[..., :, None], q64, k64)
+
+
+def score_tile_mma(q: torch.Tensor, k_tile: torch.Tensor, model, groups: torch.Tensor) -> torch.Tensor:
+    """Step 3 under a hardware MMA model (``mjolnir_numerics.arithmetic``): ``S = K . Q`` as the kernel's
+    chain of MMA instructions forms it, from 0, one instruction per row of ``groups`` (the head dims it
+    adds, in issue order: ``arithmetic.kstep_groups``).
+
+    Args:
+        q: ``(C, G, M, D)`` float64 query rows; k_tile: ``(C, G, T, D)`` float64 key values (the MMA's
+            operands, exact in the model's operand format).
+        model: an ``arithmetic.MmaModel``; groups: int64 ``(steps, K)``.
+
+    Returns:
+        float32 ``(C, G, M, T)``.
+    """
+    c = torch.zeros(q.shape[:-1] + (k_tile.shape[-2],), dtype=torch.float32, device=q.device)
+    return chain_fma(q.double()[..., :, None, :], k_tile.double()[..., None, :, :], c, groups, model)
 
 
 def row_norm(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -538,6 +624,24 @@ def accumulate_pv(
     v_norm = NARROW_MAX * math.sqrt(v64.shape[-2])  # a bound on every column's norm
     grid = grid_exponent(p_rows, p_sig_bits)[..., :, None] + NARROW_GRID_EXP
     return settle_f32(y, p_norm, v_norm, grid, p_rows, v64.transpose(-1, -2), o)
+
+
+def accumulate_pv_mma(o: torch.Tensor, p_q: torch.Tensor, v_tile: torch.Tensor, model, groups: torch.Tensor):
+    """Step 9 under a hardware MMA model: ``O += V . P`` as the kernel's chain of MMA instructions adds the
+    tile into the fp32 accumulator, one instruction per row of ``groups`` (the keys it adds, in issue
+    order), each result the next one's accumulator.
+
+    Args:
+        o: ``(C, G, N, D)`` float32 accumulator (already rescaled); p_q: ``(C, G, M, T)`` rounded P, M >= N;
+        v_tile: ``(C, G, T, D)`` float values; model, groups: as :func:`score_tile_mma`.
+
+    Returns:
+        float32 ``(C, G, N, D)``.
+    """
+    n = o.shape[-2]
+    p = p_q[..., :n, :].double()[..., :, None, :]  # (C, G, N, 1, T)
+    v = v_tile.double().transpose(-1, -2)[..., None, :, :]  # (C, G, 1, D, T)
+    return chain_fma(p, v, o, groups, model)
 
 
 def reduce_row_sum(l: torch.Tensor, warp: int = 32) -> torch.Tensor:

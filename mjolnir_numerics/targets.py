@@ -43,6 +43,8 @@ __all__ = [
 
 BACKENDS = ("thor", "hopper")
 Q_DTYPES = ("bf16", "e4m3")
+EX2_MODELS = ("correctly_rounded",)
+LOG_MODELS = ("libdevice_logf", "correctly_rounded")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,16 @@ class Target:
         smem_per_sm: shared memory of one SM in bytes (228 KiB on sm_90, sm_100 and sm_110).
         smem_per_cta: the most shared memory one CTA may opt in to (227 KiB).
         smem_reserved_per_cta: shared memory the driver reserves for each resident CTA (1 KiB).
+        walk: the kernel's tile walk (``mjolnir_numerics.arithmetic.kstep_groups``): which head dims and
+            keys each MMA instruction adds, in which order.
+        mma_e4m3_q, mma_bf16_q: the MMA models (``arithmetic.MMA_MODELS``) of the e4m3-Q and bf16-Q paths.
+        ex2: the model of the kernel's ``ex2.approx.ftz.f32``: ``"correctly_rounded"`` (with flush to
+            zero) on every target until a hardware model is measured (docs/numerics.md says what that leaves).
+        log: the model of the LSE's log: ``"libdevice_logf"`` (the kernels' ``cute.math.log(fastmath=False)``,
+            plain fp32 fmas: :func:`mjolnir_numerics.emulator_stages.log_libdevice_f32`) or
+            ``"correctly_rounded"``.
+        arithmetic_verified: where the MMA models were checked against this target's silicon ("" for
+            predicted only).
     """
 
     name: str
@@ -75,12 +87,35 @@ class Target:
     smem_per_sm: int = 233472
     smem_per_cta: int = 232448
     smem_reserved_per_cta: int = 1024
+    walk: str = "tcgen05"
+    mma_e4m3_q: str = "sm100_e4m3"
+    mma_bf16_q: str = "sm100_bf16"
+    ex2: str = "correctly_rounded"
+    log: str = "libdevice_logf"
+    arithmetic_verified: str = ""
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: {self.backend!r} is not one of {BACKENDS}")
         if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) or self.sm_count < 1:
             raise ValueError(f"sm_count: expected an int >= 1, got {self.sm_count!r}")
+        from .arithmetic import MMA_MODELS, WALKS
+
+        if self.walk not in WALKS:
+            raise ValueError(f"walk: {self.walk!r} is not one of {WALKS}")
+        for name in ("mma_e4m3_q", "mma_bf16_q"):
+            if getattr(self, name) not in MMA_MODELS:
+                raise ValueError(f"{name}: {getattr(self, name)!r} is not one of {', '.join(MMA_MODELS)}")
+        if self.ex2 not in EX2_MODELS:
+            raise ValueError(f"ex2: {self.ex2!r} is not one of {EX2_MODELS}")
+        if self.log not in LOG_MODELS:
+            raise ValueError(f"log: {self.log!r} is not one of {LOG_MODELS}")
+
+    def mma_model(self, q_dtype: str) -> str:
+        """The name of the MMA model of the ``q_dtype`` path (``"e4m3"`` or ``"bf16"``)."""
+        if q_dtype not in Q_DTYPES:
+            raise ValueError(f"q_dtype: {q_dtype!r} is not one of {Q_DTYPES}")
+        return self.mma_e4m3_q if q_dtype == "e4m3" else self.mma_bf16_q
 
     def ctas(self, head_dim: int) -> int:
         """Co-resident CTAs per SM at ``head_dim``; ValueError for a head dim the kernel does not compile."""
@@ -108,8 +143,10 @@ class Target:
 
 THOR = Target("thor", "sm_110a", "thor", 20, ((128, 2), (256, 2)), (8, 16, 32), 16, 16)
 B200 = Target("b200", "sm_100a", "thor", 148, ((128, 2), (256, 2)), (8, 16, 32), 16, 16)
-H200 = Target("h200", "sm_90a", "hopper", 132, ((128, 2), (256, 1)), (8, 16), 8, 32)
-H100 = Target("h100", "sm_90a", "hopper", 132, ((128, 2), (256, 1)), (8, 16), 8, 32)
+_HOPPER_ARITHMETIC = dict(walk="mma_sync_sm90", mma_e4m3_q="sm90_f16", mma_bf16_q="sm90_bf16")
+H200 = Target("h200", "sm_90a", "hopper", 132, ((128, 2), (256, 1)), (8, 16), 8, 32, **_HOPPER_ARITHMETIC,
+              arithmetic_verified="H200: benchmarks.probes.arithmetic_sweep, 2026-12-01")  # fmt: skip
+H100 = Target("h100", "sm_90a", "hopper", 132, ((128, 2), (256, 1)), (8, 16), 8, 32, **_HOPPER_ARITHMETIC)
 
 TARGETS: dict[str, Target] = {t.name: t for t in (THOR, B200, H200, H100)}
 

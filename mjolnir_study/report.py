@@ -70,7 +70,7 @@ MXFP6_GAP = 5.0  # llama.cpp's MXFP6 / MXFP8 perplexity-increase ratio is 15; a 
 
 def _fmt_sort(df: pd.DataFrame, col: str = "fmt") -> pd.DataFrame:
     order = {f: i for i, f in enumerate(FORMAT_ORDER)}
-    return df.assign(_o=df[col].map(order)).sort_values("_o").drop(columns="_o")
+    return df.assign(_o=df[col].map(order)).sort_values("_o", kind="stable").drop(columns="_o")
 
 
 def _md_table(df: pd.DataFrame, floatfmt: str = ".4g") -> str:
@@ -215,6 +215,32 @@ def plot_pareto(df: pd.DataFrame, metric: str = "rel_l2"):
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
     return fig
+
+
+def arithmetic_paragraph() -> str:
+    return (
+        "The same decode (same cache, Q and plan) with each target's hardware arithmetic (the tensor "
+        "core's block FMAs in the kernel's k-step order, libdevice's log; `mjolnir_numerics.arithmetic`) "
+        "and with the ideal one (each tile's contraction exact, rounded once; correctly rounded log). "
+        "`hw vs ideal` is the rel L2 (and max |dO|, max |dLSE|) between the two runs: the error the chips' "
+        "own rounding adds; `total` is the hardware run's rel L2 against the float64 reference. H200: the "
+        "models are checked on its silicon; Thor: predicted (the B200 model). ex2 is correctly rounded in "
+        "both runs (no hardware model yet). Every other part of this study runs the ideal arithmetic."
+    )
+
+
+def arithmetic_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per format, Q dtype and target (max over the part's kinds): the hardware-vs-ideal rel L2, max |dO|
+    and max |dLSE|, and the hardware run's total rel L2."""
+    a = df[df.part == "arithmetic"]
+    add = a[a.error_source == "arithmetic"]
+    tot = a[(a.error_source == "total") & (a.arithmetic == "hardware")]
+    keys = ["fmt", "q_dtype", "target"]
+    t = add.groupby(keys).agg(hw_vs_ideal=("rel_l2", "max"), max_abs=("max_abs", "max"), lse=("lse_err", "max"))
+    t["total"] = tot.groupby(keys)["rel_l2"].max()
+    t = t.reset_index()
+    t.columns = ["fmt", "Q", "target", "hw vs ideal rel L2", "max abs dO", "max abs dLSE", "total rel L2"]
+    return _fmt_sort(t)
 
 
 def plot_context(df: pd.DataFrame, metric: str = "rel_l2"):
@@ -924,6 +950,15 @@ def write_report(
         L.append("")
     L.append(img("p_rounding", "P rounding"))
     L.append("")
+
+    L.append("## Hardware arithmetic vs ideal arithmetic")
+    L.append("")
+    ar = df[df.part == "arithmetic"] if "arithmetic" in df.columns else df.iloc[:0]
+    if len(ar):
+        L.append(arithmetic_paragraph())
+        L.append("")
+        L.append(_md_table(arithmetic_table(df)))
+        L.append("")
 
     L.append("## NVFP4 recipes and the fp6 pair")
     L.append("")

@@ -16,6 +16,7 @@ grid            format x scale granularity x Q dtype x synthetic kind, at ``seq_
 context         format x context length x ``context_kinds``
 nvfp4_recipe    NVFP4 recipe (amax, 4-over-6, FlashInfer's global scale, no block-scale floor) x kind
 p_rounding      P rounding variant (e4m3 x448 / x256, bf16, rounded row sum) x context length, e4m3 KV
+arithmetic      the hardware's own arithmetic against the ideal one, per format x Q dtype x target
 attribution     error source (K, V, Q, P, split merging, total) x format x kind (``attribute_errors``)
 real            format x granularity x SmolLM2 layer (captured held-out text, head dim 64)
 end_to_end      format (x Q dtype) through every layer of SmolLM2: next-token KL and top-1 agreement
@@ -26,6 +27,14 @@ Metrics (against the float64 reference on the unquantized inputs): ``rel_l2`` = 
 |LSE - LSE_ref| (natural log). Head dim 64 (SmolLM2) and bf16 Q with a non-e4m3 KV format are beyond
 the kernel's capability rules: those rows run with ``allow_unsupported=True`` (the research switch)
 and carry ``kernel_supported = False``.
+
+Arithmetic: every part but ``arithmetic`` runs the spec's ideal arithmetic (each tile's contraction exact,
+rounded once; correctly rounded log: ``EmulatorKnobs(mma="ideal", log="correctly_rounded")``, column
+``arithmetic = ideal``), planned for the emulator's default target of ``device`` (column ``target``). The
+``arithmetic`` part runs the kernels' configurations twice per target, with the target's hardware models
+(``arithmetic = hardware``: the tensor core's block FMAs in the kernel's order and libdevice's log) and the
+ideal ones, and adds rows ``error_source = arithmetic``: the hardware run against the ideal one, i.e. the
+error the chips' own rounding adds. ex2 is correctly rounded in both (it has no hardware model yet).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from mjolnir_numerics.formats import get_format
 from mjolnir_numerics.reference import attribute_errors, error_metrics, reference_decode
 from mjolnir_numerics.scales import GRANULARITIES
 from mjolnir_numerics.synthetic import KINDS, make_kv
+from mjolnir_numerics.targets import default_target, get_target
 
 from .real_model import NVFP4_RECIPES, build_cache, prepare_q
 
@@ -65,7 +75,7 @@ __all__ = [
 
 FORMAT_NAMES = ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4")
 Q_DTYPES = ("e4m3", "bf16")
-PARTS = ("grid", "context", "nvfp4_recipe", "p_rounding", "attribution", "real", "end_to_end")
+PARTS = ("grid", "context", "nvfp4_recipe", "p_rounding", "arithmetic", "attribution", "real", "end_to_end")
 
 # P rounding variants as data: name -> EmulatorKnobs keyword arguments (fp8-Q path, e4m3 KV).
 P_VARIANTS: dict[str, dict] = {
@@ -76,6 +86,8 @@ P_VARIANTS: dict[str, dict] = {
     "bf16": {"p_format": "bf16", "p_scale": 1.0},
     "fp32": {"p_format": "fp32", "p_scale": 1.0},  # no P rounding: the baseline of the others
 }
+IDEAL_ARITHMETIC = {"mma": "ideal", "log": "correctly_rounded"}  # EmulatorKnobs of every part but arithmetic
+ARITHMETIC_TARGETS = ("h200", "thor")  # verified on the H200's silicon; Thor's models are predicted
 
 COLUMNS = (
     "part",
@@ -94,6 +106,8 @@ COLUMNS = (
     "granularity",
     "q_dtype",
     "p_variant",
+    "target",
+    "arithmetic",
     "error_source",
     "kernel_supported",
     "rel_l2",
@@ -142,6 +156,8 @@ class StudyConfig:
     p_variants: tuple[str, ...] = tuple(P_VARIANTS)
     p_kinds: tuple[str, ...] = ("gaussian", "peaked")
     p_context_lengths: tuple[int, ...] = (512, 4096, 16384)
+    arithmetic_kinds: tuple[str, ...] = ("gaussian", "outlier_keys")
+    arithmetic_targets: tuple[str, ...] = ARITHMETIC_TARGETS
     attribution_formats: tuple[str, ...] = FORMAT_NAMES
     attribution_kinds: tuple[str, ...] = ("gaussian", "outlier_keys", "sinks")
     attribution_seq_len: int = 1024
@@ -179,7 +195,8 @@ class StudyConfig:
         for q in self.q_dtypes:
             if q not in Q_DTYPES:
                 raise ValueError(f"q_dtypes: {q!r} is not one of {', '.join(Q_DTYPES)}")
-        for k in set(self.kinds + self.context_kinds + self.recipe_kinds + self.p_kinds + self.attribution_kinds):
+        kinds = self.kinds + self.context_kinds + self.recipe_kinds + self.p_kinds + self.attribution_kinds
+        for k in set(kinds + self.arithmetic_kinds):
             if k not in KINDS:
                 raise ValueError(f"kinds: {k!r} is not a synthetic kind; allowed {', '.join(KINDS)}")
         for r in self.nvfp4_recipes:
@@ -188,6 +205,8 @@ class StudyConfig:
         for p in self.p_variants:
             if p not in P_VARIANTS:
                 raise ValueError(f"p_variants: {p!r} is not one of {', '.join(P_VARIANTS)}")
+        for t in self.arithmetic_targets:
+            get_target(t)
         for c in self.e2e_configs:
             parse_e2e_config(c)
         if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 1:
@@ -250,6 +269,7 @@ class StudyConfig:
             "context": {"context_kinds": ()},
             "nvfp4_recipe": {"recipe_kinds": ()},
             "p_rounding": {"p_kinds": ()},
+            "arithmetic": {"arithmetic_kinds": ()},
             "attribution": {"attribution_kinds": (), "attribution_real_layers": ()},
             "real": {"real_layers": ()},
             "end_to_end": {"e2e_configs": ()},
@@ -315,6 +335,7 @@ class Cell:
     q_dtype: str = "e4m3"
     recipe: str = "amax"
     p_variant: str = "e4m3_x448"
+    target: str = ""  # arithmetic part: the target whose hardware models run ("" elsewhere)
 
     @property
     def cache_key(self) -> tuple:
@@ -345,6 +366,12 @@ def cells(config: StudyConfig) -> list[Cell]:
         for length in config.p_context_lengths:
             for pv in config.p_variants:
                 out.append(Cell("p_rounding", syn(kind, length, config.context_num_seqs), "e4m3", p_variant=pv))
+    for kind in config.arithmetic_kinds:
+        for target in config.arithmetic_targets:
+            for fmt in config.formats:
+                for qd in config.q_dtypes:
+                    if kernel_supported(fmt, qd, config.head_dim):  # the hardware models are the kernels'
+                        out.append(Cell("arithmetic", syn(kind, config.seq_len), fmt, q_dtype=qd, target=target))
     return out
 
 
@@ -430,7 +457,7 @@ def hash_kind(kind: str) -> int:
     return sum(ord(c) * (i + 1) for i, c in enumerate(kind)) % 997
 
 
-def _metrics_row(cell: Cell, inp: _Inputs, o, lse, seconds: float) -> dict:
+def _metrics_row(cell: Cell, inp: _Inputs, o, lse, seconds: float, arithmetic: str = "ideal") -> dict:
     m = error_metrics(cell.fmt, o, inp.o_ref, lse, inp.lse_ref)
     d = inp.q.shape[-1]
     fmt = get_format(cell.fmt)
@@ -451,6 +478,8 @@ def _metrics_row(cell: Cell, inp: _Inputs, o, lse, seconds: float) -> dict:
         "granularity": cell.granularity,
         "q_dtype": cell.q_dtype,
         "p_variant": cell.p_variant,
+        "target": cell.target or default_target(inp.q.device).name,
+        "arithmetic": arithmetic,
         "error_source": "total",
         "kernel_supported": kernel_supported(cell.fmt, cell.q_dtype, d),
         "rel_l2": m.rel_l2,
@@ -483,10 +512,22 @@ def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device,
             if c.q_dtype not in q_cache:
                 q_cache[c.q_dtype] = prepare_q(inp.q, c.q_dtype, n, heads_k)
             q_in, qd = q_cache[c.q_dtype]
-            knobs = EmulatorKnobs(**P_VARIANTS[c.p_variant])
-            o, lse = emulate_decode(
-                q_in, cache, q_descale=qd, softmax_scale=inp.softmax_scale, knobs=knobs, allow_unsupported=True
-            )
+            knobs = EmulatorKnobs(**P_VARIANTS[c.p_variant], **IDEAL_ARITHMETIC)
+            call = dict(q_descale=qd, softmax_scale=inp.softmax_scale, allow_unsupported=True)
+            if c.part == "arithmetic":  # the same call planned for c.target, with its hardware models and without
+                o_i, lse_i = emulate_decode(q_in, cache, **call, knobs=knobs, target=c.target)
+                rows.append(_metrics_row(c, inp, o_i, lse_i, time.perf_counter() - t0 + build_s))
+                t0 = time.perf_counter()
+                o, lse = emulate_decode(q_in, cache, **call, knobs=EmulatorKnobs(**P_VARIANTS[c.p_variant]),
+                                        target=c.target)  # fmt: skip
+                rows.append(_metrics_row(c, inp, o, lse, time.perf_counter() - t0 + build_s, "hardware"))
+                added = _metrics_row(c, _Inputs(inp.q, inp.k, inp.v, inp.softmax_scale, o_i, lse_i), o, lse, 0.0,
+                                     "hardware")  # fmt: skip
+                added["error_source"] = "arithmetic"
+                rows.append(added)
+                progress.update()
+                continue
+            o, lse = emulate_decode(q_in, cache, **call, knobs=knobs)
             rows.append(_metrics_row(c, inp, o, lse, time.perf_counter() - t0 + build_s))
             if c.part == "p_rounding":  # also the error P rounding alone adds: vs the same run with fp32 P
                 key = ("fp32_p", c.q_dtype)
@@ -496,7 +537,7 @@ def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device,
                         cache,
                         q_descale=qd,
                         softmax_scale=inp.softmax_scale,
-                        knobs=EmulatorKnobs(**P_VARIANTS["fp32"]),
+                        knobs=EmulatorKnobs(**P_VARIANTS["fp32"], **IDEAL_ARITHMETIC),
                         allow_unsupported=True,
                     )
                 o32, lse32 = q_cache[key]
@@ -518,7 +559,7 @@ def _attribution_rows(
         for fmt in config.attribution_formats:
             progress.set(f"attribution {key.name} {fmt}")
             t0 = time.perf_counter()
-            errs = attribute_errors(
+            errs = attribute_errors(  # its default knobs: the ideal arithmetic
                 q,
                 k,
                 v,
@@ -549,6 +590,8 @@ def _attribution_rows(
                         "granularity": "per_head",
                         "q_dtype": "e4m3",
                         "p_variant": "e4m3_x448",
+                        "target": default_target(device).name,
+                        "arithmetic": "ideal",
                         "error_source": e.source,
                         "kernel_supported": kernel_supported(fmt, "e4m3", d),
                         "rel_l2": e.rel_l2,
@@ -697,6 +740,8 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                         "granularity": r.granularity,
                         "q_dtype": r.q_dtype,
                         "p_variant": "e4m3_x448" if r.q_dtype == "e4m3" else "bf16",
+                        "target": default_target(device).name,
+                        "arithmetic": "ideal",  # head dim 64: beyond the kernels, so the ideal models
                         "error_source": "total",
                         "kernel_supported": False,
                         "kl": r.kl,
@@ -853,9 +898,10 @@ def split_merging_errors(
     cache = build_cache(data.k_list(), data.v_list(), fmt, "per_head", device=torch.device(device))
     q_in, qd = prepare_q(data.q, "e4m3", num_seqs, heads_k)
     o_ref, lse_ref = reference_decode(data.q, data.k_list(), data.v_list(), softmax_scale=data.softmax_scale)
-    fp32_p = EmulatorKnobs(**P_VARIANTS["fp32"])
+    fp32_p = EmulatorKnobs(**P_VARIANTS["fp32"], **IDEAL_ARITHMETIC)
+    ideal = EmulatorKnobs(**IDEAL_ARITHMETIC)
 
-    def run(chunk, knobs=None):
+    def run(chunk, knobs=ideal):
         return emulate_decode(
             q_in, cache, q_descale=qd, softmax_scale=data.softmax_scale, chunk_tiles=chunk, knobs=knobs
         )

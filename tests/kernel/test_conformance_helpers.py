@@ -73,3 +73,45 @@ def test_permuted_pages_hold_the_same_cache():
     o1, l1 = emulate_decode(inputs.q, cache, **kw)
     o2, l2 = emulate_decode(inputs.q, moved, **kw)
     assert torch.equal(o1.view(torch.int16), o2.view(torch.int16)) and torch.equal(l1, l2)
+
+
+def test_random_cases_are_reproducible_supported_and_cover_the_space():
+    import pytest
+
+    from mjolnir_kernel.conformance import random_cases
+    from mjolnir_numerics.capability import KV_FORMATS, check_supported
+    from mjolnir_numerics.cases import PATTERNS
+
+    cases = random_cases(200, seed=5, max_keys=4096)
+    assert cases == random_cases(200, seed=5, max_keys=4096) and cases != random_cases(200, seed=6, max_keys=4096)
+    assert len({c.name for c in cases}) == 200 and cases[3].name == "fuzz_5_3"
+    for c in cases:
+        check_supported(c.fmt, c.q_dtype, c.head_dim, c.page_size)
+        assert all(n == 0 or c.q_len <= n <= 4096 for n in c.seq_lens)
+    assert {c.fmt for c in cases} == set(KV_FORMATS) and {c.q_dtype for c in cases} == {"bf16", "e4m3"}
+    assert {c.pattern for c in cases} == set(PATTERNS) and {c.q_len for c in cases} >= {1, 2, 3, 4, 8}
+    assert any(0 in c.seq_lens for c in cases) and {c.causal for c in cases} == {True, False}
+    with pytest.raises(ValueError, match="n: expected an int >= 0"):
+        random_cases(-1)
+
+
+def test_case_flip_atol_follows_the_cases_v_values():
+    from mjolnir_kernel.conformance import case_flip_atol
+
+    x = next(c for c in CASES if c.name == "varlen").build()
+    cache = x.cache
+    used = torch.cat([cache.block_table[i, : -(-n // cache.page_size)] for i, n in enumerate(cache.seq_lens.tolist())])
+    v_abs = float(cache.page_values("v", used).abs().max())
+    assert case_flip_atol(x) == p_flip_atol(v_abs, float(cache.v_descale.max()), 1.0, "e4m3") > 0
+
+
+def test_conform_command_without_a_gpu_says_so(capsys):
+    import pytest
+
+    from mjolnir_kernel.__main__ import main
+    from mjolnir_kernel.arch import decode_device_reason
+
+    if decode_device_reason() is None:
+        pytest.skip("a GPU a kernel runs on is present: conform would run")
+    assert main(["conform", "--random", "1"]) == 2
+    assert "conform: needs a GPU a kernel runs on" in capsys.readouterr().err

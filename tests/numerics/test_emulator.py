@@ -534,6 +534,41 @@ def test_knobs_change_what_they_say():
         assert torch.isfinite(o.float()).all()
 
 
+def test_arithmetic_knobs_default_to_the_targets_hardware_models():
+    """The default is the target's hardware arithmetic where the kernel runs the configuration; the ideal
+    models are knobs. page_size_32 on the H200 target: one O element moves with the MMA model (the H200's
+    kernel matched the hardware model there, not the ideal one), and LSE bits move with the log model."""
+    from mjolnir_kernel.conformance import KERNEL_CASES
+
+    x = next(c for c in KERNEL_CASES if c.name == "page_size_32").build()
+    kw = dict(x.emulator_kwargs(), target="h200")
+    o, lse = emulate_decode(x.q, x.cache, **kw)
+    o_hw, lse_hw = emulate_decode(x.q, x.cache, **kw, knobs=EmulatorKnobs(mma="hardware", log="hardware"))
+    assert _equal(o, o_hw) and _equal(lse, lse_hw)
+    o_i, lse_i = emulate_decode(x.q, x.cache, **kw, knobs=EmulatorKnobs(mma="ideal"))
+    assert int((o.view(torch.int16) != o_i.view(torch.int16)).sum()) == 1 and _equal(lse, lse_i)
+    y = get_case("varlen").build()
+    _, lse_h = _run(y)
+    _, lse_c = _run(y, knobs=EmulatorKnobs(log="correctly_rounded"))
+    assert not _equal(lse_h, lse_c)
+    assert float((lse_h - lse_c).abs().max()) <= 2.0**-20 * float(lse_c[torch.isfinite(lse_c)].abs().max())
+
+
+def test_arithmetic_knobs_reject_what_no_kernel_runs():
+    x = get_case("varlen").build()
+    with pytest.raises(ValueError, match="log: 'fast' is not one of hardware, correctly_rounded, None"):
+        EmulatorKnobs(log="fast")
+    with pytest.raises(ValueError, match="knobs: mma='hardware' models the kernels' own MMAs"):
+        _run(x, knobs=EmulatorKnobs(p_format="fp32", p_scale=1.0, mma="hardware"))
+    with pytest.raises(ValueError, match="knobs: log='hardware' models the kernels' natural-log LSE"):
+        _run(x, knobs=EmulatorKnobs(lse_base="2", log="hardware"))
+    y = get_case("fp4_e2m1").build()  # bf16 Q on e2m1: beyond the kernels, so the default is the ideal
+    q = y.q_float.to(torch.bfloat16)
+    o, lse = emulate_decode(q, y.cache, allow_unsupported=True)
+    o_i, lse_i = emulate_decode(q, y.cache, allow_unsupported=True, knobs=IDEAL)
+    assert _equal(o, o_i) and _equal(lse, lse_i)
+
+
 def test_research_switch_runs_beyond_the_capability_rules():
     x = get_case("fp4_e2m1").build()
     q_bf16 = x.q_float.to(torch.bfloat16)
@@ -611,7 +646,9 @@ def test_bad_plan():
 # step, padded GEMM rows and the cheaper rounding paths must leave every bit as it was. The inputs
 # are exactly representable and the model is exact, so the digests hold on any machine.
 # forced_splits/kernel was re-recorded when the reduction's weighted sums became one fma per term (the
-# reduction kernel's FFMA; it was a multiply then an add): 1 of its 16 LSE values moved, no O bit.
+# reduction kernel's FFMA; it was a multiply then an add): 1 of its 16 LSE values moved, no O bit. They pin
+# the ideal arithmetic (EmulatorKnobs(mma="ideal", log="correctly_rounded")); the hardware models have
+# their own tests.
 PINNED_DIGESTS = {
     "varlen/kernel": "e6a57cddb2e71432",
     "forced_splits/kernel": "4a3d28569cd22988",
@@ -626,6 +663,9 @@ PINNED_DIGESTS = {
     "random/bf16": "64cc459674be5aac",
     "random/e4m3": "c99f90ca7d3a55ce",
 }
+
+
+IDEAL = EmulatorKnobs(mma="ideal", log="correctly_rounded")
 
 
 def _digest(o: torch.Tensor, lse: torch.Tensor) -> str:
@@ -647,11 +687,13 @@ def test_bits_pinned_across_speed_work(key):
         kw = {}
         if variant == "e4m3":
             q, kw["q_descale"] = quantize_q(q, 3, 1, 2)
-        got = emulate_decode(q, cache, **kw)
+        got = emulate_decode(q, cache, **kw, knobs=IDEAL)
     else:
         x = get_case(name).build()
         kw = x.emulator_kwargs()
+        kw.update(knobs=IDEAL)
         if variant != "kernel":
-            kw.update(knobs=EmulatorKnobs(p_format=variant), allow_unsupported=True)
+            knobs = EmulatorKnobs(p_format=variant, mma="ideal", log="correctly_rounded")
+            kw.update(knobs=knobs, allow_unsupported=True)
         got = emulate_decode(x.q, x.cache, **kw)
     assert _digest(*got) == PINNED_DIGESTS[key], f"{key}: O / LSE bits changed"

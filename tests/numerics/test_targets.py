@@ -136,3 +136,27 @@ def test_emulator_walks_the_default_plan_of_its_target(target):
     rows = x.q.shape[1] // heads_k
     want = default_plan(x.cache.seq_lens, heads_k, rows, target=target or "thor", q_dtype="e4m3", head_dim=128)
     assert got == want
+
+
+def test_targets_name_their_arithmetic():
+    """Hopper: the verified sm90 MMA models and the mma.sync walk; Thor and B200: the predicted sm100 models;
+    all: libdevice's log and the correctly rounded ex2 (no hardware ex2 model yet)."""
+    import dataclasses
+
+    from mjolnir_numerics.targets import Target
+
+    assert (H200.walk, H200.mma_model("e4m3"), H200.mma_model("bf16")) == ("mma_sync_sm90", "sm90_f16", "sm90_bf16")
+    assert (THOR.walk, THOR.mma_model("e4m3"), THOR.mma_model("bf16")) == ("tcgen05", "sm100_e4m3", "sm100_bf16")
+    assert H200.arithmetic_verified and not THOR.arithmetic_verified and not B200.arithmetic_verified
+    assert {t.log for t in TARGETS.values()} == {"libdevice_logf"} and {t.ex2 for t in TARGETS.values()} == {
+        "correctly_rounded"
+    }
+    assert isinstance(H100, Target)
+    with pytest.raises(ValueError, match="mma_bf16_q: 'sm80_bf16' is not one of"):
+        dataclasses.replace(THOR, mma_bf16_q="sm80_bf16")
+    with pytest.raises(ValueError, match="walk: 'wgmma' is not one of"):
+        dataclasses.replace(H200, walk="wgmma")
+    with pytest.raises(ValueError, match="log: 'fast' is not one of"):
+        dataclasses.replace(H200, log="fast")
+    with pytest.raises(ValueError, match="q_dtype: 'fp16' is not one of"):
+        H200.mma_model("fp16")

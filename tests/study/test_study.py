@@ -43,7 +43,7 @@ def test_quick_study_writes_tidy_csv_report_and_figures(quick_run):
     with (out / "study.csv").open() as f:
         assert tuple(next(csv.reader(f))) == COLUMNS
     assert len(df) > 50
-    assert set(df.part) >= {"grid", "context", "nvfp4_recipe", "p_rounding", "attribution"}
+    assert set(df.part) >= {"grid", "context", "nvfp4_recipe", "p_rounding", "arithmetic", "attribution"}
     for name in FIGURES:
         png = out / "figures" / f"{name}.png"
         assert png.exists() and png.stat().st_size > 5000, name
@@ -52,6 +52,19 @@ def test_quick_study_writes_tidy_csv_report_and_figures(quick_run):
     assert "allow_unsupported=True" in text  # the research switch is stated
     metrics = df[df.part != "end_to_end"][["rel_l2", "max_abs", "cosine", "lse_err"]]
     assert metrics.notna().all().all() and (metrics.rel_l2 >= 0).all() and (metrics.cosine <= 1 + 1e-12).all()
+
+
+def test_hardware_arithmetic_adds_far_less_than_quantization(quick_run):
+    """The arithmetic part: per target and kernel configuration an ideal and a hardware run, and the error
+    between them, which is tiny next to the quantization error; every other part runs the ideal arithmetic."""
+    _, df = quick_run
+    a = df[df.part == "arithmetic"]
+    assert set(a.target) == {"h200", "thor"} and set(a.arithmetic) == {"ideal", "hardware"}
+    added = a[a.error_source == "arithmetic"]
+    total = a[(a.error_source == "total") & (a.arithmetic == "hardware")]
+    assert len(added) == len(total) > 0 and (added.rel_l2 >= 0).all()
+    assert added.rel_l2.max() < 0.01 * total.rel_l2.min()
+    assert set(df[df.part != "arithmetic"].arithmetic) == {"ideal"}
 
 
 def test_e4m3_beats_e2m1_on_gaussian(quick_run):

@@ -1,0 +1,214 @@
+"""The GPUs' own arithmetic, as data and exact models: tensor-core block FMAs and special functions.
+
+The ideal models of the spec (an exact dot product rounded once; correctly rounded exp2 and log) are the
+arithmetic of the math. The hardware models here are the arithmetic of the chips, bit for bit:
+
+**Tensor-core MMA** (Khattak and Mikaitis, "Accurate Models of NVIDIA Tensor Cores", arXiv 2512.07004,
+2025; the models of their MATLAB-tensor-core repository). One MMA instruction of K products is one fused
+block: with E the largest of the products' unnormalised exponents ``ea + eb`` (``ea`` = floor(log2 |a|),
+at least the operand format's smallest normal exponent; zero products left out) and of the accumulator
+c's exponent (at least -126), and E at least ``min_exponent``, every product and c is truncated toward
+zero to a multiple of g = 2^(E - 23 - extra_bits); the truncated terms are added exactly; the sum is
+rounded toward zero to fp32 (subnormals kept). A zero sum is +0. Successive instructions chain: each
+result, already fp32, is the next one's c.
+
+Exactness of this implementation (vectorised torch, float64, CPU and CUDA alike): each product of two
+operands of at most 11 significant bits is exact in float64; a term truncated to the grid g is
+``trunc(x / g) * g``, exact (division by a power of two, truncation of a float64 integer); every term is a
+multiple of g below 2^(27 + 1) g in magnitude and at most 33 terms are added, so their float64 sum is an
+integer multiple of g below 2^34 g: exact in any order. The fp32 rounding toward zero keeps the top 24 bits
+of that exact sum (``_round_toward_zero_f32``). So the result is the model's, bit for bit.
+
+Fast path (``block_fma`` with ``fast=True``): when no term loses a bit to the alignment, the truncation is
+the identity and the block equals the exact sum rounded toward zero. A product a_i b_i is a multiple of
+2^(ea_i + eb_i - 2 m) (m: the operand's fraction bits), so it keeps every bit when E - (ea_i + eb_i) <=
+23 + extra_bits - 2 m; c is a multiple of 2^(ec - 23), kept when E - ec <= extra_bits. Where both hold for
+every term of an output element, that element is computed as a float64 dot product (exact: every product
+is a multiple of 2^(E - 23 - extra_bits) and the sum stays below 2^53 of that unit) rounded toward zero.
+
+Special values: a NaN operand or product gives NaN (the decode kernels produce none); infinities are not
+modelled (their inputs are finite).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "MmaModel", "MMA_MODELS", "OPERAND_FORMATS", "WALKS", "block_fma", "ideal_block", "round_toward_zero_f32",
+    "kstep_groups", "chain_fma",
+]  # fmt: skip
+
+# operand format -> (fraction bits, smallest normal exponent)
+OPERAND_FORMATS = {"f16": (10, -14), "bf16": (7, -126), "e4m3": (3, -6)}
+
+
+@dataclass(frozen=True)
+class MmaModel:
+    """One MMA instruction's arithmetic.
+
+    Attributes:
+        name: registry name.
+        operand: operand format (``OPERAND_FORMATS``): the products' inputs as the tensor core reads them.
+        block: products per instruction, all added in one fused block (its K).
+        extra_bits: alignment bits kept below fp32's 23 fraction bits, from the block's exponent E.
+        min_exponent: E is at least this.
+        exact_sum: the ideal model instead: the exact sum of the products and c, rounded once to nearest.
+        verified: where this model was checked bit for bit against the silicon (empty: predicted only).
+    """
+
+    name: str
+    operand: str
+    block: int
+    extra_bits: int = 2
+    min_exponent: int = -133
+    exact_sum: bool = False
+    verified: str = ""
+
+
+MMA_MODELS = {
+    m.name: m
+    for m in (
+        # Hopper mma.sync.m16n8k16 with fp32 accumulate: one block of 16 products and c (H100 model)
+        MmaModel("sm90_f16", "f16", 16, verified="H200, benchmarks.probes.arithmetic_sweep"),
+        MmaModel("sm90_bf16", "bf16", 16, verified="H200, benchmarks.probes.arithmetic_sweep"),
+        # Blackwell tcgen05 (B200 model; Thor is Blackwell): kind::f16 K = 16, kind::f8f6f4 K = 32
+        MmaModel("sm100_f16", "f16", 16),
+        MmaModel("sm100_bf16", "bf16", 16),
+        MmaModel("sm100_e4m3", "e4m3", 32),
+        # the ideal arithmetic: exact dot product, rounded once (the spec's research knob)
+        MmaModel("ideal_f16", "f16", 1 << 30, exact_sum=True),
+        MmaModel("ideal_bf16", "bf16", 1 << 30, exact_sum=True),
+        MmaModel("ideal_e4m3", "e4m3", 1 << 30, exact_sum=True),
+    )
+}
+
+
+def _exponent(x: torch.Tensor, emin: int) -> torch.Tensor:
+    """floor(log2 |x|), at least ``emin`` (int64; any value for x = 0: callers mask zeros)."""
+    _, e = torch.frexp(x)
+    return torch.clamp(e.to(torch.int64) - 1, min=emin)
+
+
+def round_toward_zero_f32(x: torch.Tensor) -> torch.Tensor:
+    """float64 ``x`` rounded toward zero to fp32 (subnormals kept, finite overflow to +-inf), as float32."""
+    m, e = torch.frexp(x)  # x = m * 2^e, 0.5 <= |m| < 1
+    e = e.to(torch.int64)
+    normal = torch.ldexp(torch.trunc(torch.ldexp(m, torch.full_like(e, 24))), e - 24)
+    sub = torch.ldexp(torch.trunc(torch.ldexp(x, torch.full_like(e, 149))), torch.full_like(e, -149))
+    out = torch.where(e >= -125, normal, sub)
+    out = torch.where(out.abs() >= 2.0**128, torch.copysign(torch.full_like(out, math.inf), out), out)
+    return torch.where(out == 0, torch.zeros_like(out), out).to(torch.float32)  # a zero sum is +0
+
+
+def ideal_block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The exact sum of ``a * b`` over the last dim plus ``c``, rounded once to nearest fp32 (float64 holds
+    it exactly for the operands here: products of <= 11-bit operands over a bounded exponent range)."""
+    return ((a * b).sum(-1) + c.double()).to(torch.float32)
+
+
+def block_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model: MmaModel, fast: bool = True) -> torch.Tensor:
+    """One MMA block under ``model``: fp32 ``c + sum_k a[..., k] * b[..., k]`` as the tensor core forms it.
+
+    Args:
+        a, b: float64 ``(..., K)`` operand values, each exactly representable in ``model.operand``;
+            K <= ``model.block`` (missing products are zeros).
+        c: float32 ``(...)``: the accumulator (the previous instruction's result, or 0).
+        model: an :class:`MmaModel`.
+        fast: compute elements no alignment can change as an exact dot product (the module docstring's
+            proof); the result is the same either way.
+
+    Returns:
+        float32 ``(...)``.
+    """
+    if a.shape[-1] > model.block:
+        raise ValueError(f"a: {a.shape[-1]} products per block, the {model.name} model takes {model.block}")
+    if model.exact_sum:
+        return ideal_block(a, b, c)
+    man, emin = OPERAND_FORMATS[model.operand]
+    a, b = torch.broadcast_tensors(a.double(), b.double())
+    c64 = c.double().expand(a.shape[:-1])
+    prod = a * b
+    nz = prod != 0
+    ep = _exponent(a, emin) + _exponent(b, emin)
+    low = torch.iinfo(torch.int64).min // 4
+    e_prod = torch.where(nz, ep, low).amax(-1)
+    ec = _exponent(c64, -126)
+    e_c = torch.where(c64 != 0, ec, low)
+    big = torch.maximum(torch.maximum(e_prod, e_c), torch.full_like(e_prod, model.min_exponent))
+    unit = big - 23 - model.extra_bits  # the grid: 2^unit
+    result = torch.empty(a.shape[:-1], dtype=torch.float32, device=a.device)
+    if fast:
+        spread = torch.where(nz, big[..., None] - ep, low).amax(-1)
+        keep = (spread <= 23 + model.extra_bits - 2 * man) & ((c64 == 0) | (big - ec <= model.extra_bits))
+    else:
+        keep = torch.zeros_like(big, dtype=torch.bool)
+    if bool(keep.any()):
+        result[keep] = round_toward_zero_f32(prod[keep].sum(-1) + c64[keep])
+    slow = ~keep
+    if bool(slow.any()):
+        u = unit[slow]
+        terms = torch.ldexp(torch.trunc(torch.ldexp(prod[slow], -u[..., None])), u[..., None])
+        cs = torch.ldexp(torch.trunc(torch.ldexp(c64[slow], -u)), u)
+        result[slow] = round_toward_zero_f32(terms.sum(-1) + cs)
+    return torch.where(torch.isnan(prod).any(-1) | torch.isnan(c64), torch.full_like(result, math.nan), result)
+
+
+# -- the tile walks: which head dims (GEMM1) and keys (GEMM2) each MMA instruction of a tile adds -------
+WALKS = ("mma_sync_sm90", "tcgen05")
+SCALED_FORMATS = ("e2m1", "e3m2", "e2m3")
+
+
+def kstep_groups(walk: str, kv_format: str, q_dtype: str, head_dim: int, tile_keys: int = 128):
+    """The MMA instructions of one tile, in issue order: ``(s_groups, pv_groups)``, int64 ``(steps, K)``
+    index tensors (CPU): the head dims whose products one S instruction adds, and the keys one P.V
+    instruction adds. Within an instruction the order does not matter (one fused block); across
+    instructions it does (each result is the next one's accumulator).
+
+    ``"mma_sync_sm90"`` (the Hopper kernel, K = 16): S from an e4m3 K tile in shared memory (e4m3 KV, and
+    NVFP4 at d = 128) adds head dims 16 s .. 16 s + 15 in step s; with K converted straight into the
+    fragments (e2m1, e3m2, e2m3, and NVFP4 at d = 256) lane c of a quad holds head dims c d / 4 .. (c + 1)
+    d / 4 - 1, four per step (``HopperConfig.k_registers``): dims c d / 4 + 4 s .. + 3 for fp6 and NVFP4;
+    for e2m1, whose codes skip the interleave, the even (s even) or odd (s odd) dims of c d / 4 + 8 (s // 2)
+    .. + 7. P.V adds keys 16 s .. 16 s + 15 in step s.
+    ``"tcgen05"`` (the Thor kernel; predicted, not run on Thor silicon): K = 32 on the e4m3-Q path and 16 on
+    the bf16-Q path, consecutive head dims for S and consecutive keys for P.V.
+    """
+    if walk == "mma_sync_sm90":
+        k = 16
+        registers = kv_format in SCALED_FORMATS or (kv_format == "nvfp4" and head_dim == 256)
+        steps = head_dim // k
+        if not registers:
+            s_groups = torch.arange(head_dim).view(steps, k)
+        else:
+            span = head_dim // 4
+            lane = torch.arange(4)[:, None] * span  # (4 lanes, 1)
+            rows = []
+            for st in range(steps):
+                if kv_format == "e2m1":
+                    dims = lane + 8 * (st // 2) + 2 * torch.arange(4)[None, :] + st % 2
+                else:
+                    dims = lane + 4 * st + torch.arange(4)[None, :]
+                rows.append(dims.reshape(-1))
+            s_groups = torch.stack(rows)
+        pv_groups = torch.arange(tile_keys).view(tile_keys // k, k)
+        return s_groups, pv_groups
+    if walk == "tcgen05":
+        k = 32 if q_dtype == "e4m3" else 16
+        return torch.arange(head_dim).view(head_dim // k, k), torch.arange(tile_keys).view(tile_keys // k, k)
+    raise ValueError(f"walk: {walk!r} is not one of {WALKS}")
+
+
+def chain_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, groups: torch.Tensor, model: MmaModel) -> torch.Tensor:
+    """A chain of MMA instructions: ``c`` then, for each row of ``groups`` in order, one :func:`block_fma`
+    over those indices of the last dim of ``a`` and ``b`` (broadcast against each other), its result the
+    next instruction's accumulator. float32 ``c.shape``."""
+    if model.exact_sum:  # the ideal arithmetic adds the whole contraction at once
+        return ideal_block(a, b, c)
+    groups = groups.to(a.device)
+    for g in groups:
+        c = block_fma(a.index_select(-1, g), b.index_select(-1, g), c, model)
+    return c

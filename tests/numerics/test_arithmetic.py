@@ -1,0 +1,208 @@
+"""The hardware arithmetic models (``mjolnir_numerics.arithmetic``, ``emulator_stages.log_libdevice_f32``):
+hand cases that tell the tensor core's block FMA from the ideal dot product, outputs of the H200's own
+``mma.sync`` (tests/data/h200_mma_vectors.npz: 6 instructions of each sweep category, recorded by
+``python -m benchmarks.probes.arithmetic_sweep --parts mma`` on 2026-12-01), the fast path against the
+slow one, the tile walks, the libdevice log, and CPU = CUDA."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mjolnir_numerics.arithmetic import (
+    MMA_MODELS,
+    block_fma,
+    chain_fma,
+    ideal_block,
+    kstep_groups,
+    round_toward_zero_f32,
+)
+from mjolnir_numerics.emulator_stages import log_f32, log_libdevice_f32
+from tests.conftest import cuda_only
+
+VECTORS = Path(__file__).parents[1] / "data" / "h200_mma_vectors.npz"
+SM90 = {"f16": MMA_MODELS["sm90_f16"], "bf16": MMA_MODELS["sm90_bf16"]}
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _f64(values, dtype=torch.float16):
+    t = torch.tensor(values, dtype=torch.float64)
+    assert bool(((t.to(dtype).double() == t) | t.isnan()).all()), "operand not representable"
+    return t
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(torch.int32)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Hand cases
+# ------------------------------------------------------------------------------------------------------
+def test_block_rounds_toward_zero():
+    """1 + 0.75 ulp(1): the ideal dot product rounds up to 1 + 2^-23, the block truncates to 1."""
+    a, b, c = _f64([1.5 * 2**-12]), _f64([2.0**-12]), torch.tensor(1.0)
+    assert float(ideal_block(a, b, c)) == 1 + 2**-23
+    assert float(block_fma(a, b, c, SM90["f16"])) == 1.0
+
+
+def test_block_truncates_each_term_to_the_alignment_grid():
+    """Eight products of 0.75 * 2^-25 under c = 1 (grid 2^-25): each truncates to 0, so the block gives 1;
+    their exact sum 1.5 ulp(1) would round toward zero to 1 + 2^-23."""
+    a, b, c = _f64([1.5 * 2**-13] * 8), _f64([2.0**-13] * 8), torch.tensor(1.0)
+    assert float(round_toward_zero_f32(((a * b).sum() + 1.0).reshape(1))) == 1 + 2**-23
+    assert float(block_fma(a, b, c, SM90["f16"])) == 1.0
+    assert float(block_fma(a, b, c, SM90["f16"], fast=False)) == 1.0
+
+
+def test_block_keeps_two_extra_alignment_bits():
+    """A product of 2^-25 under c = 1 is on the grid (kept), 2^-26 is below it (dropped): four of each give
+    1 + 2^-23 (4 * 2^-25) and never the 1 + 1.5 * 2^-23 of keeping both."""
+    a = _f64([2.0**-12] * 4 + [2.0**-13] * 4)
+    b = _f64([2.0**-13] * 8)
+    assert float(block_fma(a, b, torch.tensor(1.0), SM90["f16"])) == 1 + 2**-23
+    a2 = _f64([2.0**-13] * 8)
+    assert float(block_fma(a2, b, torch.tensor(1.0), SM90["f16"])) == 1.0
+
+
+def test_zero_sum_is_positive_zero_and_nan_propagates():
+    a, b = _f64([1.0, -1.0]), _f64([1.0, 1.0])
+    z = block_fma(a, b, torch.tensor(-0.0), SM90["bf16"])
+    assert float(z) == 0 and not math.copysign(1.0, float(z)) < 0
+    n = block_fma(_f64([math.nan]), _f64([1.0]), torch.tensor(1.0), SM90["bf16"])
+    assert math.isnan(float(n))
+
+
+def test_block_refuses_more_products_than_the_instruction_adds():
+    a = torch.ones(17, dtype=torch.float64)
+    with pytest.raises(ValueError, match="a: 17 products per block, the sm90_f16 model takes 16"):
+        block_fma(a, a, torch.tensor(0.0), SM90["f16"])
+
+
+def test_round_toward_zero_keeps_subnormals_and_overflows_to_inf():
+    x = torch.tensor([2.0**-149 * 1.75, -(1 + 2**-30), 2.0**128, 0.0], dtype=torch.float64)
+    got = round_toward_zero_f32(x).tolist()
+    assert got == [2.0**-149, -1.0, math.inf, 0.0]
+
+
+# ------------------------------------------------------------------------------------------------------
+# The H200's own outputs
+# ------------------------------------------------------------------------------------------------------
+def _hardware_cases():
+    data = np.load(VECTORS)
+    names = sorted({k.rsplit("__", 1)[0] for k in data.files})
+    for name in names:
+        operand = name.split("__")[0]
+        dt = DTYPES[operand]
+        a = torch.from_numpy(data[name + "__a"]).view(dt).double()  # (T, 16, 16)
+        b = torch.from_numpy(data[name + "__b"]).view(dt).double()  # (T, 8, 16)
+        yield name, operand, a, b, torch.from_numpy(data[name + "__c"]), torch.from_numpy(data[name + "__d"])
+
+
+def _same(x, y):
+    return (_bits(x) == _bits(y)) | (torch.isnan(x) & torch.isnan(y))
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
+def test_model_reproduces_the_h200_mma(fast):
+    """Every recorded output, bit for bit; the ideal model misses many (the vectors tell them apart)."""
+    ideal_misses = total = 0
+    for name, operand, a, b, c, d in _hardware_cases():
+        aa, bb = a[:, :, None, :], b[:, None, :, :]
+        got = block_fma(aa, bb, c, SM90[operand], fast=fast)
+        assert bool(_same(got, d).all()), f"{name}: {int((~_same(got, d)).sum())} outputs differ from the H200"
+        ideal_misses += int((~_same(ideal_block(aa, bb, c), d)).sum())
+        total += d.numel()
+    assert total == 21 * 6 * 128 and ideal_misses > total // 10
+
+
+def test_fast_path_equals_slow_path():
+    gen = torch.Generator().manual_seed(7)
+    for operand, (lo, hi) in (("f16", (-24, 15)), ("bf16", (-130, 120))):
+        dt = DTYPES[operand]
+        e = torch.randint(lo, hi, (4096, 16), generator=gen).double()
+        a = ((1 + torch.rand(4096, 16, generator=gen).double()) * torch.exp2(e)).to(dt).double()
+        b = torch.randn(4096, 16, generator=gen, dtype=torch.float64).to(dt).double()
+        c = (torch.randn(4096, generator=gen) * torch.exp2(torch.randint(-20, 20, (4096,), generator=gen))).float()
+        fast, slow = (block_fma(a, b, c, SM90[operand], fast=f) for f in (True, False))
+        assert torch.equal(_bits(fast), _bits(slow)), operand
+
+
+# ------------------------------------------------------------------------------------------------------
+# Tile walks and chains
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("walk", ["mma_sync_sm90", "tcgen05"])
+@pytest.mark.parametrize("kv_format", ["e4m3", "e2m1", "e3m2", "e2m3", "nvfp4"])
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("q_dtype", ["e4m3", "bf16"])
+def test_kstep_groups_partition_the_tile(walk, kv_format, head_dim, q_dtype):
+    s, pv = kstep_groups(walk, kv_format, q_dtype, head_dim)
+    assert torch.equal(s.reshape(-1).sort().values, torch.arange(head_dim))
+    assert torch.equal(pv.reshape(-1).sort().values, torch.arange(128))
+    assert s.shape[1] == (32 if walk == "tcgen05" and q_dtype == "e4m3" else 16)
+
+
+def test_kstep_groups_register_walk_of_the_hopper_kernel():
+    """K converted into the fragments: lane c of a quad holds head dims c d / 4 .. (c + 1) d / 4 - 1."""
+    s, _ = kstep_groups("mma_sync_sm90", "e3m2", "bf16", 128)
+    assert s[0].tolist() == [0, 1, 2, 3, 32, 33, 34, 35, 64, 65, 66, 67, 96, 97, 98, 99]
+    s, _ = kstep_groups("mma_sync_sm90", "e2m1", "bf16", 128)
+    assert s[1].tolist()[:4] == [1, 3, 5, 7]
+    s, _ = kstep_groups("mma_sync_sm90", "e4m3", "bf16", 128)
+    assert s[1].tolist() == list(range(16, 32))
+    with pytest.raises(ValueError, match="walk: 'wgmma' is not one of"):
+        kstep_groups("wgmma", "e4m3", "bf16", 128)
+
+
+def test_chain_order_matters_and_ideal_is_one_rounding():
+    """Two instructions: the second block's exponent comes from the first's result, so the walk changes
+    bits that the ideal model (one rounding of the whole contraction) never shows."""
+    a = _f64([2.0**-12] * 16 + [1.0] + [0.0] * 15)
+    b = _f64([2.0**-13] * 16 + [1.0] + [0.0] * 15)
+    c = torch.tensor(0.0)
+    fwd = torch.arange(32).view(2, 16)
+    got = chain_fma(a, b, c, fwd, SM90["f16"])
+    back = chain_fma(a, b, c, fwd.flip(0), SM90["f16"])
+    # forward: 16 * 2^-25 = 2^-21 exact, then 1 + 2^-21 (on the grid 2^-25 of E = 0): exact
+    # backward: 1 first, then sixteen 2^-25 terms under c = 1: kept, the same sum
+    assert float(got) == float(back) == 1 + 2**-21
+    fine = _f64([2.0**-13] * 16 + [1.0] + [0.0] * 15)
+    f1 = chain_fma(fine, b, c, fwd, SM90["f16"])  # 16 * 2^-26 = 2^-22 first: exact, then + 1
+    f2 = chain_fma(fine, b, c, fwd.flip(0), SM90["f16"])  # 1 first: each 2^-26 drops under c = 1
+    assert (float(f1), float(f2)) == (1 + 2**-22, 1.0)
+    assert float(chain_fma(fine, b, c, fwd, MMA_MODELS["ideal_f16"])) == 1 + 2**-22
+
+
+# ------------------------------------------------------------------------------------------------------
+# The libdevice log
+# ------------------------------------------------------------------------------------------------------
+def test_log_libdevice_is_within_one_ulp_and_not_always_correctly_rounded():
+    x = torch.arange(0x3F800000, 0x3F800000 + (1 << 18), 7, dtype=torch.int32).view(torch.float32)
+    x = torch.cat([x, x * 1000.0, x * 2.0**-140, x * 2.0**100])
+    d = (_bits(log_libdevice_f32(x)).long() - _bits(log_f32(x)).long()).abs()
+    assert int(d.max()) == 1 and int((d == 1).sum()) > 0
+
+
+def test_log_libdevice_special_values():
+    x = torch.tensor([0.0, -0.0, -1.0, math.inf, math.nan, 1.0, 2.0**-149], dtype=torch.float32)
+    got = log_libdevice_f32(x)
+    assert got[:2].tolist() == [-math.inf, -math.inf] and math.isnan(got[2]) and got[3] == math.inf
+    assert math.isnan(got[4]) and got[5] == 0.0
+    assert float(got[6]) == pytest.approx(-149 * math.log(2), rel=1e-7)
+    with pytest.raises(ValueError, match="x: expected float32"):
+        log_libdevice_f32(torch.ones(2, dtype=torch.float64))
+
+
+# ------------------------------------------------------------------------------------------------------
+# CPU = CUDA
+# ------------------------------------------------------------------------------------------------------
+@cuda_only
+def test_models_identical_on_cpu_and_cuda():
+    for name, operand, a, b, c, _ in _hardware_cases():
+        aa, bb = a[:, :, None, :], b[:, None, :, :]
+        cpu = block_fma(aa, bb, c, SM90[operand])
+        gpu = block_fma(aa.cuda(), bb.cuda(), c.cuda(), SM90[operand]).cpu()
+        assert bool(_same(cpu, gpu).all()), name
+    x = torch.arange(0, 1 << 31, 4099, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    assert torch.equal(_bits(log_libdevice_f32(x)), _bits(log_libdevice_f32(x.cuda()).cpu()))
