@@ -74,7 +74,8 @@ def prepare(
 ) -> PreparedDecode:  # fmt: skip
     """Check, plan, pack and compile one decode call (arguments as :func:`decode`); ``launch()`` runs it."""
     from mjolnir_numerics.formats import FORMATS
-    from mjolnir_numerics.plan import SplitPlan, default_plan
+    from mjolnir_numerics.checks import ArgumentTypeError, check_choice
+    from mjolnir_numerics.plan import PLAN_MODES, SplitPlan, default_plan
     from mjolnir_numerics.scales import pack_q
     from mjolnir_numerics.targets import target_for
 
@@ -105,12 +106,14 @@ def prepare(
         can_implement(config)
         cfg = config
     seq_lens = cache.seq_lens.tolist()
-    if plan is None:
+    if plan is None or isinstance(plan, str):
+        mode = check_choice("plan", plan or "occupancy", PLAN_MODES)
         plan = default_plan(
-            seq_lens, problem.heads_k, problem.n_q, target=target, q_dtype=problem.q_dtype, head_dim=problem.head_dim
-        )
+            seq_lens, problem.heads_k, problem.n_q, target=target, q_dtype=problem.q_dtype, head_dim=problem.head_dim,
+            mode=mode,
+        )  # fmt: skip
     if not isinstance(plan, SplitPlan):
-        raise ValueError(f"plan: expected a mjolnir_numerics SplitPlan, got {type(plan).__name__}")
+        raise ArgumentTypeError(f"plan: expected a SplitPlan or one of {PLAN_MODES}, got {type(plan).__name__}")
     plan.check(seq_lens)
     chunks = max(plan.n_splits, default=1)
     if chunks > cfg.max_splits and config is None:
@@ -189,7 +192,9 @@ def decode(
       softmax_scale: scale of q . k (default 1 / sqrt(d)); scale_o: output multiplier.
       q_len: query tokens per sequence; causal: with q_len > 1, query qi sees keys 0 .. L - q_len + qi.
       plan: a ``mjolnir_numerics.SplitPlan``; None: ``mjolnir_numerics.default_plan`` for this device's
-        target, which ``emulate_decode`` makes too (so default arguments on both sides agree bit for bit).
+        target, which ``emulate_decode`` makes too (so default arguments on both sides agree bit for bit);
+        ``"batch_invariant"``: that function's batch-invariant mode (a sequence's bits do not depend on the
+        rest of the batch; ``emulate_decode(plan="batch_invariant")`` makes the same plan).
         ``default_plan(..., pad_to=N)`` gives a fixed grid for CUDA graphs, ``chunked_plan`` fixed chunks.
       out: optional bfloat16 (num_seqs * q_len, h_q, d) destination (may live inside wider rows).
       config: a ``ThorConfig`` / ``HopperConfig`` to compile instead of the default (its shape fields must

@@ -32,6 +32,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from .capability import PAGE_SIZES
+from .checks import check_bool, check_tensor
 from .formats import E4M3, AnyFormat, BlockScaledFormat, Format, get_format
 from .nvfp4 import KERNEL_SHIFT, nvfp4_quantize
 from .packing import pack, packed_size, unpack
@@ -397,50 +398,57 @@ class PagedKVCache:
 
         Args:
             k, v: float ``(n_tokens, h_k, d)`` in real units, finite.
-            slot_mapping: integer ``(n_tokens,)``, slot ``page * PS + offset`` of each token.
+            slot_mapping: integer ``(n_tokens,)``, slot ``page * PS + offset`` of each token; every slot
+                at most once (a float or duplicate slot is refused, never truncated or overwritten).
             seq_ids: integer ``(n_tokens,)``, the sequence of each token; needed only for
                 per-(sequence, kv head) descales.
             allow_nonfinite: store inf/NaN (saturating / NaN codes, as the hardware converts them)
                 instead of raising; element formats only.
+
+        A write is all or nothing: every argument is checked and every row encoded before any byte of
+        the pools changes, so a refused write leaves the cache as it was.
         """
+        check_bool("allow_nonfinite", allow_nonfinite)
         for name, t in (("k", k), ("v", v)):
-            if (
-                not isinstance(t, torch.Tensor)
-                or not t.is_floating_point()
-                or t.dim() != 3
-                or tuple(t.shape[1:]) != (self.heads_k, self.head_dim)
-            ):
-                raise ValueError(
-                    f"{name}: expected float (n_tokens, {self.heads_k}, {self.head_dim}), "
-                    f"got {getattr(t, 'shape', type(t))}"
-                )
+            check_tensor(name, t, kind="float", dim=3)
+            if tuple(t.shape[1:]) != (self.heads_k, self.head_dim):
+                raise ValueError(f"{name}: expected (n_tokens, {self.heads_k}, {self.head_dim}), got {tuple(t.shape)}")
             if not allow_nonfinite and not torch.isfinite(t).all():
                 raise ValueError(f"{name}: holds inf or NaN (pass allow_nonfinite=True to store them)")
         n = k.shape[0]
-        if v.shape[0] != n or slot_mapping.shape != (n,):
-            raise ValueError(
-                f"slot_mapping: expected ({n},) to match k and v, "
-                f"got {tuple(slot_mapping.shape)} and v {tuple(v.shape)}"
-            )
+        if v.shape[0] != n:
+            raise ValueError(f"v: has {v.shape[0]} tokens, k has {n}")
+        check_tensor("slot_mapping", slot_mapping, kind="int", dim=1)
+        if slot_mapping.shape[0] != n:
+            raise ValueError(f"slot_mapping: expected ({n},) to match k and v, got {tuple(slot_mapping.shape)}")
         slots = slot_mapping.long().to(self.device)
-        if n and (int(slots.min()) < 0 or int(slots.max()) >= self.num_pages * self.page_size):
-            raise ValueError(f"slot_mapping: slots must be in 0..{self.num_pages * self.page_size - 1}")
+        n_slots = self.num_pages * self.page_size
+        if n and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
+            raise ValueError(
+                f"slot_mapping: slots must be in 0..{n_slots - 1}, got range [{int(slots.min())}, {int(slots.max())}]"
+            )
+        if n and int(torch.unique(slots).numel()) != n:
+            values, counts = torch.unique(slots, return_counts=True)
+            raise ValueError(f"slot_mapping: slot {int(values[counts > 1][0])} appears more than once")
         per_seq = self.k_descale.dim() == 2 or self.v_descale.dim() == 2
         if per_seq:
-            if seq_ids is None or seq_ids.shape != (n,):
-                raise ValueError(
-                    "seq_ids: per-(sequence, kv head) descales need the sequence of every token, shape (n_tokens,)"
-                )
+            if seq_ids is None:
+                raise ValueError("seq_ids: per-(sequence, kv head) descales need the sequence of every token")
+            check_tensor("seq_ids", seq_ids, kind="int", dim=1)
+            if seq_ids.shape[0] != n:
+                raise ValueError(f"seq_ids: expected ({n},) to match k and v, got {tuple(seq_ids.shape)}")
             rows = seq_ids.long().to(self.device)
             if n and (int(rows.min()) < 0 or int(rows.max()) >= self.num_seqs):
                 raise ValueError(f"seq_ids: must be in 0..{self.num_seqs - 1}")
         else:
             rows = torch.zeros(n, dtype=torch.long, device=self.device)
         page, off = slots // self.page_size, slots % self.page_size
+        encoded = []  # all-or-nothing: every row of K and V is encoded before any byte of the pools changes
         for which, x in (("k", k), ("v", v)):
-            pool, scales = self._pool(which)
             d = self.descale_table(which).to(self.device)[rows]
-            data, sc = self._encode_rows(x.to(self.device), d)
+            encoded.append((which, *self._encode_rows(x.to(self.device), d)))
+        for which, data, sc in encoded:
+            pool, scales = self._pool(which)
             pool.view(torch.uint8)[page, off] = data.view(torch.uint8)
             if scales is not None:
                 scales.view(torch.uint8)[page, off] = sc.view(torch.uint8)

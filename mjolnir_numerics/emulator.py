@@ -46,6 +46,7 @@ import torch
 from .arithmetic import MMA_MODELS, kstep_groups
 from .cache import check_descale, descale_table
 from .capability import HEAD_DIMS, unsupported_reason
+from .checks import ArgumentTypeError, check_choice
 from .emulator_stages import (
     LOG2E_F32,
     accumulate_pv,
@@ -67,7 +68,7 @@ from .emulator_stages import (
     update_column_max,
 )
 from .formats import Format, get_format
-from .plan import TILE_KEYS, SplitPlan, chunked_plan, default_plan
+from .plan import PLAN_MODES, TILE_KEYS, SplitPlan, chunked_plan, default_plan
 from .scales import pack_q, unpack_o
 from .targets import Target, default_target, get_target
 
@@ -380,8 +381,10 @@ def emulate_decode(
         scale_o: output multiplier, used at fp32.
         q_len: query tokens per sequence (speculative decode / chunked prefill tail).
         causal: with ``q_len > 1``, query ``qi`` sees keys ``0 .. seq_len - q_len + qi``; else all keys.
-        plan: the split plan to walk (default: :func:`~mjolnir_numerics.plan.default_plan` for ``target``,
-            the plan ``mjolnir_kernel.decode`` makes there); or ``chunk_tiles``: cut every sequence into
+        plan: the split plan to walk: a :class:`~mjolnir_numerics.plan.SplitPlan`, or a mode of
+            :func:`~mjolnir_numerics.plan.default_plan` for ``target`` (the plan ``mjolnir_kernel.decode``
+            makes there): None or ``"occupancy"`` (the default), ``"batch_invariant"`` (each sequence's
+            bits independent of the rest of the batch); or ``chunk_tiles``: cut every sequence into
             chunks of that many tiles (0: no split), like the seed's emulator.
         target: the GPU whose default plan is walked (a :class:`~mjolnir_numerics.targets.Target` or
             its name); None: the cache's CUDA device when a kernel runs there, else Thor.
@@ -511,11 +514,12 @@ def _emulate(
     tgt = default_target(cache.k_pool.device) if target is None else get_target(target)
     if plan is None and chunk_tiles is not None:
         plan = chunked_plan(seq_lens, chunk_tiles)
-    elif plan is None:
+    elif plan is None or isinstance(plan, str):
+        mode = check_choice("plan", plan or "occupancy", PLAN_MODES)
         plan_d = d if d in HEAD_DIMS else HEAD_DIMS[0]  # beyond the kernels (allow_unsupported): plan as for 128
-        plan = default_plan(seq_lens, heads_k, n_rows, target=tgt, q_dtype=q_dtype, head_dim=plan_d)
+        plan = default_plan(seq_lens, heads_k, n_rows, target=tgt, q_dtype=q_dtype, head_dim=plan_d, mode=mode)
     if not isinstance(plan, SplitPlan):
-        raise ValueError(f"plan: expected a SplitPlan, got {type(plan).__name__}")
+        raise ArgumentTypeError(f"plan: expected a SplitPlan or one of {PLAN_MODES}, got {type(plan).__name__}")
     plan.check(seq_lens.tolist())
 
     # -- per-path constants -------------------------------------------------------------------------

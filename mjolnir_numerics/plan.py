@@ -14,6 +14,14 @@ each CTA streams one contiguous KV range front to back (the FlashInfer / FlashDe
 * Work items are ordered longest first (stable), so the waves after the first get the short ones.
 * ``pad_to > 0`` appends empty items ``(0, 0, 0, 0)`` up to a fixed count (a fixed grid for CUDA
   graphs); they exit at once.
+
+The occupancy plan's chunk size depends on the whole batch, so a sequence's bits depend on its
+neighbours (a split re-rounds P against each chunk's own max, and the merge adds in fp32). The
+**batch-invariant** plan (``default_plan(..., mode="batch_invariant")``, or ``plan="batch_invariant"`` in
+``emulate_decode`` and ``mjolnir_kernel.decode``) cuts each sequence as the occupancy plan would cut it
+alone in the batch: its chunk size depends only on its own length, the problem's shape (KV heads, query
+tiles) and the target. Serving a request alone or inside any batch then gives the same bits; a batch of
+long sequences gets more chunks (and more reduction work) than the occupancy plan would give it.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ import torch
 
 from .targets import Target, get_target
 
-__all__ = ["TILE_KEYS", "SplitPlan", "plan_split_kv", "chunked_plan", "default_plan"]
+__all__ = ["TILE_KEYS", "PLAN_MODES", "SplitPlan", "plan_split_kv", "chunked_plan", "default_plan"]
+
+PLAN_MODES = ("occupancy", "batch_invariant")
 
 TILE_KEYS = 128
 """Keys per KV tile: the M of the S = K.Q GEMM (one key row per thread of the softmax warpgroup)."""
@@ -45,7 +55,8 @@ class SplitPlan:
             kv head): tiles ``[tile_begin, tile_end)`` of sequence ``seq``; ``split_slot`` is the chunk's
             index inside its sequence (where its partials go). Padding items are ``(0, 0, 0, 0)``.
         n_splits: chunks per sequence (1: the sequence is not split and writes its final output in decode).
-        chunk_tiles: tiles per chunk (a sequence's last chunk may be shorter).
+        chunk_tiles: tiles per chunk (a sequence's last chunk may be shorter); in a batch-invariant plan,
+            where each sequence has its own chunk size, the largest.
         slots: work items that fit one wave.
     """
 
@@ -229,11 +240,15 @@ def default_plan(
     q_dtype: str = "bf16",
     head_dim: int = 128,
     pad_to: int = 0,
+    mode: str = "occupancy",
 ) -> SplitPlan:
     """The plan a decode call makes when it is given none: :func:`plan_split_kv` with the target's SM
     count, CTAs per SM (at ``head_dim``), query tiles (for ``n_q`` rows on the ``q_dtype`` path) and
     split limit. ``mjolnir_kernel.decode`` and :func:`~mjolnir_numerics.emulate_decode` both call it, so
     with default arguments they walk the same chunks on every target.
+
+    ``mode="batch_invariant"`` cuts every sequence as the occupancy plan cuts it alone (the module
+    docstring): its chunks, hence its bits, do not depend on the rest of the batch.
 
     Args:
         seq_lens: keys per sequence (ints >= 0, a list or an integer tensor).
@@ -243,11 +258,33 @@ def default_plan(
         q_dtype: ``"bf16"`` or ``"e4m3"`` (the e4m3-Q path may need a wider query tile).
         head_dim: d (the CTAs per SM may depend on it).
         pad_to: > 0 pads the work list to this many items (a fixed grid for CUDA graphs).
+        mode: ``"occupancy"`` (one chunk size for the batch, filling one wave) or ``"batch_invariant"``.
 
     Raises:
-        ValueError: as :func:`plan_split_kv`, or for an unknown target or head dim.
+        ValueError: as :func:`plan_split_kv`, or for an unknown target, head dim or mode.
     """
     t = get_target(target)
+    if mode not in PLAN_MODES:
+        raise ValueError(f"mode: {mode!r} is not one of {', '.join(PLAN_MODES)}")
+    if mode == "batch_invariant":
+        if isinstance(seq_lens, torch.Tensor):
+            seq_lens = seq_lens.tolist()
+        alone = [
+            plan_split_kv([L], heads_k, n_q_tiles=t.n_q_tiles(n_q, q_dtype), sm_count=t.sm_count,
+                          ctas_per_sm=t.ctas(head_dim), max_splits=t.max_splits)
+            for L in seq_lens
+        ]  # fmt: skip
+        if not alone:
+            raise ValueError("seq_lens: expected at least one sequence")
+        work = [(b, *w[1:]) for b, p in enumerate(alone) for w in p.work]
+        work.sort(key=lambda w: w[1] - w[2])  # longest first, as the occupancy plan; stable
+        _check_int("pad_to", pad_to, 0)
+        if pad_to:
+            if pad_to < len(work):
+                raise ValueError(f"pad_to: {pad_to} is below the plan's {len(work)} work items")
+            work.extend([(0, 0, 0, 0)] * (pad_to - len(work)))
+        n_splits = tuple(p.n_splits[0] for p in alone)
+        return SplitPlan(tuple(work), n_splits, max(p.chunk_tiles for p in alone), alone[0].slots)
     return plan_split_kv(
         seq_lens, heads_k, n_q_tiles=t.n_q_tiles(n_q, q_dtype), sm_count=t.sm_count, ctas_per_sm=t.ctas(head_dim),
         max_splits=t.max_splits, pad_to=pad_to,

@@ -17,6 +17,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from .cache import PagedKVCache, check_descale, descale_table
+from .checks import ArgumentTypeError, check_bool, check_float, check_int, check_tensor
 from .emulator import EmulatorKnobs, emulate_decode
 from .plan import SplitPlan
 from .scales import check_q_rows, pack_q, quantize_q, unpack_o
@@ -34,13 +35,28 @@ def _kv_lists(k: KV, v: Optional[KV]) -> tuple[list[torch.Tensor], list[torch.Te
         return [p[0] for p in pairs], [p[1] for p in pairs]
     if v is None:
         raise ValueError("v: required unless k is a PagedKVCache")
-    ks = list(k.unbind(0)) if isinstance(k, torch.Tensor) else list(k)
-    vs = list(v.unbind(0)) if isinstance(v, torch.Tensor) else list(v)
+    seqs = []
+    for name, x in (("k", k), ("v", v)):
+        if isinstance(x, torch.Tensor):
+            check_tensor(name, x, kind="float", dim=4)
+            seqs.append(list(x.unbind(0)))
+        elif isinstance(x, (list, tuple)):
+            seqs.append([check_tensor(f"{name}[{i}]", t, kind="float", dim=3) for i, t in enumerate(x)])
+        else:
+            raise ArgumentTypeError(
+                f"{name}: expected a float (num_seqs, L, h_k, d) tensor or a list of (L_i, h_k, d), "
+                f"got {type(x).__name__}"
+            )
+    ks, vs = seqs
+    if not ks:
+        raise ValueError("k: holds no sequences")
     if len(ks) != len(vs):
         raise ValueError(f"v: has {len(vs)} sequences, k has {len(ks)}")
     for i, (a, b) in enumerate(zip(ks, vs)):
-        if a.dim() != 3 or a.shape != b.shape:
+        if a.shape != b.shape:
             raise ValueError(f"v[{i}]: expected (L, h_k, d) matching k[{i}] {tuple(a.shape)}, got {tuple(b.shape)}")
+        if a.shape[1:] != ks[0].shape[1:]:
+            raise ValueError(f"k[{i}]: (h_k, d) = {tuple(a.shape[1:])} differs from k[0]'s {tuple(ks[0].shape[1:])}")
     return ks, vs
 
 
@@ -63,25 +79,41 @@ def reference_decode(
         k, v: real-unit K and V, ``(num_seqs, L, h_k, d)`` or lists of ``(L_i, h_k, d)``; or ``k`` a
             :class:`PagedKVCache` (its kernel view: MMA values times the kernel descales) and ``v=None``.
         softmax_scale: default ``1 / sqrt(d)``; scale_o: output multiplier.
-        q_len, causal: as in :func:`~mjolnir_numerics.emulator.emulate_decode`.
+        q_len, causal: as in :func:`~mjolnir_numerics.emulator.emulate_decode` (``q_len`` at most every
+            non-empty sequence's length).
+
+    Raises ValueError / ``ArgumentTypeError`` (a ``TypeError`` too) naming the argument for inputs
+    :func:`~mjolnir_numerics.emulator.emulate_decode` refuses: e4m3 Q without ``q_descale``, a non-finite
+    or non-positive ``softmax_scale``, ``q_len`` beyond a sequence, mismatched K / V shapes.
 
     Returns:
         ``(o, lse)``: float64 ``(num_seqs * q_len, h_q, d)`` and float64 ``(num_seqs, h_k, q_len * h_r)``
         (natural log of the sum of ``exp(scale * q.k)`` over visible keys; -inf for an empty sequence).
     """
+    q_len = check_int("q_len", q_len, low=1)
+    check_bool("causal", causal)
+    scale_o = check_float("scale_o", scale_o)
     ks, vs = _kv_lists(k, v)
     num_seqs = len(ks)
     heads_k, d = ks[0].shape[1], ks[0].shape[2]
+    check_tensor("q", q, dim=3)
+    if not (q.is_floating_point() or q.dtype == torch.float8_e4m3fn):
+        raise ArgumentTypeError(f"q: expected a floating-point or float8_e4m3fn tensor, got {q.dtype}")
     h_q, h_r, dq = check_q_rows(q, num_seqs, q_len, heads_k)
     if dq != d:
         raise ValueError(f"q: head dim {dq} differs from k's {d}")
+    for i, kb in enumerate(ks):
+        if 0 < kb.shape[0] < q_len:
+            raise ValueError(f"q_len: {q_len} exceeds seq_len {kb.shape[0]} of sequence {i}")
     qv = q.float().double()
     if q_descale is not None:
         qd = descale_table(check_descale(q_descale, num_seqs, heads_k, "q_descale"), num_seqs, heads_k).double()
+    elif q.dtype == torch.float8_e4m3fn:
+        raise ValueError("q_descale: e4m3 Q needs its per-(sequence, kv head) descale (see quantize_q)")
     else:
         qd = torch.ones(num_seqs, heads_k, dtype=torch.float64)
     qp = pack_q(qv, num_seqs, q_len, heads_k) * qd.to(qv.device)[:, :, None, None]  # (B, G, N, D)
-    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else check_float("softmax_scale", softmax_scale, True, False)
     n = q_len * h_r
     o = torch.zeros(num_seqs, heads_k, n, d, dtype=torch.float64, device=qp.device)
     lse = torch.full((num_seqs, heads_k, n), -math.inf, dtype=torch.float64, device=qp.device)

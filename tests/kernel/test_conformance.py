@@ -61,6 +61,36 @@ def test_empty_sequences_give_zero_and_minus_inf():
     assert torch.isneginf(lse[empty]).all()
 
 
+@pytest.mark.parametrize("q_dtype", ["e4m3", "bf16"])
+def test_batch_invariant_plan_gives_a_sequence_the_same_bits_in_any_batch(q_dtype):
+    """One sequence (3000 keys) alone and inside three batches, plan="batch_invariant" on both sides: the
+    kernel's O and LSE for it are the same bits every time, and the spec's plan is the kernel's."""
+    from mjolnir_kernel import decode
+    from mjolnir_numerics import PagedKVCache, emulate_decode, quantize_q
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3000, 2, 128, generator=g), torch.randn(3000, 2, 128, generator=g), torch.randn(1, 8, 128,
+         generator=g))  # fmt: skip
+    others = [tuple(torch.randn(*s, generator=g) for s in ((n, 2, 128), (n, 2, 128), (1, 8, 128)))
+              for n in (40000, 200, 7000, 12000)]  # fmt: skip
+    outs = []
+    for batch in ([], others[:1], others[1:3], others):
+        seqs = [x, *batch]
+        cache = PagedKVCache.from_float([s[0] for s in seqs], [s[1] for s in seqs], "e4m3", page_size=64,
+                                        granularity="per_seq_head", device="cuda")  # fmt: skip
+        q = torch.cat([s[2] for s in seqs]).to(torch.bfloat16)
+        kw = {}
+        if q_dtype == "e4m3":
+            q, kw["q_descale"] = quantize_q(q, len(seqs), 1, 2)
+            kw["q_descale"] = kw["q_descale"].cuda()
+        o, lse, plan = decode(q.cuda(), cache, plan="batch_invariant", return_plan=True, **kw)
+        ref = emulate_decode(q.cuda(), cache, plan="batch_invariant", return_details=True, **kw)
+        assert plan == ref.plan
+        outs.append((o[:1].cpu(), lse[:1].cpu()))
+    for o, lse in outs[1:]:
+        assert _same_bits(o, outs[0][0]) and _same_bits(lse, outs[0][1])
+
+
 def test_padded_work_list_is_bit_identical():
     from mjolnir_kernel import decode
 

@@ -207,6 +207,41 @@ def test_writer_rejects_bad_slots_and_missing_seq_ids():
         c.write(torch.randn(2, 3, 128), x, torch.tensor([0, 1]), seq_ids=torch.tensor([0, 0]))
 
 
+def _pool_bytes(c):
+    out = [c.k_pool.view(torch.uint8).clone(), c.v_pool.view(torch.uint8).clone()]
+    for sc in (c.k_scales, c.v_scales):
+        if sc is not None:
+            out.append(sc.view(torch.uint8).clone())
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "nvfp4"])
+def test_writer_refuses_float_and_duplicate_slots_and_changes_nothing(fmt):
+    """A float slot is refused (never truncated: 1.7 -> 1, -0.5 -> 0), a duplicate slot is refused (never
+    silently overwritten), and a refused write leaves every byte of the pools as it was, also when only
+    its V rows are bad."""
+    k, v = _kv()
+    c = PagedKVCache.from_float(k, v, fmt, page_size=16)
+    before = _pool_bytes(c)
+    x = torch.randn(2, 2, 128)
+    with pytest.raises(TypeError, match="slot_mapping: expected an integer tensor, got torch.float32"):
+        c.write(x, x, torch.tensor([1.7, -0.5]))
+    with pytest.raises(ValueError, match="slot_mapping: slot 5 appears more than once"):
+        c.write(x, x, torch.tensor([5, 5]))
+    with pytest.raises(TypeError, match="slot_mapping: expected a torch.Tensor, got \\[0, 1\\] \\(list\\)"):
+        c.write(x, x, [0, 1])
+    bad_v = x.clone()
+    bad_v[1, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match="v: holds inf or NaN"):
+        c.write(x, bad_v, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="v: has 1 tokens, k has 2"):
+        c.write(x, x[:1], torch.tensor([0, 1]))
+    for a, b in zip(before, _pool_bytes(c)):
+        assert torch.equal(a, b)
+    c.write(x, x, torch.tensor([0, 1]))  # the same write, valid, does change the pools
+    assert any(not torch.equal(a, b) for a, b in zip(before, _pool_bytes(c)))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_cuda_cache_matches_cpu(fmt):

@@ -155,3 +155,54 @@ def test_agrees_with_the_seed_planner(seq_lens, args, extra):
     assert list(ours.work) == [tuple(w) for w in theirs.work]
     assert list(ours.n_splits) == list(theirs.n_splits)
     assert ours.chunk_tiles == theirs.chunk_tiles and ours.slots == theirs.slots
+
+
+# ------------------------------------------------------------------------------------------------
+# Batch-invariant plans
+# ------------------------------------------------------------------------------------------------
+def test_batch_invariant_plan_cuts_each_sequence_as_it_would_be_cut_alone():
+    from mjolnir_numerics.plan import default_plan
+
+    lens = [5000, 100, 70000, 0, 900]
+    p = default_plan(lens, 8, 4, target="h200", mode="batch_invariant")
+    p.check(lens)
+    for b, L in enumerate(lens):
+        alone = default_plan([L], 8, 4, target="h200")
+        mine = sorted((w[1], w[2], w[3]) for w in p.work if w[0] == b and w[2] > w[1])
+        assert mine == sorted((w[1], w[2], w[3]) for w in alone.work if w[2] > w[1]), L
+        assert p.n_splits[b] == alone.n_splits[0]
+    occupancy = default_plan(lens, 8, 4, target="h200")
+    assert occupancy.n_splits != p.n_splits  # the occupancy plan cuts by the whole batch
+    padded = default_plan(lens, 8, 4, target="h200", mode="batch_invariant", pad_to=p.num_work + 3)
+    assert padded.num_work == p.num_work + 3 and padded.chunks() == p.chunks()
+    with pytest.raises(ValueError, match="mode: 'alone' is not one of occupancy, batch_invariant"):
+        default_plan(lens, 8, 4, target="h200", mode="alone")
+
+
+def _one_sequence_in_batches(plan):
+    """Sequence 'x' (3000 keys) decoded alone and inside three batches; its O and LSE in each."""
+    from mjolnir_numerics import PagedKVCache, emulate_decode, quantize_q
+    from mjolnir_numerics.emulator import EmulatorKnobs
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3000, 2, 128, generator=g), torch.randn(3000, 2, 128, generator=g))
+    qx = torch.randn(1, 8, 128, generator=g)
+    others = [(torch.randn(n, 2, 128, generator=g), torch.randn(n, 2, 128, generator=g), torch.randn(1, 8, 128,
+              generator=g)) for n in (40000, 200, 7000, 12000)]  # fmt: skip
+    outs = []
+    for batch in ([], others[:1], others[1:3], others):
+        ks, vs, qs = [x[0]] + [o[0] for o in batch], [x[1]] + [o[1] for o in batch], [qx] + [o[2] for o in batch]
+        cache = PagedKVCache.from_float(ks, vs, "e4m3", page_size=64, granularity="per_seq_head")
+        q, qd = quantize_q(torch.cat(qs).to(torch.bfloat16), len(ks), 1, 2)
+        o, lse = emulate_decode(q, cache, q_descale=qd, plan=plan, knobs=EmulatorKnobs(mma="ideal"))
+        outs.append((o[:1], lse[:1]))
+    return outs
+
+
+def test_batch_invariant_plan_gives_a_sequence_the_same_bits_in_any_batch():
+    outs = _one_sequence_in_batches("batch_invariant")
+    for o, lse in outs[1:]:
+        assert torch.equal(o.view(torch.int16), outs[0][0].view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), outs[0][1].view(torch.int32))
+    occ = _one_sequence_in_batches(None)  # the occupancy plan: its bits move with the batch
+    assert any(not torch.equal(o.view(torch.int16), occ[0][0].view(torch.int16)) for o, _ in occ[1:])

@@ -91,3 +91,29 @@ def test_attribution_research_switch_reaches_the_emulator():
     rows = attribute_errors(q, k, v, "e4m3", allow_unsupported=True)
     assert [r.source for r in rows] == list(ERROR_SOURCES)
     assert 0 < rows[-1].rel_l2 < 0.2  # the total: e4m3 KV, Q and P
+
+
+def test_reference_refuses_what_the_emulator_refuses():
+    """No silent NaN or descale 1: the checks emulate_decode makes, on the reference."""
+    from mjolnir_numerics import quantize_q
+
+    g = torch.Generator().manual_seed(0)
+    k = [torch.randn(L, 2, 64, generator=g) for L in (5, 9)]
+    v = [torch.randn(L, 2, 64, generator=g) for L in (5, 9)]
+    q = torch.randn(2 * 8, 4, 64, generator=g)
+    with pytest.raises(ValueError, match="q_len: 8 exceeds seq_len 5 of sequence 0"):
+        reference_decode(q, k, v, q_len=8)
+    q8, _ = quantize_q(q[:2], 2, 1, 2)
+    with pytest.raises(ValueError, match="q_descale: e4m3 Q needs"):
+        reference_decode(q8, k, v)
+    for bad in (float("nan"), 0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="softmax_scale"):
+            reference_decode(q[:2], k, v, softmax_scale=bad)
+    with pytest.raises(TypeError, match="q_len: expected an int, got 1.0"):
+        reference_decode(q[:2], k, v, q_len=1.0)
+    with pytest.raises(TypeError, match="k: expected a float"):
+        reference_decode(q[:2], "k", v)
+    with pytest.raises(ValueError, match="k\\[1\\]: \\(h_k, d\\)"):
+        reference_decode(q[:2], [k[0], torch.randn(9, 4, 64)], [v[0], torch.randn(9, 4, 64)])
+    with pytest.raises(ValueError, match="scale_o"):
+        reference_decode(q[:2], k, v, scale_o=float("nan"))
