@@ -18,6 +18,9 @@ import os
 import sys
 import time
 
+from mjolnir_numerics.capability import HEAD_DIMS, PAGE_SIZES
+from mjolnir_numerics.checks import OneLineArgumentParser, int_arg
+
 
 def _arch_arg(value: str) -> str:
     """argparse type of ``--arch``: sm_90a (Hopper) or a tcgen05 arch; argparse names the argument."""
@@ -199,7 +202,7 @@ def _conform_cmd(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m mjolnir_kernel", description=__doc__.splitlines()[0])
+    p = OneLineArgumentParser(prog="python -m mjolnir_kernel", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
     c = sub.add_parser("compile", help="compile the representative config matrix (no GPU needed)")
@@ -212,33 +215,33 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--slice", choices=("full", "ci"), default="full", help="full matrix or the CI slice")
     c.add_argument("--filter", action="append", default=[], help="keep configs whose name contains this (repeatable)")
     c.add_argument("--limit", type=_count_arg, default=0, help="compile at most this many configs (0: all)")
-    c.add_argument("--smem-per-sm", type=int, default=None, help="shared memory per SM to assume (bytes)")
+    c.add_argument("--smem-per-sm", type=int_arg(1), default=None, help="shared memory per SM to assume (bytes)")
     c.add_argument("--baseline", default=None, help="spill baseline JSON (default: the checked-in one)")
     c.add_argument("--update-baseline", action="store_true", help="record these results in the baseline")
 
     f = sub.add_parser("conform", help="this GPU's kernel against the spec on named and random cases")
     f.add_argument("--random", type=_count_arg, default=20, help="random cases besides the named ones (default 20)")
     f.add_argument("--seed", type=_count_arg, default=0, help="seed of the random cases")
-    f.add_argument("--max-keys", type=_count_arg, default=65536, help="the longest random sequence")
+    f.add_argument("--max-keys", type=int_arg(1), default=65536, help="the longest random sequence")
     f.add_argument("--no-named", action="store_true", help="only the random cases")
-    f.add_argument("--jobs", type=_count_arg, default=1, help="processes sharing the GPU (the compiles run on CPUs)")
+    f.add_argument("--jobs", type=int_arg(1, 256), default=1, help="processes sharing the GPU (compiles run on CPUs)")
 
     b = sub.add_parser("bench", help="check against the spec, then time the kernel")
-    b.add_argument("--batch", "--num-seqs", dest="batch", type=int, default=1)
-    b.add_argument("--seqlen", type=int, default=1024, help="(max) keys per sequence, new tokens included")
+    b.add_argument("--batch", "--num-seqs", dest="batch", type=int_arg(1), default=1)
+    b.add_argument("--seqlen", type=int_arg(1), default=1024, help="(max) keys per sequence, new tokens included")
     b.add_argument("--varlen", action="store_true", help="random lengths in [q_len, seqlen]")
-    b.add_argument("--q-len", type=int, default=1)
-    b.add_argument("--heads-q", type=int, default=24)
-    b.add_argument("--heads-k", type=int, default=4)
-    b.add_argument("--head-dim", type=int, default=256)
-    b.add_argument("--page-size", type=int, default=128)
+    b.add_argument("--q-len", type=int_arg(1), default=1)
+    b.add_argument("--heads-q", type=int_arg(1), default=24)
+    b.add_argument("--heads-k", type=int_arg(1), default=4)
+    b.add_argument("--head-dim", type=int, default=256, choices=HEAD_DIMS)
+    b.add_argument("--page-size", type=int, default=128, choices=PAGE_SIZES)
     b.add_argument("--ctas-per-sm", type=int, default=None, choices=(1, 2),
                    help="Thor kernel only: co-resident CTAs per SM (default: the target's, 2)")  # fmt: skip
-    b.add_argument("--ring-stages", type=int, default=0,
+    b.add_argument("--ring-stages", type=int_arg(0), default=0,
                    help="Thor kernel only: KV ring stages of 16 KiB (0 = the default)")  # fmt: skip
-    b.add_argument("--splits", type=int, default=0, help="force N chunks per sequence (0 = occupancy plan)")
-    b.add_argument("--max-splits", type=int, default=None, help="partial slots per sequence (default: the target's)")
-    b.add_argument("--pad-work-to", type=int, default=0, help="pad the work list (fixed grid, CUDA graphs)")
+    b.add_argument("--splits", type=int_arg(0), default=0, help="force N chunks per sequence (0 = occupancy plan)")
+    b.add_argument("--max-splits", type=int_arg(1), default=None, help="partial slots per sequence (default: target's)")
+    b.add_argument("--pad-work-to", type=int_arg(0), default=0, help="pad the work list (fixed grid, CUDA graphs)")
     b.add_argument("--layout", default="nhd", choices=("nhd", "hnd", "interleaved", "flashinfer"))
     b.add_argument("--format", default="e4m3", choices=("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4"))
     b.add_argument("--q-dtype", default=None, choices=("bf16", "e4m3"), help="default: bf16 for e4m3 KV, else e4m3")
@@ -246,23 +249,51 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--pdl", action="store_true")
     b.add_argument("--non-causal", action="store_true")
     b.add_argument("--strided-qo", action="store_true", help="Q/O rows inside wider rows (fused QKV)")
-    b.add_argument("--warmup", type=int, default=3)
-    b.add_argument("--iterations", type=int, default=20)
+    b.add_argument("--warmup", type=int_arg(0), default=3)
+    b.add_argument("--iterations", type=int_arg(1), default=20)
     b.add_argument("--no-cold-l2", action="store_true", help="do not flush L2 between timed launches")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int_arg(0), default=0)
     b.add_argument("--skip-check", action="store_true", help="skip the check against emulate_decode")
     b.add_argument("--compile-only", action="store_true", help="only compile this config (works anywhere)")
     b.add_argument(
-        "--sass", type=int, nargs="?", const=3, default=0, metavar="N",
+        "--sass", type=int_arg(0), nargs="?", const=3, default=0, metavar="N",
         help="compile only; print the decode kernel's N largest innermost loops (default 3) and their instruction mix",
     )  # fmt: skip
     b.add_argument("--arch", default="sm_110a", type=_arch_arg, help="--compile-only target (sm_90a: Hopper kernel)")
-    b.add_argument("--smem-per-sm", type=int, default=None)
+    b.add_argument("--smem-per-sm", type=int_arg(1), default=None)
     return p
 
 
+def _check_args(parser, args) -> None:
+    """Cross-flag checks, before any work (and before looking for a GPU): one line, exit 2."""
+    if args.cmd == "bench":
+        if args.heads_q % args.heads_k:
+            parser.error(f"--heads-q: {args.heads_q} is not a multiple of --heads-k {args.heads_k}")
+        if args.q_len > args.seqlen:
+            parser.error(f"--q-len: {args.q_len} exceeds --seqlen {args.seqlen}")
+    if args.cmd == "compile":
+        if args.baseline is not None:
+            path = args.baseline
+            if os.path.exists(path):
+                try:
+                    with open(path) as fh:
+                        json.load(fh)
+                except (OSError, ValueError) as e:
+                    parser.error(f"--baseline: {path} is not a readable JSON file ({type(e).__name__})")
+            elif not args.update_baseline:
+                parser.error(f"--baseline: {path} does not exist")
+        if args.update_baseline:
+            from .compile import SPILL_BASELINE_PATH
+
+            folder = os.path.dirname(os.path.abspath(args.baseline or SPILL_BASELINE_PATH))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                parser.error(f"--update-baseline: cannot write into {folder}")
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
     if args.cmd == "compile":
         return _compile_cmd(args)
     if args.cmd == "conform":

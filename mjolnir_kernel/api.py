@@ -58,15 +58,6 @@ class PreparedDecode:
         return o, self._tensors["lse"]
 
 
-def _check_scalar(name: str, value, positive: bool) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = float(value)
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not ok or (positive and value <= 0):
-        raise ValueError(f"{name}: expected a {'positive ' if positive else ''}finite float, got {value!r}")
-    return float(value)
-
-
 def prepare(
     q: torch.Tensor, cache, *, q_descale: Optional[torch.Tensor] = None, softmax_scale: Optional[float] = None,
     scale_o: float = 1.0, q_len: int = 1, causal: bool = True, plan=None, out: Optional[torch.Tensor] = None,
@@ -79,16 +70,25 @@ def prepare(
     from mjolnir_numerics.scales import pack_q
     from mjolnir_numerics.targets import target_for
 
+    from mjolnir_numerics.cache import PagedKVCache
+    from mjolnir_numerics.checks import check_bool, check_f32
+
+    if not isinstance(cache, PagedKVCache):
+        raise ArgumentTypeError(f"cache: expected a mjolnir_numerics PagedKVCache, got {type(cache).__name__}")
     problem = check_decode_inputs(
         q, cache.k_pool, cache.v_pool, cache.block_table, cache.seq_lens, cache.k_descale, cache.v_descale,
         kv_format=cache.fmt.name, q_len=q_len, q_descale=q_descale, k_scales=cache.k_scales, v_scales=cache.v_scales,
         out=out,
     )  # fmt: skip
     default_scale = 1.0 / math.sqrt(problem.head_dim)
-    scale_qs = _check_scalar("softmax_scale", default_scale if softmax_scale is None else softmax_scale, True)
-    scale_o = _check_scalar("scale_o", scale_o, False)
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal: expected True or False, got {causal!r}")
+    scale_qs = check_f32("softmax_scale", default_scale if softmax_scale is None else softmax_scale, True)
+    scale_o = check_f32("scale_o", scale_o)
+    check_bool("causal", causal)
+    if q.dtype == torch.float8_e4m3fn:
+        if q.numel() and bool(((q.view(torch.uint8) & 0x7F) == 0x7F).any()):
+            raise ValueError("q: holds the e4m3 NaN code")
+    elif not bool(torch.isfinite(q).all()):
+        raise ValueError("q: holds inf or NaN")
     reason = decode_device_reason(q.device) if q.is_cuda else "q is on the CPU"
     if reason is not None:
         raise DeviceError(f"decode needs a tcgen05 GPU (10.x / 11.x) or a Hopper GPU (9.0): {reason}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Union
 
 from mjolnir_numerics.capability import check_supported
+from mjolnir_numerics.checks import check_bool, check_int
 from mjolnir_numerics.targets import Target, get_target
 
 from .errors import ConfigError
@@ -59,10 +60,14 @@ def default_config(
         ConfigError: a config the target's kernel cannot implement (naming every field).
     """
     t = get_target(target)
+    for name, value in (("head_dim", head_dim), ("page_size", page_size)):
+        check_int(name, value)
+    for name, value in (("causal", causal), ("pdl", pdl)):
+        check_bool(name, value)
     check_supported(kv_format, q_dtype, head_dim, page_size)
     shape = dict(
         head_dim=head_dim, page_size=page_size, q_len=q_len, kv_format=kv_format, q_dtype=q_dtype,
-        causal=bool(causal) if q_len > 1 else True, q_tile=t.q_tile(n_q, q_dtype),
+        causal=causal if q_len > 1 else True, q_tile=t.q_tile(n_q, q_dtype),
         max_splits=t.max_splits if max_splits is None else max_splits, pdl=pdl,
     )  # fmt: skip
     if t.backend == "hopper":

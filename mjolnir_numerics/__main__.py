@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 
 import torch
 
 from . import FORMATS, BlockScaledFormat, compute_descale, nvfp4_quantize, round_to_format
+from .checks import OneLineArgumentParser, int_arg
 
 
 def format_errors(x: torch.Tensor) -> list[dict]:
@@ -36,11 +36,11 @@ def format_errors(x: torch.Tensor) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mjolnir_numerics", description=__doc__)
+    parser = OneLineArgumentParser(prog="python -m mjolnir_numerics", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="quantize a Gaussian tensor in every format and print a table of errors")
-    demo.add_argument("--n", type=int, default=1 << 20, help="number of values (a multiple of 16)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--n", type=int_arg(16), default=1 << 20, help="number of values (a multiple of 16)")
+    demo.add_argument("--seed", type=int_arg(0), default=0)
     args = parser.parse_args(argv)
     if args.n <= 0 or args.n % 16:
         parser.error(f"--n: must be a positive multiple of 16, got {args.n}")

@@ -32,9 +32,9 @@ from typing import Optional, Sequence, Union
 import torch
 
 from .capability import PAGE_SIZES
-from .checks import check_bool, check_tensor
-from .formats import E4M3, AnyFormat, BlockScaledFormat, Format, get_format
-from .nvfp4 import KERNEL_SHIFT, nvfp4_quantize
+from .checks import ArgumentTypeError, check_bool, check_choice, check_device, check_int, check_scale_fits, check_tensor
+from .formats import E2M1, E4M3, AnyFormat, BlockScaledFormat, Format, get_format
+from .nvfp4 import KERNEL_SHIFT, NVFP4_SMALLEST, nvfp4_quantize
 from .packing import pack, packed_size, unpack
 from .quantize import quantize
 from .scales import GRANULARITIES, compute_descale
@@ -114,8 +114,13 @@ def _as_seq_list(x: KV, argument: str, allow_nonfinite: bool) -> list[torch.Tens
                 f"{argument}: expected (num_seqs, L, h_k, d) or a list of (L, h_k, d), got {tuple(x.shape)}"
             )
         seqs = list(x.unbind(0))
-    else:
+    elif isinstance(x, (list, tuple)):
         seqs = list(x)
+    else:
+        raise ArgumentTypeError(
+            f"{argument}: expected a float (num_seqs, L, h_k, d) tensor or a list of (L, h_k, d), got "
+            f"{type(x).__name__}"
+        )
     if not seqs:
         raise ValueError(f"{argument}: expected at least one sequence")
     first = None
@@ -231,10 +236,12 @@ class PagedKVCache:
     def validate(self) -> None:
         """Check every invariant the kernel relies on; raises ValueError naming the field."""
         fmt = get_format(self.fmt)
+        check_choice("page_size", self.page_size, PAGE_SIZES)
+        check_int("head_dim", self.head_dim, low=1)
+        for name in ("k_pool", "v_pool", "block_table", "seq_lens", "k_descale", "v_descale"):
+            check_tensor(name, getattr(self, name))
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout: {self.layout!r} is not one of {', '.join(LAYOUTS)}")
-        if self.page_size not in PAGE_SIZES:
-            raise ValueError(f"page_size: {self.page_size} is not one of {PAGE_SIZES}")
         row = _row_bytes(fmt, self.head_dim)
         want_dtype = torch.float8_e4m3fn if fmt.bits == 8 else torch.uint8
         for name, pool in (("k_pool", self.k_pool), ("v_pool", self.v_pool)):
@@ -310,6 +317,12 @@ class PagedKVCache:
         Returns:
             float32 ``(*pages.shape, PS, h_k, d)``.
         """
+        check_tensor("pages", pages, kind="int")
+        if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= self.num_pages):
+            raise ValueError(
+                f"pages: page indices must be in 0..{self.num_pages - 1}, got range [{int(pages.min())}, "
+                f"{int(pages.max())}]"
+            )
         return self._page_values(which, pages, kernel_view=True)
 
     def _page_values(self, which: str, pages: torch.Tensor, kernel_view: bool) -> torch.Tensor:
@@ -358,8 +371,8 @@ class PagedKVCache:
                 kernel's descale); False returns the format's own dequantization, which differs only
                 for NVFP4 (``code * scale * g`` without the convert stage's e4m3 rounding).
         """
-        if not 0 <= seq < self.num_seqs:
-            raise ValueError(f"seq: {seq} is out of range 0..{self.num_seqs - 1}")
+        seq = check_int("seq", seq, low=0, high=self.num_seqs - 1)
+        check_bool("kernel_view", kernel_view)
         L = int(self.seq_lens[seq])
         n = (L + self.page_size - 1) // self.page_size
         pages = self.block_table[seq, :n]
@@ -409,6 +422,8 @@ class PagedKVCache:
         the pools changes, so a refused write leaves the cache as it was.
         """
         check_bool("allow_nonfinite", allow_nonfinite)
+        if allow_nonfinite and self.is_block_scaled:
+            raise ValueError(f"allow_nonfinite: {self.fmt.name} block scales come from amax and need finite K/V")
         for name, t in (("k", k), ("v", v)):
             check_tensor(name, t, kind="float", dim=3)
             if tuple(t.shape[1:]) != (self.heads_k, self.head_dim):
@@ -431,18 +446,25 @@ class PagedKVCache:
             values, counts = torch.unique(slots, return_counts=True)
             raise ValueError(f"slot_mapping: slot {int(values[counts > 1][0])} appears more than once")
         per_seq = self.k_descale.dim() == 2 or self.v_descale.dim() == 2
-        if per_seq:
-            if seq_ids is None:
-                raise ValueError("seq_ids: per-(sequence, kv head) descales need the sequence of every token")
+        if per_seq and seq_ids is None:
+            raise ValueError("seq_ids: per-(sequence, kv head) descales need the sequence of every token")
+        if seq_ids is not None:
             check_tensor("seq_ids", seq_ids, kind="int", dim=1)
             if seq_ids.shape[0] != n:
                 raise ValueError(f"seq_ids: expected ({n},) to match k and v, got {tuple(seq_ids.shape)}")
             rows = seq_ids.long().to(self.device)
             if n and (int(rows.min()) < 0 or int(rows.max()) >= self.num_seqs):
                 raise ValueError(f"seq_ids: must be in 0..{self.num_seqs - 1}")
-        else:
+        if not per_seq:
             rows = torch.zeros(n, dtype=torch.long, device=self.device)
         page, off = slots // self.page_size, slots % self.page_size
+        if self.is_block_scaled:  # the stored descale is 8 g; values are code * scale * g
+            top, smallest, unit = E2M1.max_normal * E4M3.max_normal, NVFP4_SMALLEST, KERNEL_SHIFT
+        else:
+            top, smallest, unit = self.fmt.max_normal, self.fmt.min_subnormal, 1.0
+        for which, x in (("k", k), ("v", v)):
+            d = self.descale_table(which).to(self.device)[rows] * unit
+            check_scale_fits(f"{which}_descale", x.to(self.device).float(), d[:, :, None], top, smallest)
         encoded = []  # all-or-nothing: every row of K and V is encoded before any byte of the pools changes
         for which, x in (("k", k), ("v", v)):
             d = self.descale_table(which).to(self.device)[rows]
@@ -505,15 +527,26 @@ class PagedKVCache:
                 raise ValueError(f"v[{i}]: shape {tuple(b.shape)} differs from k[{i}] {tuple(a.shape)}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout: {layout!r} is not one of {', '.join(LAYOUTS)}")
-        if page_size not in PAGE_SIZES:
-            raise ValueError(f"page_size: {page_size!r} is not one of {PAGE_SIZES}")
+        page_size = check_choice("page_size", page_size, PAGE_SIZES)
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity: {granularity!r} is not one of {', '.join(GRANULARITIES)}")
+        for name, flag in (("shuffle", shuffle), ("poison", poison), ("allow_nonfinite", allow_nonfinite)):
+            check_bool(name, flag)
+        seed = check_int("seed", seed)
+        if spare_pages is not None:
+            spare_pages = check_int("spare_pages", spare_pages, low=0)
+        if nvfp4_options is not None and not isinstance(nvfp4_options, dict):
+            raise ArgumentTypeError(f"nvfp4_options: expected a dict or None, got {type(nvfp4_options).__name__}")
         heads_k, d = ks[0].shape[1:]
         if isinstance(f, BlockScaledFormat) and d % f.group:
             raise ValueError(f"k: head dim {d} is not a multiple of the {f.name} block of {f.group}")
+        if isinstance(f, BlockScaledFormat) and allow_nonfinite:
+            raise ValueError(f"allow_nonfinite: {f.name} block scales are computed from amax and need finite K/V")
+        per = {8: 1, 6: 4, 4: 2}[f.bits]
+        if d % per:
+            raise ValueError(f"k: head dim {d} does not fill whole bytes at {f.bits} bits; use a multiple of {per}")
         row = _row_bytes(f, d)
-        device = torch.device(device) if device is not None else ks[0].device
+        device = check_device("device", device) if device is not None else ks[0].device
         num_seqs = len(ks)
         lens = [s.shape[0] for s in ks]
 
@@ -533,8 +566,6 @@ class PagedKVCache:
         blocks = [math.ceil(L / page_size) for L in lens]
         used = sum(blocks)
         spare = max(2, used // 4) if spare_pages is None else spare_pages
-        if spare < 0:
-            raise ValueError(f"spare_pages: must be >= 0, got {spare}")
         num_pages = used + spare
         gen = torch.Generator().manual_seed(seed)
         order = torch.randperm(num_pages, generator=gen) if shuffle else torch.arange(num_pages)

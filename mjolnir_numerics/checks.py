@@ -10,8 +10,10 @@ equal an integer (``16.0``) are refused, never truncated.
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
+import sys
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -24,6 +26,11 @@ __all__ = [
     "check_bool",
     "check_float",
     "check_tensor",
+    "check_device",
+    "check_scale_fits",
+    "check_f32",
+    "OneLineArgumentParser",
+    "int_arg",
 ]
 
 
@@ -106,3 +113,76 @@ def check_tensor(
     if finite and x.is_floating_point() and x.numel() and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name}: holds inf or NaN")
     return x
+
+
+def check_device(name: str, device: Any) -> torch.device:
+    """``device`` (a string or ``torch.device``) as a ``torch.device``."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise ArgumentTypeError(f"{name}: expected a device name such as 'cpu' or 'cuda', got {_describe(device)}")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{name}: {device!r} is not a device name such as 'cpu', 'cuda' or 'cuda:1'") from None
+
+
+def check_scale_fits(name: str, x: torch.Tensor, descale: torch.Tensor, top: float, smallest: float) -> None:
+    """Refuse a descale far off the data: one under which more than half of the nonzero values of ``x``
+    saturate (``|x| / descale`` above the format's ``top``), or every one rounds to 0 (at most half its
+    ``smallest`` positive value). A few values saturating, and small values flushing to 0 under a scale set
+    by outliers, are the formats' defined behaviour (what the studies measure); these two are units
+    mistakes."""
+    nz = x != 0
+    n = int(nz.sum())
+    if n == 0:
+        return
+    r = x.abs()[nz] / descale.expand_as(x)[nz]
+    saturated = int((r > top).sum())
+    if 2 * saturated > n or bool((r <= smallest / 2).all()):
+        amax = float(x.abs().max())
+        d = float(descale.max()) if descale.numel() else float("nan")
+        what = f"{100 * saturated / n:.0f} % of the nonzero values would saturate" if saturated else "all round to 0"
+        raise ValueError(
+            f"{name}: {d:.4g} is far off the data (amax {amax:.4g}): {what}; a descale near amax / {top:g} = "
+            f"{amax / top:.4g} keeps them"
+        )
+
+
+def check_f32(name: str, value: Any, positive: bool = False) -> float:
+    """A finite number (``positive``: > 0) that stays finite (and nonzero) once rounded to fp32, the
+    precision the kernels use it at; returned rounded to fp32."""
+    v = check_float(name, value, positive=positive, allow_zero=not positive)
+    r = float(torch.tensor(v, dtype=torch.float32))
+    if not math.isfinite(r):
+        raise ValueError(f"{name}: {v!r} overflows fp32 (largest 3.4028e+38)")
+    if positive and r == 0:
+        raise ValueError(f"{name}: {v!r} rounds to 0 in fp32 (smallest positive 1.4e-45)")
+    return r
+
+
+# -- command lines ------------------------------------------------------------------------------------
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr (``prog: error: MESSAGE (see prog --help)``) and exit
+    status 2: no usage block, no traceback. Subcommand parsers inherit it."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def int_arg(low: int, high: Optional[int] = None):
+    """An argparse ``type``: an int in ``[low, high]``; argparse names the flag in its error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"expected an int {bound}, got {text!r}")
+        return value
+
+    parse.__name__ = "int"
+    return parse

@@ -44,9 +44,9 @@ from typing import Optional, Union
 import torch
 
 from .arithmetic import MMA_MODELS, kstep_groups
-from .cache import check_descale, descale_table
+from .cache import PagedKVCache, check_descale, descale_table
 from .capability import HEAD_DIMS, unsupported_reason
-from .checks import ArgumentTypeError, check_choice
+from .checks import ArgumentTypeError, check_bool, check_choice, check_f32
 from .emulator_stages import (
     LOG2E_F32,
     accumulate_pv,
@@ -157,14 +157,6 @@ class DecodeResult:
 def _f32(x: float) -> float:
     """A Python float rounded to fp32 (a constant at device precision)."""
     return float(torch.tensor(x, dtype=torch.float32))
-
-
-def _check_positive_float(name: str, value) -> float:
-    if isinstance(value, torch.Tensor):
-        value = float(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}: expected a positive finite float, got {value!r}")
-    return float(value)
 
 
 def _check_cache(cache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -454,7 +446,12 @@ def _emulate(
 ):
     knobs = knobs if knobs is not None else EmulatorKnobs()
     if not isinstance(knobs, EmulatorKnobs):
-        raise ValueError(f"knobs: expected EmulatorKnobs, got {type(knobs).__name__}")
+        raise ArgumentTypeError(f"knobs: expected EmulatorKnobs, got {type(knobs).__name__}")
+    if not isinstance(cache, PagedKVCache):
+        raise ArgumentTypeError(f"cache: expected a PagedKVCache, got {type(cache).__name__}")
+    check_bool("causal", causal)
+    for name, flag in (("allow_unsupported", allow_unsupported), ("return_details", return_details)):
+        check_bool(name, flag)
     fmt = get_format(cache.fmt)
     heads_k, d_cache, ps = int(cache.heads_k), int(cache.head_dim), int(cache.page_size)
     if isinstance(q_len, bool) or not isinstance(q_len, int) or q_len < 1:
@@ -473,6 +470,10 @@ def _emulate(
     if d != d_cache:
         raise ValueError(f"q: head dim {d} differs from the cache's head dim {d_cache}")
     fp8_q = q.dtype == torch.float8_e4m3fn
+    if fp8_q and q.numel() and bool(((q.view(torch.uint8) & 0x7F) == 0x7F).any()):
+        raise ValueError("q: holds the e4m3 NaN code")
+    if not fp8_q and q.is_floating_point() and not bool(torch.isfinite(q).all()):
+        raise ValueError("q: holds inf or NaN")
     supported_q = (torch.bfloat16, torch.float8_e4m3fn)
     if q.dtype not in supported_q and not (allow_unsupported and q.dtype in _Q_SIG_BITS):
         raise ValueError(
@@ -497,14 +498,10 @@ def _emulate(
             raise ValueError("q_descale: e4m3 Q needs its per-(sequence, kv head) descale (see quantize_q)")
         q_descale = torch.ones((), dtype=torch.float32)
     qd = descale_table(check_descale(q_descale, num_seqs, heads_k, "q_descale"), num_seqs, heads_k)
-    scale_qs = _f32(
-        _check_positive_float("softmax_scale", softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d))
-    )
-    if isinstance(scale_o, torch.Tensor):
-        scale_o = float(scale_o)
-    if isinstance(scale_o, bool) or not isinstance(scale_o, (int, float)) or not math.isfinite(scale_o):
-        raise ValueError(f"scale_o: expected a finite float, got {scale_o!r}")
-    scale_o = _f32(scale_o)
+    scale_qs = check_f32("softmax_scale", softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d), True)
+    if not math.isfinite(scale_qs * LOG2E_F32):
+        raise ValueError(f"softmax_scale: {softmax_scale!r} times log2(e) overflows fp32")
+    scale_o = check_f32("scale_o", scale_o)
 
     # -- plan -------------------------------------------------------------------------------------
     h_r = h_q // heads_k
@@ -548,6 +545,11 @@ def _emulate(
     q_vals = pack_q(q, num_seqs, q_len, heads_k).float()  # (B, G, N, D), exact widening
     qk = qd * kd  # fp32
     cta_c = torch.tensor(_f32(scale_qs * LOG2E_F32), device=dev) * qk  # scale_qs_log2_e * qk_descale
+    if not bool(((cta_c > 0) & torch.isfinite(cta_c)).all()):  # 0 would give (-inf) * 0 = NaN for masked keys
+        raise ValueError(
+            f"softmax_scale: {softmax_scale!r} times log2(e) and the Q and K descales leaves the exponent scale "
+            f"outside fp32 ([{float(cta_c.min()):.3g}, {float(cta_c.max()):.3g}]); it must stay positive and finite"
+        )
     cta_scale = torch.tensor(scale_qs, device=dev) * qk
     so = torch.tensor(scale_o, device=dev)
     if knobs.v_descale_at == "epilogue":

@@ -27,6 +27,8 @@ from typing import Union
 
 import torch
 
+from .checks import check_device, check_int
+
 __all__ = ["Format", "BlockScaledFormat", "FORMATS", "get_format", "E4M3", "E3M2", "E2M3", "E2M1", "NVFP4"]
 
 
@@ -106,6 +108,7 @@ class Format:
     # -- code values ----------------------------------------------------------------------------
     def code_value(self, code: int) -> float:
         """The value of one code (a Python float; NaN for e4m3's NaN codes)."""
+        code = check_int("code", code)
         if not 0 <= code < self.num_codes:
             raise ValueError(
                 f"code: {code} is not a {self.bits}-bit code of {self.name} (allowed 0..{self.num_codes - 1})"
@@ -127,7 +130,7 @@ class Format:
 
     def values(self, device: Union[str, torch.device, None] = None) -> torch.Tensor:
         """Value of every code as a float32 tensor of shape (2**bits,) on ``device`` (cached)."""
-        key = str(torch.device(device)) if device is not None else "cpu"
+        key = str(check_device("device", device)) if device is not None else "cpu"
         table = self._tables.get(key)
         if table is None:
             table = torch.tensor(self.value_list, dtype=torch.float32, device=key)

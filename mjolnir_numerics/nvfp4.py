@@ -20,6 +20,7 @@ from typing import Optional, Union
 import torch
 
 from .formats import E2M1, E4M3, NVFP4
+from .checks import check_bool, check_float, check_int, check_scale_fits, check_tensor
 from .packing import pack
 from .quantize import dequantize, quantize
 
@@ -27,6 +28,8 @@ __all__ = ["NVFP4Tensor", "nvfp4_quantize", "GLOBAL_SCALE_CONVENTIONS", "KERNEL_
 
 # The convert stage's power-of-two shift: kernel value = e4m3(code * scale * KERNEL_SHIFT), descale g / KERNEL_SHIFT.
 KERNEL_SHIFT = 0.125
+
+NVFP4_SMALLEST = E2M1.min_subnormal * E4M3.min_subnormal  # the smallest nonzero |value| / g (0.5 * 2^-9)
 
 GLOBAL_SCALE_CONVENTIONS = {
     # name: the largest |x| that maps to the top of the (element, scale) range, as a multiple of amax
@@ -121,12 +124,13 @@ def nvfp4_quantize(
 
     Raises:
         ValueError: ``x`` is not a float tensor, holds inf/NaN, its last dim is not a multiple of
-            ``group``; an unknown ``global_scale``; a ``global_value`` that is not positive and finite.
+            ``group``; an unknown ``global_scale``; a ``global_value`` that is not positive and finite, or
+            so far off the data that most nonzero values of ``x`` would saturate or round to 0 (a units
+            mistake; a few values saturating is the format's defined behaviour and passes).
     """
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise ValueError(f"x: expected a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
-    if not isinstance(group, int) or group <= 0:
-        raise ValueError(f"group: expected a positive int, got {group!r}")
+    check_tensor("x", x, kind="float")
+    group = check_int("group", group, low=1)
+    check_bool("four_over_six", four_over_six)
     if x.dim() == 0 or x.shape[-1] % group:
         raise ValueError(f"x: last dim {tuple(x.shape)[-1:] or '()'} must be a multiple of group={group}")
     x = x.float()
@@ -136,8 +140,8 @@ def nvfp4_quantize(
         raise ValueError(
             f"global_scale: unknown convention {global_scale!r}; allowed {', '.join(GLOBAL_SCALE_CONVENTIONS)}"
         )
-    if scale_floor is not None and not (scale_floor > 0):
-        raise ValueError(f"scale_floor: expected a positive float or None, got {scale_floor!r}")
+    if scale_floor is not None and check_float("scale_floor", scale_floor, positive=True, allow_zero=False) <= 0:
+        raise ValueError(f"scale_floor: expected a positive finite float or None, got {scale_floor!r}")
 
     lead, d = x.shape[:-1], x.shape[-1]
     if global_value is None:
@@ -145,7 +149,10 @@ def nvfp4_quantize(
         g = amax / torch.tensor(GLOBAL_SCALE_CONVENTIONS[global_scale], dtype=torch.float32, device=x.device)
         g = torch.where(g > 0, g, torch.ones_like(g))  # an all-zero tensor: any g encodes it exactly
     else:
-        g = torch.as_tensor(global_value, dtype=torch.float32, device=x.device)
+        if isinstance(global_value, torch.Tensor):
+            g = check_tensor("global_value", global_value, kind="float").to(torch.float32, copy=False).to(x.device)
+        else:
+            g = torch.tensor(check_float("global_value", global_value), dtype=torch.float32, device=x.device)
         if not (torch.isfinite(g).all() and (g > 0).all()):
             raise ValueError("global_value: must be positive and finite")
     try:
@@ -153,6 +160,8 @@ def nvfp4_quantize(
     except RuntimeError:
         raise ValueError(f"global_value: shape {tuple(g.shape)} does not broadcast to {(*lead, 1)}") from None
 
+    if global_value is not None:
+        check_scale_fits("global_value", x, g, E2M1.max_normal * E4M3.max_normal, NVFP4_SMALLEST)
     xg = x.reshape(*lead, d // group, group)
     block_amax = xg.abs().amax(dim=-1)
     scale_codes = _block_scale_codes(block_amax, E2M1.max_normal, g, scale_floor)

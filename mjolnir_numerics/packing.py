@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .checks import check_choice, check_int
+
 __all__ = ["pack", "unpack", "packed_size", "SUPPORTED_BITS"]
 
 SUPPORTED_BITS = (8, 6, 4)
@@ -20,9 +22,8 @@ SUPPORTED_BITS = (8, 6, 4)
 _GROUP = {8: (1, 1), 6: (4, 3), 4: (2, 1)}
 
 
-def _check_bits(bits: int) -> None:
-    if bits not in _GROUP:
-        raise ValueError(f"bits: {bits!r} is not supported; allowed {SUPPORTED_BITS}")
+def _check_bits(bits: int) -> int:
+    return check_choice("bits", bits, SUPPORTED_BITS)
 
 
 def packed_size(d: int, bits: int) -> int:
@@ -31,12 +32,11 @@ def packed_size(d: int, bits: int) -> int:
     Raises:
         ValueError: ``d`` codes do not fill whole bytes (fp6 needs d % 4 == 0, fp4 d % 2 == 0).
     """
-    _check_bits(bits)
+    bits = _check_bits(bits)
+    d = check_int("d", d, low=0)
     per, nbytes = _GROUP[bits]
     if d % per:
-        raise ValueError(
-            f"codes: last dim {d} does not fill whole bytes at {bits} bits; it must be a multiple of {per}"
-        )
+        raise ValueError(f"d: {d} codes do not fill whole bytes at {bits} bits; it must be a multiple of {per}")
     return d // per * nbytes
 
 
@@ -54,12 +54,16 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
         ValueError: unsupported ``bits``, a non-integer ``codes``, a code >= 2**bits, or a last
             dim that does not fill whole bytes.
     """
-    _check_bits(bits)
+    bits = _check_bits(bits)
     if not isinstance(codes, torch.Tensor) or codes.is_floating_point() or codes.dtype == torch.bool:
         raise ValueError(f"codes: expected an integer tensor, got {getattr(codes, 'dtype', type(codes))}")
     if codes.dim() == 0:
         raise ValueError("codes: expected at least one dimension to pack along")
     d = codes.shape[-1]
+    if d % _GROUP[bits][0]:
+        raise ValueError(
+            f"codes: last dim {d} does not fill whole bytes at {bits} bits; it must be a multiple of {_GROUP[bits][0]}"
+        )
     nbytes = packed_size(d, bits)
     if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1 << bits):
         raise ValueError(
@@ -86,7 +90,7 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
         ValueError: unsupported ``bits``, a ``packed`` that is not uint8, or (fp6) a last dim that is
             not a whole number of 3-byte groups.
     """
-    _check_bits(bits)
+    bits = _check_bits(bits)
     if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
         raise ValueError(f"packed: expected a uint8 tensor of bytes, got {getattr(packed, 'dtype', type(packed))}")
     if packed.dim() == 0:

@@ -32,6 +32,7 @@ from typing import Sequence, Union
 
 import torch
 
+from .checks import ArgumentTypeError, check_int, check_tensor
 from .targets import Target, get_target
 
 __all__ = ["TILE_KEYS", "PLAN_MODES", "SplitPlan", "plan_split_kv", "chunked_plan", "default_plan"]
@@ -90,7 +91,7 @@ class SplitPlan:
     def check(self, seq_lens: Sequence[int], argument: str = "plan") -> None:
         """Raise ValueError unless the plan covers every tile of every sequence exactly once, in
         contiguous chunks numbered ``0 .. n_splits - 1`` in key order."""
-        seq_lens = [int(x) for x in seq_lens]
+        seq_lens = _seq_lens(seq_lens)
         if len(self.n_splits) != len(seq_lens):
             raise ValueError(f"{argument}: plans {len(self.n_splits)} sequences, the batch has {len(seq_lens)}")
         per_seq: dict[int, list[tuple[int, int, int]]] = {}
@@ -129,9 +130,19 @@ class SplitPlan:
 
 
 def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
-    return value
+    return check_int(name, value, low=low)
+
+
+def _seq_lens(seq_lens) -> list[int]:
+    """``seq_lens`` (a list / tuple of ints >= 0 or a 1-D integer tensor) as a non-empty list of ints."""
+    if isinstance(seq_lens, torch.Tensor):
+        check_tensor("seq_lens", seq_lens, kind="int", dim=1)
+        seq_lens = seq_lens.tolist()
+    elif not isinstance(seq_lens, (list, tuple)):
+        raise ArgumentTypeError(f"seq_lens: expected a list of ints or an int tensor, got {type(seq_lens).__name__}")
+    if not seq_lens:
+        raise ValueError("seq_lens: expected at least one sequence")
+    return [check_int(f"seq_lens[{i}]", L, low=0) for i, L in enumerate(seq_lens)]
 
 
 def plan_split_kv(
@@ -164,14 +175,7 @@ def plan_split_kv(
     Raises:
         ValueError: an argument out of range, or ``pad_to`` below the number of work items.
     """
-    if isinstance(seq_lens, torch.Tensor):
-        seq_lens = seq_lens.tolist()
-    seq_lens = list(seq_lens)
-    if not seq_lens:
-        raise ValueError("seq_lens: expected at least one sequence")
-    for i, L in enumerate(seq_lens):
-        if isinstance(L, bool) or not isinstance(L, int) or L < 0:
-            raise ValueError(f"seq_lens: entry {i} is {L!r}; expected an int >= 0")
+    seq_lens = _seq_lens(seq_lens)
     for name, v, low in (
         ("heads_k", heads_k, 1),
         ("n_q_tiles", n_q_tiles, 1),
@@ -218,10 +222,9 @@ def plan_split_kv(
 def chunked_plan(seq_lens: Union[Sequence[int], torch.Tensor], chunk_tiles: int = 0) -> SplitPlan:
     """A plan cutting every sequence into chunks of ``chunk_tiles`` tiles (0: no split), the
     seed emulator's ``chunk_tiles`` argument. ``slots`` is set to the number of work items."""
-    if isinstance(seq_lens, torch.Tensor):
-        seq_lens = seq_lens.tolist()
+    seq_lens = _seq_lens(seq_lens)
     _check_int("chunk_tiles", chunk_tiles, 0)
-    tiles = [_tiles(int(L)) for L in seq_lens]
+    tiles = [_tiles(L) for L in seq_lens]
     chunk = chunk_tiles or max(tiles)
     work, n_splits = [], []
     for b, t in enumerate(tiles):
@@ -267,15 +270,12 @@ def default_plan(
     if mode not in PLAN_MODES:
         raise ValueError(f"mode: {mode!r} is not one of {', '.join(PLAN_MODES)}")
     if mode == "batch_invariant":
-        if isinstance(seq_lens, torch.Tensor):
-            seq_lens = seq_lens.tolist()
+        seq_lens = _seq_lens(seq_lens)
         alone = [
             plan_split_kv([L], heads_k, n_q_tiles=t.n_q_tiles(n_q, q_dtype), sm_count=t.sm_count,
                           ctas_per_sm=t.ctas(head_dim), max_splits=t.max_splits)
             for L in seq_lens
         ]  # fmt: skip
-        if not alone:
-            raise ValueError("seq_lens: expected at least one sequence")
         work = [(b, *w[1:]) for b, p in enumerate(alone) for w in p.work]
         work.sort(key=lambda w: w[1] - w[2])  # longest first, as the occupancy plan; stable
         _check_int("pad_to", pad_to, 0)

@@ -38,10 +38,10 @@ def _kv_lists(k: KV, v: Optional[KV]) -> tuple[list[torch.Tensor], list[torch.Te
     seqs = []
     for name, x in (("k", k), ("v", v)):
         if isinstance(x, torch.Tensor):
-            check_tensor(name, x, kind="float", dim=4)
+            check_tensor(name, x, kind="float", dim=4, finite=True)
             seqs.append(list(x.unbind(0)))
         elif isinstance(x, (list, tuple)):
-            seqs.append([check_tensor(f"{name}[{i}]", t, kind="float", dim=3) for i, t in enumerate(x)])
+            seqs.append([check_tensor(f"{name}[{i}]", t, kind="float", dim=3, finite=True) for i, t in enumerate(x)])
         else:
             raise ArgumentTypeError(
                 f"{name}: expected a float (num_seqs, L, h_k, d) tensor or a list of (L_i, h_k, d), "
@@ -99,6 +99,8 @@ def reference_decode(
     check_tensor("q", q, dim=3)
     if not (q.is_floating_point() or q.dtype == torch.float8_e4m3fn):
         raise ArgumentTypeError(f"q: expected a floating-point or float8_e4m3fn tensor, got {q.dtype}")
+    if not bool(torch.isfinite(q.float()).all()):
+        raise ValueError("q: holds inf or NaN")
     h_q, h_r, dq = check_q_rows(q, num_seqs, q_len, heads_k)
     if dq != d:
         raise ValueError(f"q: head dim {dq} differs from k's {d}")
@@ -158,13 +160,26 @@ ERROR_SOURCES = ("k_quantization", "v_quantization", "q_quantization", "p_roundi
 def error_metrics(
     source: str, o: torch.Tensor, o_ref: torch.Tensor, lse: torch.Tensor, lse_ref: torch.Tensor
 ) -> ErrorRow:
-    """:class:`ErrorRow` of ``o`` against ``o_ref`` (any shapes that match) and of the LSEs."""
+    """:class:`ErrorRow` of ``o`` against ``o_ref`` (the same shape) and of ``lse`` against ``lse_ref`` (the
+    same shape). Cosine: 1 when both outputs are zero, 0 when exactly one is; NaN anywhere gives NaN
+    metrics (never a perfect score)."""
+    for name, x in (("o", o), ("o_ref", o_ref), ("lse", lse), ("lse_ref", lse_ref)):
+        check_tensor(name, x)
+    if o.shape != o_ref.shape:
+        raise ValueError(f"o: shape {tuple(o.shape)} differs from o_ref's {tuple(o_ref.shape)}")
+    if lse.shape != lse_ref.shape:
+        raise ValueError(f"lse: shape {tuple(lse.shape)} differs from lse_ref's {tuple(lse_ref.shape)}")
     a, b = o.double().flatten(), o_ref.double().flatten()
     diff = a - b
     nb = float(b.norm())
     rel = float(diff.norm()) / nb if nb > 0 else float(diff.norm())
-    denom = float(a.norm()) * nb
-    cos = float(a @ b) / denom if denom > 0 else 1.0
+    na = float(a.norm())
+    if math.isnan(na) or math.isnan(nb):
+        cos = math.nan
+    elif na == 0 or nb == 0:
+        cos = 1.0 if na == nb else 0.0
+    else:
+        cos = float(a @ b) / (na * nb)
     fin = torch.isfinite(lse_ref.double())
     lse_err = float((lse.double()[fin] - lse_ref.double()[fin]).abs().max()) if bool(fin.any()) else 0.0
     return ErrorRow(source, rel, float(diff.abs().max()) if diff.numel() else 0.0, cos, lse_err)

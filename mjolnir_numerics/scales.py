@@ -17,6 +17,7 @@ from typing import Sequence, Union
 
 import torch
 
+from .checks import ArgumentTypeError, check_int
 from .formats import E4M3, AnyFormat, get_format
 from .quantize import dequantize, quantize
 
@@ -33,10 +34,14 @@ def _per_seq_amax(x: Union[torch.Tensor, Sequence[torch.Tensor]]) -> torch.Tenso
         if x.shape[0] == 0:  # an empty batch: no amax, so every (absent) group gets amax 0
             return torch.zeros(0, x.shape[2], dtype=torch.float32, device=x.device)
         seqs = list(x.unbind(0))
-    else:
+    elif isinstance(x, (list, tuple)):
         seqs = list(x)
         if not seqs:
             raise ValueError("x: expected at least one sequence")
+    else:
+        raise ArgumentTypeError(
+            f"x: expected a float (num_seqs, L, h_k, d) tensor or a list of (L, h_k, d), got {type(x).__name__}"
+        )
     heads = None
     rows = []
     for i, s in enumerate(seqs):
@@ -89,6 +94,12 @@ def compute_descale(
     return torch.where(descale > 0, descale, torch.ones_like(descale)).float()
 
 
+def _check_sizes(num_seqs, q_len, heads_k) -> None:
+    check_int("num_seqs", num_seqs, low=0)
+    check_int("q_len", q_len, low=1)
+    check_int("heads_k", heads_k, low=1)
+
+
 def check_q_rows(q: torch.Tensor, num_seqs: int, q_len: int, heads_k: int, argument: str = "q") -> tuple[int, int, int]:
     """Validate a vLLM query ``(num_seqs * q_len, h_q, d)``; returns ``(h_q, h_r, d)``.
 
@@ -96,11 +107,7 @@ def check_q_rows(q: torch.Tensor, num_seqs: int, q_len: int, heads_k: int, argum
         ValueError: naming the argument, for a wrong rank or row count, non-positive sizes, or
             ``h_q`` not a multiple of ``heads_k``.
     """
-    for name, v in (("num_seqs", num_seqs), ("q_len", q_len), ("heads_k", heads_k)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name == "num_seqs" else 1):
-            raise ValueError(
-                f"{name}: expected a {'non-negative' if name == 'num_seqs' else 'positive'} int, got {v!r}"
-            )
+    _check_sizes(num_seqs, q_len, heads_k)
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(
             f"{argument}: expected a tensor (num_seqs * q_len, h_q, d), got shape {tuple(getattr(q, 'shape', ()))}"
@@ -129,6 +136,7 @@ def pack_q(q: torch.Tensor, num_seqs: int, q_len: int, heads_k: int) -> torch.Te
 
 def unpack_o(o: torch.Tensor, num_seqs: int, q_len: int, heads_k: int) -> torch.Tensor:
     """Inverse of :func:`pack_q`: ``(num_seqs, h_k, q_len * h_r, d)`` to ``(num_seqs * q_len, h_q, d)``."""
+    _check_sizes(num_seqs, q_len, heads_k)
     if not isinstance(o, torch.Tensor) or o.dim() != 4 or o.shape[0] != num_seqs or o.shape[1] != heads_k:
         raise ValueError(
             f"o: expected (num_seqs={num_seqs}, h_k={heads_k}, q_len * h_r, d), got {tuple(getattr(o, 'shape', ()))}"

@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from .checks import ArgumentTypeError, check_float, check_int
+
 __all__ = [
     "KINDS",
     "KindSpec",
@@ -536,6 +538,8 @@ def _plant_groups(
 # --------------------------------------------------------------------------------------------------
 def _check_seq_lens(seq_len: int | Sequence[int], num_seqs: int, q_len: int) -> tuple[tuple[int, ...], bool]:
     ragged = not isinstance(seq_len, int)
+    if ragged and not isinstance(seq_len, (list, tuple)):
+        raise ArgumentTypeError(f"seq_len: expected an int or a list of ints, got {type(seq_len).__name__} {seq_len!r}")
     lens = tuple(seq_len) if ragged else (seq_len,) * num_seqs
     if ragged and len(lens) != num_seqs:
         raise ValueError(f"seq_len has {len(lens)} entries; expected num_seqs={num_seqs}")
@@ -596,13 +600,15 @@ def make_kv(
         raise ValueError(f"head_dim={head_dim!r}: expected an even integer >= 2")
     lens, ragged = _check_seq_lens(seq_len, num_seqs, q_len)
     if generator is None:
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator().manual_seed(check_int("seed", seed))
+    elif not isinstance(generator, torch.Generator):
+        raise ArgumentTypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
     elif generator.device.type != "cpu":
         raise ValueError(f"generator.device={generator.device}: expected a CPU generator")
     scale = resolved["softmax_scale"]
-    scale = head_dim**-0.5 if scale is None else float(scale)
+    scale = head_dim**-0.5 if scale is None else check_float("softmax_scale", scale)
     if not scale > 0:
-        raise ValueError(f"softmax_scale={resolved['softmax_scale']!r}: expected > 0 or None")
+        raise ValueError(f"softmax_scale={resolved['softmax_scale']!r}: expected a finite number > 0, or None")
 
     geo = _Geometry(num_seqs, lens, q_len, heads_q, heads_k, head_dim)
     k, meta = spec.keys(generator, geo, resolved)

@@ -37,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional, Union
 
+from .checks import check_int
+
 __all__ = [
     "Target", "TARGETS", "THOR", "B200", "H200", "H100", "get_target", "target_for", "target_of_arch", "default_target",
 ]  # fmt: skip
@@ -97,8 +99,21 @@ class Target:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: {self.backend!r} is not one of {BACKENDS}")
-        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) or self.sm_count < 1:
-            raise ValueError(f"sm_count: expected an int >= 1, got {self.sm_count!r}")
+        for name in ("sm_count", "fp8_min_q_tile", "max_splits", "smem_per_sm", "smem_per_cta"):
+            check_int(name, getattr(self, name), low=1)
+        check_int("smem_reserved_per_cta", self.smem_reserved_per_cta, low=0)
+        tiles = self.q_tiles
+        if not isinstance(tiles, tuple) or not tiles or list(tiles) != sorted(set(tiles)):
+            raise ValueError(f"q_tiles: expected a non-empty ascending tuple of distinct ints, got {tiles!r}")
+        for t in tiles:
+            check_int("q_tiles", t, low=1)
+        if not isinstance(self.ctas_per_sm, tuple) or not self.ctas_per_sm:
+            raise ValueError(f"ctas_per_sm: expected a non-empty tuple of (head_dim, ctas), got {self.ctas_per_sm!r}")
+        for entry in self.ctas_per_sm:
+            if not isinstance(entry, tuple) or len(entry) != 2:
+                raise ValueError(f"ctas_per_sm: entry {entry!r} is not (head_dim, ctas)")
+            check_int("ctas_per_sm head_dim", entry[0], low=1)
+            check_int("ctas_per_sm ctas", entry[1], low=1)
         from .arithmetic import MMA_MODELS, WALKS
 
         if self.walk not in WALKS:
@@ -119,6 +134,7 @@ class Target:
 
     def ctas(self, head_dim: int) -> int:
         """Co-resident CTAs per SM at ``head_dim``; ValueError for a head dim the kernel does not compile."""
+        head_dim = check_int("head_dim", head_dim)
         for d, n in self.ctas_per_sm:
             if d == head_dim:
                 return n

@@ -34,6 +34,7 @@ __all__ = ["CLIError", "build_parser", "check_device", "check_out", "default_out
 # wall (18 s CPU); the default 2 min 49 s - 3 min 50 s wall (2 min 29 s CPU), 2-3 min of it end to end.
 QUICK_TIME = "25 s"
 DEFAULT_TIME = "3 minutes"
+MAX_THREADS = max(1, os.cpu_count() or 1)  # more torch threads than cores only oversubscribes (99999 ran out of memory)
 SEED_MAX = 2**63 - 1  # the synthetic seeds add up to ~1e6 to it; torch generators take < 2**64
 
 
@@ -82,7 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=_int_at_least(0, SEED_MAX), default=0, help="seed of the synthetic data (default 0)")
     s.add_argument("--no-real-model", action="store_true", help="skip the SmolLM2 parts (capture, layers, end to end)")
     s.add_argument(
-        "--threads", type=_int_at_least(1), default=1, help="torch CPU threads (default 1: fastest on a shared CPU)"
+        "--threads",
+        type=_int_at_least(1, MAX_THREADS),
+        default=1,
+        help="torch CPU threads (default 1: fastest on a shared CPU)",
     )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -251,8 +255,8 @@ def summary_lines(df, out: Path, files: Sequence[Path], seconds: float, info: Op
 def run_study_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Validate every flag (:class:`CLIError` on a bad one, before any work), run the study, write and summarize."""
     device = check_device(args.device)
-    if args.threads < 1:  # argparse checks these; a Namespace built by hand may not be
-        raise CLIError(f"--threads: expected an int >= 1, got {args.threads!r}")
+    if not 1 <= args.threads <= MAX_THREADS:  # argparse checks these; a Namespace built by hand may not be
+        raise CLIError(f"--threads: expected an int in [1, {MAX_THREADS}], got {args.threads!r}")
     if not 0 <= args.seed <= SEED_MAX:
         raise CLIError(f"--seed: expected an int in [0, {SEED_MAX}], got {args.seed!r}")
     out = check_out(resolve_out(args.out))

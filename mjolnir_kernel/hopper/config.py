@@ -185,13 +185,13 @@ def can_implement_hopper(c: HopperConfig) -> None:
     """Raise ConfigError naming every field the Hopper kernel cannot implement."""
     if not isinstance(c, HopperConfig):
         raise ConfigError(f"config: expected a HopperConfig, got {type(c).__name__}")
-    problems = []
+    problems = [f"{name}=None (an int)" for name in ("head_dim", "page_size") if getattr(c, name) is None]
     reason = unsupported_reason(c.kv_format, c.q_dtype, c.head_dim, c.page_size)
     if reason is not None:
         problems.append(reason)
     if isinstance(c.q_len, bool) or not isinstance(c.q_len, int) or c.q_len < 1:
         problems.append(f"q_len={c.q_len!r} (an int >= 1)")
-    if c.q_tile not in Q_TILES or isinstance(c.q_tile, bool):
+    if isinstance(c.q_tile, bool) or not isinstance(c.q_tile, int) or c.q_tile not in Q_TILES:
         problems.append(f"q_tile={c.q_tile!r} (allowed {Q_TILES})")
     if isinstance(c.max_splits, bool) or not isinstance(c.max_splits, int) or not 1 <= c.max_splits <= MAX_SPLITS_LIMIT:
         problems.append(f"max_splits={c.max_splits!r} (1 .. {MAX_SPLITS_LIMIT})")

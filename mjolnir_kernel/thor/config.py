@@ -109,7 +109,14 @@ class ThorConfig:
     derived: "Derived" = field(init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "derived", Derived.of(self))
+        try:
+            derived = Derived.of(self)
+        except (TypeError, ValueError, KeyError, ZeroDivisionError):
+            problems = _field_problems(self)  # name the fields a derived quantity cannot be computed from
+            if problems:
+                raise ConfigError("ThorConfig cannot be implemented: " + "; ".join(problems)) from None
+            raise
+        object.__setattr__(self, "derived", derived)
 
     # -- naming -----------------------------------------------------------------------------
     def key(self) -> tuple:
@@ -283,17 +290,16 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def can_implement_thor(c: ThorConfig) -> None:
-    """Raise ``ConfigError`` (a ValueError) naming every offending field and value, or return None.
-
-    Runs in pure Python before anything compiles.
-    """
+def _field_problems(c) -> list[str]:
+    """Each field of a ThorConfig alone (e4m3 Q runs every KV format; combinations are checked after)."""
     problems = []
 
     def bad(name, allowed):
         problems.append(f"{name}={getattr(c, name)!r} (allowed: {allowed})")
 
-    # each field alone (e4m3 Q runs every KV format; the combination is checked below)
+    for name in ("head_dim", "page_size"):
+        if getattr(c, name) is None:
+            bad(name, "an int")
     alone = (unsupported_reason(c.kv_format, "e4m3", c.head_dim, c.page_size), unsupported_reason("e4m3", c.q_dtype))
     for reason in alone:
         if reason is not None:
@@ -302,7 +308,7 @@ def can_implement_thor(c: ThorConfig) -> None:
         bad("q_tile", f"one of {Q_TILES}")
     if not _is_int(c.q_len) or c.q_len < 1:
         bad("q_len", "an int >= 1")
-    if c.ctas_per_sm not in (1, 2) or not _is_int(c.ctas_per_sm):
+    if not _is_int(c.ctas_per_sm) or c.ctas_per_sm not in (1, 2):
         bad("ctas_per_sm", "1 or 2")
     if not _is_int(c.ring_stages) or c.ring_stages < 0:
         bad("ring_stages", "an int >= 0 (0 = tuned default)")
@@ -312,11 +318,21 @@ def can_implement_thor(c: ThorConfig) -> None:
         bad("causal", "True or False")
     if not isinstance(c.pdl, bool):
         bad("pdl", "True or False")
+    return problems
+
+
+def can_implement_thor(c: ThorConfig) -> None:
+    """Raise ``ConfigError`` (a ValueError) naming every offending field and value, or return None.
+
+    Runs in pure Python before anything compiles.
+    """
+    problems = _field_problems(c)
     if problems:
         raise ConfigError("ThorConfig cannot be implemented: " + "; ".join(problems))
 
     # Combinations (only once every field is individually valid).
     reason = unsupported_reason(c.kv_format, c.q_dtype)
+
     if reason is not None:
         problems.append(f"kv_format={c.kv_format!r} with q_dtype={c.q_dtype!r} ({reason})")
     if c.q_dtype == "e4m3" and c.q_tile % 16:

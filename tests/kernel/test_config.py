@@ -120,3 +120,22 @@ def test_short_names_are_unique_over_the_matrix():
     assert len({c.short_name() for c in m}) == len(m)
     for c in m:
         can_implement(c)
+
+
+def test_fields_of_the_wrong_type_are_named_not_crashed_on():
+    """A string ring_stages fails at construction with the field named (it used to raise a TypeError from
+    a derived quantity); None head_dim / page_size and a float q_tile are refused, not skipped."""
+    from mjolnir_kernel.config import can_implement, default_config
+    from mjolnir_kernel.hopper.config import HopperConfig
+
+    with pytest.raises(ConfigError, match="ring_stages='3'"):
+        ThorConfig(ring_stages="3")
+    for cfg, text in ((HopperConfig(head_dim=None), "head_dim=None"), (ThorConfig(page_size=None), "page_size=None"),
+                      (HopperConfig(q_tile=16.0), "q_tile=16.0")):  # fmt: skip
+        with pytest.raises(ConfigError, match=text):
+            can_implement(cfg)
+    kw = dict(head_dim=128, page_size=16, q_len=2, kv_format="e4m3", q_dtype="bf16", n_q=4)
+    with pytest.raises(TypeError, match="causal: expected True or False"):
+        default_config("thor", **kw, causal="x")
+    with pytest.raises(TypeError, match="head_dim: expected an int"):
+        default_config("thor", **{**kw, "head_dim": None})

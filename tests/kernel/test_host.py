@@ -192,3 +192,18 @@ def test_decode_without_a_tcgen05_gpu_says_why():
         decode(q, cache, softmax_scale=-1.0)
     with pytest.raises(ValueError, match="^causal"):
         decode(q, cache, causal="yes")
+
+
+def test_decode_names_a_bad_cache_and_nan_q_before_looking_for_a_gpu():
+    from mjolnir_numerics import PagedKVCache
+
+    q = torch.randn(2, 8, 128).to(torch.bfloat16)
+    with pytest.raises(TypeError, match="cache: expected a mjolnir_numerics PagedKVCache, got NoneType"):
+        decode(q, None)
+    cache = PagedKVCache.from_float(torch.randn(2, 20, 2, 128), torch.randn(2, 20, 2, 128), "e4m3", page_size=16)
+    bad = q.clone()
+    bad[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="q: holds inf or NaN"):
+        decode(bad, cache)
+    with pytest.raises(ValueError, match="softmax_scale: 1e-46 rounds to 0 in fp32"):
+        decode(q, cache, softmax_scale=1e-46)

@@ -123,7 +123,7 @@ def test_last_dim_that_does_not_fill_whole_bytes_raises(bits, d):
         ValueError, match=rf"^codes: last dim {d} does not fill whole bytes at {bits} bits.*multiple of"
     ):
         pack(torch.zeros(2, d, dtype=torch.uint8), bits)
-    with pytest.raises(ValueError, match=r"^codes: "):
+    with pytest.raises(ValueError, match=rf"^d: {d} codes do not fill whole bytes"):
         packed_size(d, bits)
 
 
@@ -136,10 +136,23 @@ def test_codes_too_wide_for_the_bits_raise(bits, bad):
 
 @pytest.mark.parametrize("bits", [5, 16, 0])
 def test_unsupported_bits_raise_naming_bits(bits):
-    with pytest.raises(ValueError, match=r"^bits: .*\(8, 6, 4\)"):
+    with pytest.raises(ValueError, match=r"^bits: .* is not one of 8, 6, 4"):
         pack(torch.zeros(4, dtype=torch.uint8), bits)
     with pytest.raises(ValueError, match=r"^bits: "):
         unpack(torch.zeros(4, dtype=torch.uint8), bits)
+
+
+def test_float_bits_and_bad_sizes_are_refused_not_truncated():
+    """4.0 is not the width 4 (it used to pass the membership test and fail inside the shifts)."""
+    for fn in (lambda: pack(torch.zeros(4, dtype=torch.uint8), 4.0), lambda: unpack(torch.zeros(4, dtype=torch.uint8),
+               6.0), lambda: packed_size(128, 4.0)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"^bits: 4.0 is not one of|^bits: 6.0 is not one of"):
+            fn()
+    with pytest.raises(TypeError, match=r"^d: expected an int, got 128.0"):
+        packed_size(128.0, 4)
+    with pytest.raises(ValueError, match=r"^d: expected an int >= 0, got -2"):
+        packed_size(-2, 4)
+    assert packed_size(np.int64(128), np.int32(4)) == 64
 
 
 def test_float_or_scalar_codes_raise():

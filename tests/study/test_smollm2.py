@@ -132,6 +132,30 @@ def test_attention_hook_sees_post_rope_qkv_and_replaces_attention(model, heldout
     assert model.perplexity(tokens, attention=no_attention) > 2 * model.perplexity(tokens)
 
 
+def test_a_corrupt_capture_file_is_rebuilt_never_used(model, heldout_512, tmp_path):
+    """A truncated file and a file whose contents were altered are both detected (a warning), deleted and
+    rebuilt: the capture returned is the true one."""
+    import warnings
+
+    tokens = heldout_512[:32]
+    good = model.capture(tokens, cache_dir=tmp_path)
+    (file,) = (tmp_path / "smollm2").glob("capture-32-*.pt")
+    raw = file.read_bytes()
+    file.write_bytes(raw[: len(raw) // 2])  # truncated
+    with pytest.warns(UserWarning, match="unusable"):
+        again = model.capture(tokens, cache_dir=tmp_path)
+    assert torch.equal(again.k, good.k)
+    d = torch.load(file, weights_only=True)
+    d["k"][3, 5, 0, 0] += 1.0  # altered content, digest kept
+    torch.save(d, file)
+    with pytest.warns(UserWarning, match="digest"):
+        again = model.capture(tokens, cache_dir=tmp_path)
+    assert torch.equal(again.k, good.k)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rebuilt file is whole: read without a word
+        assert torch.equal(model.capture(tokens, cache_dir=tmp_path).k, good.k)
+
+
 def test_capture_shapes_rope_and_disk_cache(model, heldout_512, tmp_path):
     tokens = heldout_512[:128]
     cap = model.capture(tokens, cache_dir=tmp_path)

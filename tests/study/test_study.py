@@ -107,6 +107,31 @@ def test_end_to_end_kl_orders_formats(quick_run):
     assert set(real.head_dim) == {64} and not real.kernel_supported.any()  # head dim 64: research switch
 
 
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(seq_len=0), "seq_len: expected an int >= 1"),
+        (dict(seq_len=1.5), "seq_len: expected an int"),
+        (dict(num_seqs=2.0), "num_seqs: expected an int"),
+        (dict(heads_q=3), "heads_q: 3 is not a multiple of heads_k 2"),
+        (dict(head_dim=127), "head_dim: 127 is odd"),
+        (dict(page_size=16.0), "page_size: 16.0 is not one of"),
+        (dict(seed=-1), "seed: expected an int >= 0"),
+        (dict(device="bogus"), "device: 'bogus' is not a device name"),
+        (dict(context_lengths=(0,)), "context_lengths: expected an int >= 1"),
+        (dict(real_layers=(99,)), "real_layers: expected an int in 0..29"),
+        (dict(e2e_prefill=1000), "e2e_prefill: 1000 leaves no token"),
+        (dict(greedy_tokens=-1), "greedy_tokens: expected an int >= 0"),
+        (dict(formats="e4m3"), "formats: expected a tuple, got str"),
+    ],
+)
+def test_config_checks_every_size_before_running(kw, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        StudyConfig(**kw)
+    with pytest.raises((TypeError, ValueError), match=match):
+        StudyConfig.quick(**kw)
+
+
 def test_config_rejects_unknown_names_with_the_argument():
     with pytest.raises(ValueError, match="kinds"):
         StudyConfig.quick(kinds=("gaussian", "nope"))
