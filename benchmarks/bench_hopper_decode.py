@@ -27,6 +27,7 @@ four times over, the calls cycle through enough distinct copies that the KV is r
     python -m benchmarks.bench_hopper_decode --quick         # two shapes, e4m3 only
     python -m benchmarks.bench_hopper_decode --back-to-back 20   # steady state: 20 calls per replay
     python -m benchmarks.bench_hopper_decode --head-dims 256 --formats e2m1   # the d = 256 shape (24/4), e2m1 only
+    python -m benchmarks.bench_hopper_decode --quick --plans occupancy,batch_invariant   # what invariance costs
     python -m benchmarks.bench_hopper_decode --l2-resident --seqlen 8192   # the kernel's own pace, KV in L2
     python -m benchmarks.bench_hopper_decode --back-to-back 20 --size-matched-stream --csv h.csv
         # + torch.sum and the fastest bare read of each row's bytes; every row to h.csv, which
@@ -136,15 +137,15 @@ def x_bytes_tb(nbytes: float, ms: float) -> float:
 # (e4m3 widened, then SDPA), sum (torch.sum over the same bytes), read (the fastest bare read of them,
 # benchmarks.probes.read_roofline; its configuration in read_config). label: the printed shape column (sweep tags).
 CSV_FIELDS = ("kind", "batch", "heads_q", "heads_k", "head_dim", "label", "format", "q", "us", "bytes", "tbps",
-              "stream_tbps", "pct_stream", "read_config")  # fmt: skip
+              "stream_tbps", "pct_stream", "read_config", "plan")  # fmt: skip
 
 
-def _row(kind, b, h_q, h_k, d, label, fmt, q, ms, nbytes, stream, read_config="") -> dict:
+def _row(kind, b, h_q, h_k, d, label, fmt, q, ms, nbytes, stream, read_config="", plan="") -> dict:
     tb = x_bytes_tb(nbytes, ms)
     return {"kind": kind, "batch": b, "heads_q": h_q, "heads_k": h_k, "head_dim": d, "label": label,
             "format": fmt, "q": q, "us": round(ms * 1e3, 2), "bytes": int(nbytes), "tbps": round(tb, 4),
             "stream_tbps": round(stream, 4), "pct_stream": round(100 * tb / stream, 2),
-            "read_config": read_config}  # fmt: skip
+            "read_config": read_config, "plan": plan}  # fmt: skip
 
 
 def write_csv(path: str, rows: list) -> None:
@@ -246,9 +247,11 @@ def bench_flashinfer(q, pools, block_table, L, h_q, h_k, d, page_size, o_ref, it
 
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, layout="nhd", pdl=False,
-                peers=True, l2_resident=False):  # fmt: skip
-    """Time the Hopper kernel (``mjolnir_kernel.prepare`` with default arguments, ``pdl`` the only option)
-    on paged pools of this shape, and its peers: (ms, KV bytes, the SDPA timings, FlashInfer's result)."""
+                peers=True, l2_resident=False, plans=("occupancy",)):  # fmt: skip
+    """Time the Hopper kernel (``mjolnir_kernel.prepare`` with default arguments; ``pdl`` and the plan mode
+    the only options) on paged pools of this shape, and its peers: ({plan mode: ms}, KV bytes, the SDPA
+    timings, FlashInfer's result). Each mode in ``plans`` is timed on the same pools, one after another;
+    the peers run once, checked against the last mode's output."""
     from dataclasses import replace
 
     from mjolnir_kernel import prepare
@@ -270,17 +273,22 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
         q, q_descale = quantize_q(q, b, 1, h_k)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the pools are written on the current stream
-    preps = []
-    with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
-        for kp, vp, sc in pools:
-            cache = PagedKVCache(
-                get_format(fmt), page_size, layout, d, kp, vp, sc.get("k_scales"), sc.get("v_scales"), bt, lens, kd, vd
-            )
-            prep = prepare(q, cache, q_descale=q_descale)
-            if pdl:
-                prep = prepare(q, cache, q_descale=q_descale, config=replace(prep.config, pdl=True))
-            preps.append(prep)
-    ms = _time_ms([p.launch for p in preps], iters, stream=stream)
+    ms = {}
+    for mode in plans:
+        preps = []
+        with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
+            for kp, vp, sc in pools:
+                cache = PagedKVCache(
+                    get_format(fmt), page_size, layout, d, kp, vp, sc.get("k_scales"), sc.get("v_scales"), bt, lens,
+                    kd, vd,
+                )  # fmt: skip
+                prep = prepare(q, cache, q_descale=q_descale, plan=mode)
+                if pdl:
+                    prep = prepare(q, cache, q_descale=q_descale, plan=mode, config=replace(prep.config, pdl=True))
+                preps.append(prep)
+        ms[mode] = _time_ms([p.launch for p in preps], iters, stream=stream)
+        if mode != plans[-1]:
+            del preps
     fi = None
     if peers and fmt == "e4m3" and q_dtype == "bf16" and layout == "nhd":
         torch.cuda.synchronize()
@@ -362,6 +370,13 @@ def main(argv=None) -> int:
         metavar="PATH",
         help="also write every row to PATH as CSV (CSV_FIELDS; benchmarks.plot_bandwidth draws it)",
     )
+    ap.add_argument(
+        "--plans",
+        default="occupancy",
+        metavar="MODES",
+        help="comma-separated plan modes of the Hopper kernel's rows, each timed on the same pools one"
+        " after the other (occupancy, batch_invariant); the first is the reference of the ratios",
+    )
     ap.add_argument("--queued", action="store_true",
                     help="queue the timed replays without a host sync between them (the GPU does not idle"
                     " between replays; each is still timed by its own pair of events)")  # fmt: skip
@@ -378,6 +393,11 @@ def main(argv=None) -> int:
     GRAPHS = not args.eager
     BACK_TO_BACK = args.back_to_back
     QUEUED = args.queued
+    from mjolnir_numerics.plan import PLAN_MODES
+
+    plans = tuple(x.strip() for x in args.plans.split(",") if x.strip())
+    if not plans or any(m not in PLAN_MODES for m in plans) or len(set(plans)) != len(plans):
+        ap.error(f"--plans {args.plans!r}: distinct comma-separated modes from {', '.join(PLAN_MODES)}")
     shape_dims = {d for *_, d in SHAPES}
     head_dims = [x.strip() for x in args.head_dims.split(",") if x.strip()]
     if not head_dims or any(not d.isdigit() or int(d) not in shape_dims for d in head_dims):
@@ -427,19 +447,25 @@ def main(argv=None) -> int:
                 shape = f"b{b} {h_q}/{h_k} d{d}"
                 for q_label in variants:
                     try:
-                        ms, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
+                        ms_by_plan, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                             b, args.seqlen, h_q, h_k, d, fmt, q_label, args.page_size, args.iters, gen,
-                            sdpa_cache, args.layout, args.pdl, not args.no_peers, args.l2_resident,
+                            sdpa_cache, args.layout, args.pdl, not args.no_peers, args.l2_resident, plans,
                         )  # fmt: skip
                     except ConfigError as e:
                         print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")
                         continue
-                    tb = x_bytes_tb(nbytes, ms)
-                    print(
-                        f"{shape:<22} {fmt:<6} {q_label:<7} {ms * 1e3:>9.1f} {tb:>6.2f} {tb / stream:>8.1%}"
-                        f" {ms_sdpa / ms:>6.2f}x"
-                    )
-                    rows.append(_row("mjolnir", b, h_q, h_k, d, shape, fmt, q_label, ms, nbytes, stream))
+                    for mode, ms in ms_by_plan.items():
+                        tb = x_bytes_tb(nbytes, ms)
+                        tag = "" if len(plans) == 1 else f"  plan={mode}"
+                        if mode != plans[0]:
+                            tag += f" ({ms / ms_by_plan[plans[0]]:.3f}x the {plans[0]} plan's time)"
+                        print(
+                            f"{shape:<22} {fmt:<6} {q_label:<7} {ms * 1e3:>9.1f} {tb:>6.2f} {tb / stream:>8.1%}"
+                            f" {ms_sdpa / ms:>6.2f}x{tag}"
+                        )
+                        rows.append(_row("mjolnir", b, h_q, h_k, d, shape, fmt, q_label, ms, nbytes, stream,
+                                         plan=mode))  # fmt: skip
+                    ms = ms_by_plan[plans[0]]
                     fmt_rows.append((q_label, ms, nbytes))
                     if isinstance(fi, str):
                         fi_note = f"# FlashInfer: {fi}"

@@ -29,7 +29,8 @@ def read_rows(path: str) -> list[dict]:
 
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        missing = [c for c in CSV_FIELDS if c not in (reader.fieldnames or [])]
+        optional = ("plan",)  # CSVs written before the --plans flag have no plan column
+        missing = [c for c in CSV_FIELDS if c not in (reader.fieldnames or []) and c not in optional]
         if missing:
             raise ValueError(f"{path}: not bench_hopper_decode --csv output (missing columns {missing})")
         return list(reader)
@@ -44,9 +45,10 @@ def bars(rows: list[dict]) -> dict:
     for r in rows:
         key = (int(r["heads_q"]), int(r["heads_k"]), int(r["head_dim"]))
         base = f"b{r['batch']} {r['heads_q']}/{r['heads_k']} d{r['head_dim']}"
+        default_plan = r.get("plan", "") in ("", "occupancy")  # rows before --plans have no plan
         if r["kind"] == "read":
             reads[(key, int(r["batch"]), r["format"])] = float(r["pct_stream"])
-        elif r["kind"] == "mjolnir" and r["q"] == "e4m3" and r["label"] == base:
+        elif r["kind"] == "mjolnir" and r["q"] == "e4m3" and r["label"] == base and default_plan:
             out.setdefault(key, {}).setdefault(int(r["batch"]), {})[r["format"]] = float(r["pct_stream"])
     if not out:
         raise ValueError("no default-configuration Hopper rows with e4m3 Q (kind 'mjolnir', label without sweep tags)")
