@@ -3,9 +3,10 @@
 Shapes (issue 3): b=32, L=4096, h_q=24, h_k=4, d=256, e4m3 KV, with bf16 Q and with e4m3 Q (target:
 at least 4x faster than the seed on the same inputs), and b=1, L=131072 (target: under 1 s), and
 peak memory at most 3x the float32 size of the KV being read. Exits non-zero when a target is missed.
-The targets are checked on the ideal arithmetic (``EmulatorKnobs(mma="ideal", log="correctly_rounded")``, the
-arithmetic they were set for); the last columns time the default, the target's hardware MMA and log models
-(issue 23), in the same run: what the exact models cost.
+The targets are checked on the ideal arithmetic (``EmulatorKnobs(mma="ideal", log="correctly_rounded",
+ex2="correctly_rounded")``, the arithmetic they were set for); the last columns time the default, the
+target's hardware models (Thor's on the CPU: MMA and log), the H200's (MMA, ex2 table, log), and the ratio
+of the H200 run to the same without its ex2 table ("ex2 table"), in the same run: what the exact models cost.
 
 Usage, from the repository root:
 ``python -m benchmarks.bench_emulator [--device cpu|cuda] [--quick] [--no-seed] [--no-hardware]``
@@ -139,12 +140,15 @@ def bench_case(name, num_seqs, seq_len, q_path, device, seed_fn, heads_q=24, hea
         small = random_e4m3_cache(1, 256, heads_k, d, page_size, device)
         emulate_decode(q[:1], small, **{k: v[:1] for k, v in kwargs.items()})
     cpu = []
-    ideal = EmulatorKnobs(mma="ideal", log="correctly_rounded")
+    ideal = EmulatorKnobs(mma="ideal", log="correctly_rounded", ex2="correctly_rounded")
     with PeakRSS(device) as mem:
         (o, lse), ours = timed(lambda: emulate_decode(q, cache, **kwargs, knobs=ideal), device, cpu)
     row = {"case": name, "ours_s": ours, "ours_cpu_s": cpu[-1], "peak_ratio": mem.extra / kv_fp32_bytes}
-    if hardware:  # the default: the target's (Thor's) MMA and log models
+    if hardware:  # the default: the target's (Thor's on the CPU) MMA and log models; then the H200's
         _, row["hw_s"] = timed(lambda: emulate_decode(q, cache, **kwargs), device)
+        _, row["h200_s"] = timed(lambda: emulate_decode(q, cache, **kwargs, target="h200"), device)
+        cr_ex2 = EmulatorKnobs(ex2="correctly_rounded")  # the H200's MMA and log, without its ex2 table
+        _, row["h200_cr_ex2_s"] = timed(lambda: emulate_decode(q, cache, **kwargs, target="h200", knobs=cr_ex2), device)
     if seed_fn is not None:
         plan = default_plan(cache.seq_lens.cpu(), heads_k, heads_q // heads_k, target="thor", head_dim=d)
         plan_chunk = plan.chunk_tiles
@@ -205,7 +209,8 @@ def main(argv=None) -> int:
     ]
     print(
         f"{'case':<28}{'seed s':>9}{'+decode':>9}{'ours s':>9}{'ratio':>8}{'ratio+dec':>10}{'peak/KVfp32':>13}"
-        f"{'seed cpu':>10}{'ours cpu':>10}{'cpu ratio':>10}{'hw arith s':>11}{'hw/ideal':>9}"
+        f"{'seed cpu':>10}{'ours cpu':>10}{'cpu ratio':>10}{'hw arith s':>11}{'hw/ideal':>9}{'h200 s':>9}"
+        f"{'h200/ideal':>11}{'ex2 table':>10}"
     )
     failed = []
     for i, r in enumerate(rows):
@@ -219,6 +224,11 @@ def main(argv=None) -> int:
             f"{r['case']:<28}{seed_s:>9}{dec:>9}{r['ours_s']:>9.2f}{ratio:>8}{ratio_dec:>10}{r['peak_ratio']:>13.2f}"
             f"{seed_cpu:>10}{r['ours_cpu_s']:>10.2f}{cpu_ratio:>10}"
             + (f"{r['hw_s']:>11.2f}{r['hw_s'] / r['ours_s']:>8.1f}x" if "hw_s" in r else f"{'-':>11}{'-':>9}")
+            + (
+                f"{r['h200_s']:>9.2f}{r['h200_s'] / r['ours_s']:>10.1f}x{r['h200_s'] / r['h200_cr_ex2_s']:>9.2f}x"
+                if "h200_s" in r
+                else f"{'-':>9}{'-':>11}{'-':>10}"
+            )
         )
         if args.quick:
             continue

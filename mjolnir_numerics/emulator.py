@@ -27,8 +27,8 @@ Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp l
   merge (``scale_o * (o * vd / p_scale) / l``, weight exp(0) = 1);
 * the reduction is the kernel's (``ex2(log2e * (m_j - m_max))``, 0 for -inf, split-order sums,
   ``scale_o * o * (1 / l)``, 0 where l = 0); the seed uses ``torch.exp`` and a division;
-* ex2 is correctly rounded with flush-to-zero, log is libdevice's ``logf`` (or correctly rounded)
-  (the seed: torch's libm);
+* ex2 is the target's measured SFU (the H200 and H100: ``emulator_stages.exp2_sm90_f32``) or correctly
+  rounded with flush-to-zero, log is libdevice's ``logf`` (or correctly rounded) (the seed: torch's libm);
 * constants are fp32 (``fp32(fp32(scale) * fp32(log2 e))``; the seed multiplies two doubles first);
 * an empty sequence gives O = 0 and LSE = -inf (the seed fails on it);
 * rows past the sequence end inside its last page are read, as the kernel reads them (K masked, V
@@ -53,6 +53,8 @@ from .emulator_stages import (
     accumulate_pv_mma,
     correct_row_sum,
     epilogue,
+    exp2_f32,
+    exp2_sm90_f32,
     log2_f32,
     log_f32,
     log_libdevice_f32,
@@ -83,6 +85,7 @@ V_DESCALE_AT = ("epilogue", "output")
 LSE_BASES = ("e", "2")
 MMA_ARITHMETIC = ("hardware", "ideal")
 LOG_ARITHMETIC = ("hardware", "correctly_rounded")
+EX2_ARITHMETIC = ("hardware", "correctly_rounded")
 _Q_SIG_BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
 _P_SIG_BITS = {"e4m3": None, "e5m2": 3, "bf16": 8, "fp32": 24}
 
@@ -107,8 +110,12 @@ class EmulatorKnobs:
         log: the LSE's natural log: ``"hardware"`` (the target's: libdevice ``logf``,
             :func:`~mjolnir_numerics.emulator_stages.log_libdevice_f32`), ``"correctly_rounded"``, or None:
             as ``mma``, the target's where the kernel runs the configuration, else correctly rounded.
-            ``lse_base="2"`` (not a kernel's) always takes the correctly rounded log2. ex2 has one model,
-            correctly rounded with flush to zero (docs/numerics.md says what that leaves).
+            ``lse_base="2"`` (not a kernel's) always takes the correctly rounded log2.
+        ex2: ``ex2.approx.ftz.f32`` (p, the correction, the split weights): ``"hardware"`` (the target's
+            measured SFU where it has one: :func:`~mjolnir_numerics.emulator_stages.exp2_sm90_f32` on the
+            H200 and H100; correctly rounded on targets with none measured), ``"correctly_rounded"``
+            (with flush to zero), or None: as ``mma``, the target's where the kernel runs the
+            configuration, else correctly rounded.
     """
 
     p_scale: Optional[float] = None
@@ -118,6 +125,7 @@ class EmulatorKnobs:
     lse_base: str = "e"
     mma: Optional[str] = None
     log: Optional[str] = None
+    ex2: Optional[str] = None
 
     def __post_init__(self):
         if self.p_format is not None and self.p_format not in P_FORMATS:
@@ -130,6 +138,7 @@ class EmulatorKnobs:
             ("lse_base", self.lse_base, LSE_BASES),
             ("mma", self.mma, MMA_ARITHMETIC + (None,)),
             ("log", self.log, LOG_ARITHMETIC + (None,)),
+            ("ex2", self.ex2, EX2_ARITHMETIC + (None,)),
         ):
             if val not in allowed:
                 raise ValueError(f"{name}: {val!r} is not one of {', '.join(str(a) for a in allowed)}")
@@ -566,6 +575,8 @@ def _emulate(
         default_log = "hardware" if native and tgt.log == "libdevice_logf" else "correctly_rounded"
         hw_log = (knobs.log or default_log) == "hardware"
         lse_log = log_libdevice_f32 if hw_log else log_f32
+    hw_ex2 = (knobs.ex2 or ("hardware" if native else "correctly_rounded")) == "hardware"
+    ex2 = exp2_sm90_f32 if hw_ex2 and tgt.ex2 == "sm90_mufu" else exp2_f32
 
     # -- chunks of all sequences advance together ----------------------------------------------------
     chunks = plan.chunks()
@@ -606,10 +617,10 @@ def _emulate(
         s_t = mask_tile(s_t, keys, last_key[sel])
         m_prev = m[sel]
         m_new, m_use = update_column_max(m_prev, s_t)
-        p = softmax_tile(s_t, m_use, c_a)
+        p = softmax_tile(s_t, m_use, c_a, ex2)
         p_q = round_p(p, p_scale, p_format)
         p_sum = p if knobs.row_sum == "unrounded" else p_q / p_scale
-        corr, l_new = correct_row_sum(m_prev, m_use, c_a, l[sel], p_sum)
+        corr, l_new = correct_row_sum(m_prev, m_use, c_a, l[sel], p_sum, ex2)
         o_a = o[sel]
         if s > 0:
             o_a = rescale_o(o_a, corr, m_new, m_prev)
@@ -645,7 +656,7 @@ def _emulate(
         o_p[r_idx, j_idx] = ep["o_part"][idx]
         m_p[r_idx, j_idx] = ep["m_part"][idx]
         l_p[r_idx, j_idx] = ep["l_part"][idx]
-        o_red, lse_red = reduction(o_p, m_p, l_p, scale_o, LOG2E_F32 if knobs.lse_base == "e" else 1.0, lse_log)
+        o_red, lse_red = reduction(o_p, m_p, l_p, scale_o, LOG2E_F32 if knobs.lse_base == "e" else 1.0, lse_log, ex2)
         seq_idx = torch.tensor(split_seqs, dtype=torch.long, device=dev)
         o_out[seq_idx] = o_red
         lse_out[seq_idx] = lse_red

@@ -38,12 +38,13 @@ representable data, so the emulator is bit-identical on CPU and CUDA.
    were off by up to ~2^-10 of ``sum(|a_i b_i|)`` already at 32 terms
    (``python -m benchmarks.probes.probe_fp8_accumulation``), so the Hopper kernel multiplies exactly widened
    f16 / bf16 values (an fp8 wgmma variant, not conformant, was measured and removed: reports/hopper/).
-2. **ex2.approx.ftz.f32** (p, the correction, the split weights): modelled as the correctly rounded
-   fp32 exp2 with subnormal results flushed to +0. Hardware differs by at most 2 ulp (docs/numerics.md,
-   "Special functions"; measured 0 e4m3(p * 448) code differences, 12 bf16 ones over 4M points).
-   Correct rounding is computed from float64 exp2 (error < 2 float64 ulps), and the rare results
-   within 2^7 float64 ulps (2^-22 fp32 ulp) of an fp32 rounding midpoint are redone in 60-digit decimal
-   arithmetic (:func:`exp2_f32`), so CPU and CUDA libm differences cannot show.
+2. **ex2.approx.ftz.f32** (p, the correction, the split weights): on the H200 and H100, the H200's SFU
+   bit for bit (:func:`exp2_sm90_f32`: the correctly rounded value plus a measured difference of -2 ..
+   +1 ulp read from a table; 0 differences over every input of [-150, 0]). Elsewhere the correctly
+   rounded fp32 exp2 with subnormal results flushed to +0 (:func:`exp2_f32`): computed from float64
+   exp2 (error < 2 float64 ulps), and the rare results within 2^7 float64 ulps (2^-22 fp32 ulp) of an
+   fp32 rounding midpoint are redone in 60-digit decimal arithmetic, so CPU and CUDA libm differences
+   cannot show.
 3. **log (LSE, ``cute.math.log(fastmath=False)``)**: libdevice's ``logf``, bit for bit
    (:func:`log_libdevice_f32`, plain fp32 fmas; matched the H200 on every positive fp32), or the
    correctly rounded fp32 natural log (:func:`log_f32`, same method as ex2), which it is within 1 ulp of.
@@ -85,6 +86,7 @@ __all__ = [
     "add_round_f32",
     "fma_f32",
     "exp2_f32",
+    "exp2_sm90_f32",
     "log_f32",
     "log_libdevice_f32",
     "log2_f32",
@@ -225,6 +227,75 @@ def exp2_f32(x: torch.Tensor) -> torch.Tensor:
     x64 = x.double()
     z = _correct_round(torch.exp2(x64), x64, lambda d: (d * Decimal(2).ln()).exp())
     return torch.where(z < _F32_MIN_NORMAL, torch.zeros_like(z), z)
+
+
+# The H200's ex2.approx.ftz.f32 (MUFU.EX2), measured on every fp32 x < 0 with |x| in [2^-25, 1): the
+# difference of its result from the correctly rounded one, in fp32 ulps (-2 .. +1), 2 bits per input
+# (d + 2, four inputs a byte, the lowest bits first), binade k = 0 .. 24 (|x| in [2^-(k+1), 2^-k), inputs in bit order
+# from 0x80000000 | (126 - k) << 23) one after another: 52,428,800 bytes, 283 KB as xz. Written by
+# ``python -m benchmarks.probes.arithmetic_sweep --out DIR --parts ex2_raw`` on the H200 (2026-12-02),
+# then ``--ex2-table DIR``.
+EX2_SM90_TABLE = "data/ex2_sm90.xz"
+EX2_SM90_BINADES = 25
+_ex2_tables: dict = {}
+
+
+def _ex2_sm90_table(device: torch.device) -> torch.Tensor:
+    """The packed ex2 table (uint8, 52 MB) on ``device``, read once per process (and once per device)."""
+    key = str(device)
+    if key not in _ex2_tables:
+        if "cpu" not in _ex2_tables:
+            import lzma
+            from importlib.resources import files
+
+            raw = lzma.decompress(files(__package__).joinpath(EX2_SM90_TABLE).read_bytes())
+            if len(raw) != EX2_SM90_BINADES << 21:
+                raise RuntimeError(f"{EX2_SM90_TABLE}: {len(raw)} bytes, expected {EX2_SM90_BINADES << 21}")
+            _ex2_tables["cpu"] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        _ex2_tables[key] = _ex2_tables["cpu"].to(device)
+    return _ex2_tables[key]
+
+
+def exp2_sm90_f32(x: torch.Tensor) -> torch.Tensor:
+    """The H200's ``ex2.approx.ftz.f32`` (sm_90 ``MUFU.EX2``), bit for bit, for fp32 ``x <= 0``.
+
+    Measured structure (``reports/hopper/2026-12-01-arithmetic.md``): the result is ``2^n ex2(r)`` with
+    ``n = ceil(x)`` and ``r = x - n`` in (-1, 0] (exact in fp32), flushed to +0 below 2^-126; ``ex2(r)``
+    is correctly rounded for |r| < 2^-25, and for |r| in [2^-25, 1) it is the correctly rounded
+    value plus a measured difference of -2 .. +1 ulp, read from the table (no compact formula reproduced
+    it: the SFU interpolates a table with a quadratic, Oberman and Siu, ARITH 2005). ``-inf -> 0``, NaN
+    -> NaN. The kernels only exponentiate ``x <= 0`` (scores minus their running max); a positive ``x``
+    raises ``ValueError``, as it was not measured.
+
+    Args:
+        x: float32, any shape, on any device (the table is moved there once).
+
+    Returns:
+        float32 like ``x``.
+    """
+    if x.dtype != torch.float32:
+        raise TypeError(f"x: expected float32, got {x.dtype}")
+    if bool((x > 0).any()):
+        raise ValueError("x: the sm_90 ex2 model covers x <= 0 (the kernels' inputs); got a positive value")
+    finite = torch.isfinite(x)
+    xf = torch.where(finite, x, torch.zeros_like(x))
+    n = torch.ceil(xf)
+    r = xf - n  # exact: a multiple of x's ulp below 1 in magnitude
+    r = torch.where(r == 0, torch.zeros_like(r), r)  # -0.0 -> +0.0 (outside the table either way)
+    cr = exp2_f32(r)
+    rb = r.view(torch.int32)
+    k = 126 - ((rb >> 23) & 0xFF)
+    in_table = (rb < 0) & (k >= 0) & (k < EX2_SM90_BINADES)
+    idx = k.clamp(0, EX2_SM90_BINADES - 1).long() * (1 << 23) + (rb & 0x7FFFFF).long()
+    table = _ex2_sm90_table(x.device)
+    d = ((table[idx >> 2] >> ((idx & 3) * 2).to(torch.uint8)) & 3).to(torch.int32) - 2
+    hw_r = (cr.view(torch.int32) + torch.where(in_table, d, torch.zeros_like(d))).view(torch.float32)
+    # 2^n from its bits: exact on every device; below -200 the result flushes to 0 whatever n is
+    pow2 = ((n.clamp(min=-200).long() + 1023) << 52).view(torch.float64)
+    z = hw_r.double() * pow2  # exact scaling
+    z = torch.where(z < _F32_MIN_NORMAL, torch.zeros_like(z), z).float()
+    z = torch.where(x == -math.inf, torch.zeros_like(z), z)
+    return torch.where(torch.isnan(x), x, z)
 
 
 def log_f32(x: torch.Tensor) -> torch.Tensor:
@@ -532,18 +603,21 @@ def update_column_max(m_prev: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tens
     return m, m_use
 
 
-def softmax_tile(s: torch.Tensor, m_use: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+def softmax_tile(
+    s: torch.Tensor, m_use: torch.Tensor, c: torch.Tensor, ex2: Callable[[torch.Tensor], torch.Tensor] = exp2_f32
+) -> torch.Tensor:
     """Step 6: ``p = ex2((S - m_use) * c)``: one fp32 subtract, one fp32 multiply, then ex2.
 
     Args:
         s: ``(C, G, N, T)`` float32; m_use: ``(C, G, N)``; c: ``(C, G)`` float32, the folded scale
             ``scale_qs_log2_e * (q_descale * k_descale)``.
+        ex2: the ex2 model (:func:`exp2_f32` or :func:`exp2_sm90_f32`).
 
     Returns:
         float32 ``(C, G, N, T)``, unrounded p in [0, 1].
     """
     x = (s - m_use[..., None]) * c[:, :, None, None]
-    return exp2_f32(x)
+    return ex2(x)
 
 
 def round_p(p: torch.Tensor, p_scale: float, p_format: str) -> torch.Tensor:
@@ -565,7 +639,12 @@ def round_p(p: torch.Tensor, p_scale: float, p_format: str) -> torch.Tensor:
 
 
 def correct_row_sum(
-    m_prev: torch.Tensor, m_use: torch.Tensor, c: torch.Tensor, l: torch.Tensor, p_sum: torch.Tensor
+    m_prev: torch.Tensor,
+    m_use: torch.Tensor,
+    c: torch.Tensor,
+    l: torch.Tensor,
+    p_sum: torch.Tensor,
+    ex2: Callable[[torch.Tensor], torch.Tensor] = exp2_f32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 8: ``corr = ex2((m_prev - m_use) * c)`` and, per key row (thread), ``l = fma(corr, l, p)``.
 
@@ -573,11 +652,12 @@ def correct_row_sum(
         m_prev, m_use: ``(C, G, N)`` float32; c: ``(C, G)``.
         l: ``(C, G, N, T)`` float32 per-thread row sums (key row i of the tile is thread i).
         p_sum: ``(C, G, N, T)`` the p added to the row sum (the unrounded p in the kernel).
+        ex2: the ex2 model (:func:`exp2_f32` or :func:`exp2_sm90_f32`).
 
     Returns:
         ``(corr (C, G, N), l (C, G, N, T))`` float32.
     """
-    corr = exp2_f32((m_prev - m_use) * c[:, :, None])
+    corr = ex2((m_prev - m_use) * c[:, :, None])
     return corr, fma_f32(corr[..., None], l, p_sum)
 
 
@@ -710,6 +790,7 @@ def reduction(
     scale_o: float,
     weight_log2: float = LOG2E_F32,
     lse_log: Callable[[torch.Tensor], torch.Tensor] = log_f32,
+    ex2: Callable[[torch.Tensor], torch.Tensor] = exp2_f32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 11: merge the split partials of the sequences with more than one chunk.
 
@@ -718,6 +799,7 @@ def reduction(
         m_part: ``(B, J, G, N)`` (absent: -inf); l_part: ``(B, J, G, N)`` (absent: 0).
         scale_o: the output scale (fp32 value).
         weight_log2: ``log2(e)`` as fp32 (1.0 for base-2 LSE).
+        lse_log: the LSE's log model; ex2: the ex2 model of the weights.
 
     Returns:
         ``(o float32 (B, G, N, D) before the bf16 store, lse float32 (B, G, N))``:
@@ -726,7 +808,7 @@ def reduction(
         ``o = scale_o * o * (1 / l)`` (0 where l is 0); ``lse = m_max + log(l)``.
     """
     m_max = m_part.amax(dim=1)
-    w = exp2_f32(weight_log2 * (m_part - m_max[:, None]))
+    w = ex2(weight_log2 * (m_part - m_max[:, None]))
     w = torch.where(m_part == -math.inf, torch.zeros_like(w), w)
     l_acc = torch.zeros_like(l_part[:, 0])
     o_acc = torch.zeros_like(o_part[:, 0])

@@ -222,9 +222,10 @@ def attribute_errors(
         fmt: KV format; q_path: ``"e4m3"`` or ``"bf16"``; page_size, granularity: of the cache.
         plan: the split plan for the emulator (default: the kernel's).
         knobs: emulator knobs for every emulator run (P rounding is overridden for its baseline). Default:
-            the ideal arithmetic (``EmulatorKnobs(mma="ideal", log="correctly_rounded")``), so that every
-            source is measured against a baseline of the same arithmetic; with ``mma="hardware"`` the
-            ``p_rounding`` row also holds what the hardware MMA model adds (its fp32-P baseline is ideal).
+            the ideal arithmetic (``EmulatorKnobs(mma="ideal", log="correctly_rounded",
+            ex2="correctly_rounded")``), so that every source is measured against a baseline of the same
+            arithmetic; with ``mma="hardware"`` the ``p_rounding`` row also holds what the hardware MMA model
+            adds (its fp32-P baseline is ideal).
         allow_unsupported: the emulator's research switch (e.g. head dim 64), see :func:`emulate_decode`.
 
     Returns:
@@ -232,7 +233,7 @@ def attribute_errors(
     """
     if q_path not in ("e4m3", "bf16"):
         raise ValueError(f"q_path: {q_path!r} is not one of e4m3, bf16")
-    knobs = knobs or EmulatorKnobs(mma="ideal", log="correctly_rounded")
+    knobs = knobs or EmulatorKnobs(mma="ideal", log="correctly_rounded", ex2="correctly_rounded")
     ks, vs = _kv_lists(k, v)
     num_seqs, heads_k = len(ks), ks[0].shape[1]
     cache = PagedKVCache.from_float(ks, vs, fmt, page_size=page_size, granularity=granularity, shuffle=True)
@@ -257,7 +258,7 @@ def attribute_errors(
     o_emu, lse_emu = emu(plan=plan, knobs=knobs)
     fp32_p = EmulatorKnobs(
         p_scale=1.0, p_format="fp32", row_sum=knobs.row_sum, v_descale_at=knobs.v_descale_at, lse_base=knobs.lse_base,
-        mma="ideal", log=knobs.log,
+        mma="ideal", log=knobs.log, ex2=knobs.ex2,
     )  # fmt: skip
     o_np, lse_np = emu(plan=plan, knobs=fp32_p)
     rows.append(error_metrics("p_rounding", o_emu, o_np, lse_emu, lse_np))

@@ -45,7 +45,7 @@ __all__ = [
 
 BACKENDS = ("thor", "hopper")
 Q_DTYPES = ("bf16", "e4m3")
-EX2_MODELS = ("correctly_rounded",)
+EX2_MODELS = ("correctly_rounded", "sm90_mufu")
 LOG_MODELS = ("libdevice_logf", "correctly_rounded")
 
 
@@ -69,8 +69,9 @@ class Target:
         walk: the kernel's tile walk (``mjolnir_numerics.arithmetic.kstep_groups``): which head dims and
             keys each MMA instruction adds, in which order.
         mma_e4m3_q, mma_bf16_q: the MMA models (``arithmetic.MMA_MODELS``) of the e4m3-Q and bf16-Q paths.
-        ex2: the model of the kernel's ``ex2.approx.ftz.f32``: ``"correctly_rounded"`` (with flush to
-            zero) on every target until a hardware model is measured (docs/numerics.md says what that leaves).
+        ex2: the model of the kernel's ``ex2.approx.ftz.f32``: ``"sm90_mufu"`` (the H200's SFU, measured on
+            every input: :func:`mjolnir_numerics.emulator_stages.exp2_sm90_f32`) or ``"correctly_rounded"``
+            (with flush to zero), on targets whose SFU is not measured.
         log: the model of the LSE's log: ``"libdevice_logf"`` (the kernels' ``cute.math.log(fastmath=False)``,
             plain fp32 fmas: :func:`mjolnir_numerics.emulator_stages.log_libdevice_f32`) or
             ``"correctly_rounded"``.
@@ -159,9 +160,11 @@ class Target:
 
 THOR = Target("thor", "sm_110a", "thor", 20, ((128, 2), (256, 2)), (8, 16, 32), 16, 16)
 B200 = Target("b200", "sm_100a", "thor", 148, ((128, 2), (256, 2)), (8, 16, 32), 16, 16)
-_HOPPER_ARITHMETIC = dict(walk="mma_sync_sm90", mma_e4m3_q="sm90_f16", mma_bf16_q="sm90_bf16")
+# H100 is the same sm_90 SM as H200 (GH100): the same models, predicted there, measured on the H200
+_HOPPER_ARITHMETIC = dict(walk="mma_sync_sm90", mma_e4m3_q="sm90_f16", mma_bf16_q="sm90_bf16", ex2="sm90_mufu")
+_H200_VERIFIED = "H200: benchmarks.probes.arithmetic_sweep, 2026-12-01 (MMA, log) and 2026-12-02 (ex2)"
 H200 = Target("h200", "sm_90a", "hopper", 132, ((128, 2), (256, 1)), (8, 16), 8, 32, **_HOPPER_ARITHMETIC,
-              arithmetic_verified="H200: benchmarks.probes.arithmetic_sweep, 2026-12-01")  # fmt: skip
+              arithmetic_verified=_H200_VERIFIED)  # fmt: skip
 H100 = Target("h100", "sm_90a", "hopper", 132, ((128, 2), (256, 1)), (8, 16), 8, 32, **_HOPPER_ARITHMETIC)
 
 TARGETS: dict[str, Target] = {t.name: t for t in (THOR, B200, H200, H100)}

@@ -220,12 +220,13 @@ def plot_pareto(df: pd.DataFrame, metric: str = "rel_l2"):
 def arithmetic_paragraph() -> str:
     return (
         "The same decode (same cache, Q and plan) with each target's hardware arithmetic (the tensor "
-        "core's block FMAs in the kernel's k-step order, libdevice's log; `mjolnir_numerics.arithmetic`) "
-        "and with the ideal one (each tile's contraction exact, rounded once; correctly rounded log). "
-        "`hw vs ideal` is the rel L2 (and max |dO|, max |dLSE|) between the two runs: the error the chips' "
-        "own rounding adds; `total` is the hardware run's rel L2 against the float64 reference. H200: the "
-        "models are checked on its silicon; Thor: predicted (the B200 model). ex2 is correctly rounded in "
-        "both runs (no hardware model yet). Every other part of this study runs the ideal arithmetic."
+        "core's block FMAs in the kernel's k-step order, the SFU's ex2 where it is measured, libdevice's "
+        "log; `mjolnir_numerics.arithmetic`, `emulator_stages`) and with the ideal one (each tile's "
+        "contraction exact, rounded once; correctly rounded ex2 and log). `hw vs ideal` is the rel L2 (and "
+        "max |dO|, max |dLSE|) between the two runs: the error the chips' own rounding adds; `total` is the "
+        "hardware run's rel L2 against the float64 reference. H200: every model is checked on its silicon; "
+        "Thor: the MMA is predicted (the B200 model) and ex2 correctly rounded (not measured there). Every "
+        "other part of this study runs the ideal arithmetic."
     )
 
 

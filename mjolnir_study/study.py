@@ -29,12 +29,13 @@ the kernel's capability rules: those rows run with ``allow_unsupported=True`` (t
 and carry ``kernel_supported = False``.
 
 Arithmetic: every part but ``arithmetic`` runs the spec's ideal arithmetic (each tile's contraction exact,
-rounded once; correctly rounded log: ``EmulatorKnobs(mma="ideal", log="correctly_rounded")``, column
-``arithmetic = ideal``), planned for the emulator's default target of ``device`` (column ``target``). The
-``arithmetic`` part runs the kernels' configurations twice per target, with the target's hardware models
-(``arithmetic = hardware``: the tensor core's block FMAs in the kernel's order and libdevice's log) and the
-ideal ones, and adds rows ``error_source = arithmetic``: the hardware run against the ideal one, i.e. the
-error the chips' own rounding adds. ex2 is correctly rounded in both (it has no hardware model yet).
+rounded once; correctly rounded ex2 and log: ``EmulatorKnobs(mma="ideal", log="correctly_rounded",
+ex2="correctly_rounded")``, column ``arithmetic = ideal``), planned for the emulator's default target of
+``device`` (column ``target``). The ``arithmetic`` part runs the kernels' configurations twice per target,
+with the target's hardware models (``arithmetic = hardware``: the tensor core's block FMAs in the kernel's
+order, the SFU's ex2 where it is measured (the H200 and H100) and libdevice's log) and with the ideal ones,
+and adds rows ``error_source = arithmetic``: the hardware run against the ideal one, i.e. the error the
+chips' own rounding adds.
 """
 
 from __future__ import annotations
@@ -88,7 +89,11 @@ P_VARIANTS: dict[str, dict] = {
     "fp32": {"p_format": "fp32", "p_scale": 1.0},  # no P rounding: the baseline of the others
 }
 N_LAYERS = 30  # SmolLM2-135M
-IDEAL_ARITHMETIC = {"mma": "ideal", "log": "correctly_rounded"}  # EmulatorKnobs of every part but arithmetic
+IDEAL_ARITHMETIC = {
+    "mma": "ideal",
+    "log": "correctly_rounded",
+    "ex2": "correctly_rounded",
+}  # EmulatorKnobs of every part but arithmetic
 ARITHMETIC_TARGETS = ("h200", "thor")  # verified on the H200's silicon; Thor's models are predicted
 
 COLUMNS = (

@@ -6,13 +6,18 @@
   subnormal operands and results, the decode kernel's own operand mixes), each output compared bit for bit
   with the hardware model and with the ideal one (``mma.json``, and up to 200 mismatches);
 * ``ex2``: ``ex2.approx.ftz.f32`` over every fp32 input the kernels can give it (x <= 0 down to the flush
-  threshold), against the spec's model (correctly rounded exp2, subnormal results flushed): the ulp
-  histogram overall and per binade, and a test of the shift structure ``ex2(x) = 2^n ex2(x - n)``
-  (``ex2.json``; raw differences on a few binades in ``ex2_binades.npz``);
+  threshold), bit for bit against the hardware model ``emulator_stages.exp2_sm90_f32`` (``sm90_model`` in
+  ``ex2.json``) and against correctly rounded exp2 (subnormal results flushed): the ulp histogram overall
+  and per binade, and a test of the shift structure ``ex2(x) = 2^n ex2(x - n)`` (``ex2.json``; raw
+  differences on a few binades in ``ex2_binades.npz``);
+* ``ex2_raw``: the raw differences from correct rounding on every x of [-1, -2^-25), 2 bits each (xz);
+  ``--ex2-table DIR`` (no GPU) packs a run's files into ``mjolnir_numerics/data/ex2_sm90.xz``, the table
+  of ``exp2_sm90_f32``;
 * ``log``: ``cute.math.log(fastmath=False)`` (the kernels' LSE) over every fp32 from +0 to +inf, against
   the libdevice model ``emulator_stages.log_libdevice_f32`` and correctly rounded log (``log.json``).
 
-    python -m benchmarks.probes.arithmetic_sweep --out DIR [--parts mma,ex2,log]
+    python -m benchmarks.probes.arithmetic_sweep --out DIR [--parts mma,ex2,log,ex2_raw]
+    python -m benchmarks.probes.arithmetic_sweep --ex2-table DIR     # DIR: an ex2_raw run's files
 """
 
 from __future__ import annotations
@@ -182,10 +187,16 @@ def run_ex2(out: Path, lo=0x80000000, hi=None, probe=None) -> dict:
         probe = (compile_unary_probe("ex2"), run_unary)
     compiled, run_unary = probe
     hi = int(np.float32(EX2_LOWEST).view(np.uint32)) + 1 if hi is None else hi
-    hist, per_binade, raw, off_cr = {}, {}, {}, []
-    n_total = shift_checked = shift_bad = 0
+    from mjolnir_numerics.emulator_stages import exp2_sm90_f32
+
+    hist, per_binade, raw, off_cr, off_sm90 = {}, {}, {}, [], []
+    n_total = shift_checked = shift_bad = sm90_bad = 0
     for x in _neg_floats(lo, hi):
         hw = run_unary(compiled, x)
+        bad = _bits(exp2_sm90_f32(x)) != _bits(hw)
+        sm90_bad += int(bad.sum())
+        if len(off_sm90) < 64 and bool(bad.any()):
+            off_sm90 += [[xv, hv] for xv, hv in zip(x[bad][:8].tolist(), hw[bad][:8].tolist())]
         d = (_bits(hw).long() - _bits(ex2_reference(x)).long()).clamp(-8, 8)
         kb = _binade(x)
         for v, cnt in zip(*(t.tolist() for t in torch.unique(d, return_counts=True))):
@@ -211,10 +222,11 @@ def run_ex2(out: Path, lo=0x80000000, hi=None, probe=None) -> dict:
             shift_bad += int((_bits(pred) != _bits(hw[big])).sum())
             shift_checked += xb.numel()
         n_total += x.numel()
-        print(f"ex2 {n_total} inputs, histogram {hist}", flush=True)
+        print(f"ex2 {n_total} inputs, histogram {hist}, sm90 model mismatches {sm90_bad}", flush=True)
     result = {"inputs": n_total, "ulp_diff_histogram": hist, "per_binade": per_binade,
               "shift_structure": {"checked": shift_checked, "mismatches": shift_bad},
-              "hw_not_model": off_cr[:64]}  # fmt: skip
+              "hw_not_model": off_cr[:64],
+              "sm90_model": {"checked": n_total, "mismatches": sm90_bad, "samples": off_sm90[:64]}}  # fmt: skip
     (out / "ex2.json").write_text(json.dumps(result, indent=1))
     np.savez_compressed(out / "ex2_binades.npz", **{k: np.concatenate(v) for k, v in raw.items()})
     return result
@@ -294,12 +306,39 @@ def run_log(out: Path, lo=0, hi=0x7F800001, probe=None) -> dict:
     return result
 
 
+def write_ex2_table(raw_dir: Path, dest: Path) -> int:
+    """Concatenate an ``ex2_raw`` run's files (binades 0 .. 24 in order) into one xz file at ``dest``, the
+    table ``emulator_stages.exp2_sm90_f32`` reads. Returns its size in bytes."""
+    import lzma
+
+    names = sorted(raw_dir.glob("ex2_raw_*_*.xz"), key=lambda p: int(p.stem.split("_")[2]))
+    if not names:
+        raise FileNotFoundError(f"{raw_dir}: no ex2_raw_<first>_<last>.xz files (run --parts ex2_raw)")
+    covered = [k for p in names for k in range(int(p.stem.split("_")[2]), int(p.stem.split("_")[3]) + 1)]
+    if covered != list(range(25)):
+        raise ValueError(f"{raw_dir}: the files cover binades {covered}, expected 0 .. 24 once each")
+    raw = b"".join(lzma.decompress(p.read_bytes()) for p in names)
+    if len(raw) != 25 << 21:
+        raise ValueError(f"{raw_dir}: {len(raw)} bytes of differences, expected {25 << 21}")
+    dest.write_bytes(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME))
+    return dest.stat().st_size
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for the results")
+    ap.add_argument("--out", help="folder for the results")
+    ap.add_argument("--ex2-table", metavar="DIR", help="pack an ex2_raw run's files into the package's ex2 table")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
     ap.add_argument("--mma-scale", type=int, default=1, help="1024 * N tests (128 dot products each) per case")
     args = ap.parse_args(argv)
+    if args.ex2_table:
+        from mjolnir_numerics import emulator_stages
+
+        dest = Path(emulator_stages.__file__).parent / emulator_stages.EX2_SM90_TABLE
+        print(f"{dest}: {write_ex2_table(Path(args.ex2_table), dest)} bytes")
+        return 0
+    if not args.out:
+        ap.error("--out: required (the folder for the results), unless --ex2-table")
     parts = [p for p in args.parts.split(",") if p]
     if any(p not in PARTS for p in parts):
         ap.error(f"--parts: {args.parts!r}; allowed {PARTS}")

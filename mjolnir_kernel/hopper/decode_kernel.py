@@ -54,7 +54,7 @@ import cutlass.memory
 from mjolnir_numerics.formats import FORMATS
 
 from ..kernel_views import DecodeEntry, shared_views
-from ..reduction import LOG2_E, SplitReduction
+from ..reduction import LOG2_E, SplitReduction, mul_rn
 from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
 from .ptx import (
     l2_evict_first_policy,
@@ -974,7 +974,7 @@ class HopperDecodeKernel(DecodeEntry):
         unsplit, the row's element offset in O)."""
         f32, i64 = cutlass.Float32, cutlass.Int64
         l_total = s_sum[0, row] + s_sum[1, row] + s_sum[2, row] + s_sum[3, row]
-        m_out = m_row * lse_scale
+        m_out = mul_rn(m_row, lse_scale)  # rounded before the add (never an fma), as the spec
         if writes_stats:
             if n_splits == 1:
                 mLSE[n, hb] = m_out + cute.math.log(l_total, fastmath=False)

@@ -78,7 +78,7 @@ from .config import (
     can_implement_thor,
 )
 from ..kernel_views import DecodeEntry, shared_views
-from ..reduction import LOG2_E, SplitReduction
+from ..reduction import LOG2_E, SplitReduction, mul_rn
 
 WARPS_PER_WARPGROUP = WARPGROUP_THREADS // WARP_THREADS
 LEAD = SP_STAGES - 1  # K of tile s + LEAD is loaded before V of tile s (consumers drain in that order)
@@ -1123,7 +1123,7 @@ class ThorDecodeKernel(DecodeEntry):
             m_raw = c.sM0[0, lane]
             if last_parity == 1:
                 m_raw = c.sM1[0, lane]
-            m_out = m_raw * lse_scale  # -inf stays -inf
+            m_out = mul_rn(m_raw, lse_scale)  # -inf stays -inf; rounded before the add (never an fma)
             if cutlass.const_expr(single):
                 mLSE[col, hb] = m_out + cute.math.log(l_total, fastmath=False)
             else:

@@ -2,8 +2,11 @@
 hand cases that tell the tensor core's block FMA from the ideal dot product, outputs of the H200's own
 ``mma.sync`` (tests/data/h200_mma_vectors.npz: 6 instructions of each sweep category, recorded by
 ``python -m benchmarks.probes.arithmetic_sweep --parts mma`` on 2026-12-01), the fast path against the
-slow one, the tile walks, the libdevice log, and CPU = CUDA."""
+slow one, the tile walks, the libdevice log, the H200's ex2 (``exp2_sm90_f32`` against the outputs and the
+per-binade histogram of a second, independent sweep: reports/hopper/2026-12-01-arithmetic/ex2.json), and
+CPU = CUDA."""
 
+import json
 import math
 from pathlib import Path
 
@@ -19,10 +22,11 @@ from mjolnir_numerics.arithmetic import (
     kstep_groups,
     round_toward_zero_f32,
 )
-from mjolnir_numerics.emulator_stages import log_f32, log_libdevice_f32
-from tests.conftest import cuda_only
+from mjolnir_numerics.emulator_stages import exp2_f32, exp2_sm90_f32, log_f32, log_libdevice_f32
+from tests.conftest import cuda_only, test_size_name
 
 VECTORS = Path(__file__).parents[1] / "data" / "h200_mma_vectors.npz"
+EX2_SWEEP = Path(__file__).parents[2] / "reports" / "hopper" / "2026-12-01-arithmetic" / "ex2.json"
 SM90 = {"f16": MMA_MODELS["sm90_f16"], "bf16": MMA_MODELS["sm90_bf16"]}
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
@@ -195,6 +199,59 @@ def test_log_libdevice_special_values():
 
 
 # ------------------------------------------------------------------------------------------------------
+# The H200's ex2 (the table was written by the ex2_raw sweep of 2026-12-02; ex2.json by the ex2 sweep of
+# 2026-12-01, a different run over every input)
+# ------------------------------------------------------------------------------------------------------
+def _binade_inputs(k: int) -> torch.Tensor:
+    start = 0x80000000 | ((126 - k) << 23)  # |x| in [2^-(k+1), 2^-k), in bit order
+    return torch.arange(start, start + (1 << 23), dtype=torch.int64).to(torch.int32).view(torch.float32)
+
+
+def test_ex2_model_gives_the_outputs_the_h200_gave():
+    """The 40 (x, hw) pairs that the 2026-12-01 sweep kept where the H200 was not correctly rounded,
+    including x < -1 (the shift structure)."""
+    pairs = json.loads(EX2_SWEEP.read_text())["hw_not_model"]
+    x = torch.tensor([a for a, _ in pairs], dtype=torch.float32)
+    hw = torch.tensor([b for _, b in pairs], dtype=torch.float32)
+    assert len(pairs) == 40 and bool((x < -1).any())
+    assert torch.equal(_bits(exp2_sm90_f32(x)), _bits(hw))
+    assert not bool((_bits(exp2_f32(x)) == _bits(hw)).any())
+
+
+@pytest.mark.slow
+def test_ex2_model_has_the_h200s_histogram_in_every_binade():
+    """Per binade of [-1, -2^-25): the model's ulp differences from correct rounding are those the
+    2026-12-01 sweep counted on the H200, value by value; the model is monotone and within -2..+1 ulp."""
+    per_binade = json.loads(EX2_SWEEP.read_text())["per_binade"]
+    last = prev = None
+    binades = range(25) if test_size_name() == "full" else (0, 1, 7, 8, 21, 22, 23, 24)  # small: CI's
+    for k in binades:
+        x = _binade_inputs(k)
+        y = exp2_sm90_f32(x)
+        d = _bits(y).long() - _bits(exp2_f32(x)).long()
+        vals, counts = torch.unique(d, return_counts=True)
+        assert {str(v): c for v, c in zip(vals.tolist(), counts.tolist())} == per_binade[str(k)], k
+        assert bool((y[1:] <= y[:-1]).all()), k  # bit order runs away from 0: ex2 falls
+        if last is not None and k == prev + 1:
+            assert float(y[0]) >= last  # the binade nearer 0 ends at or above this one's start
+        last, prev = float(y[-1]), k
+
+
+def test_ex2_model_shift_special_values_and_domain():
+    x = -torch.tensor([19661, 45875, 1, 65535], dtype=torch.float32) * 2.0**-16  # x - n exact for n < 128
+    for n in (1, 5, 60, 125):
+        assert torch.equal(exp2_sm90_f32(x - n).double(), exp2_sm90_f32(x).double() * 2.0**-n), n
+    special = [0.0, -0.0, -1.0, -3.0, -126.0, -126.5, -127.0, -150.0, -1e30, -3e38, -math.inf]
+    got = exp2_sm90_f32(torch.tensor(special, dtype=torch.float32))
+    assert got.tolist() == [1.0, 1.0, 0.5, 0.125, 2.0**-126, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert math.isnan(float(exp2_sm90_f32(torch.tensor([math.nan]))[0]))
+    with pytest.raises(ValueError, match="x: the sm_90 ex2 model covers x <= 0"):
+        exp2_sm90_f32(torch.tensor([-1.0, 1e-30]))
+    with pytest.raises(TypeError, match="x: expected float32"):
+        exp2_sm90_f32(torch.zeros(2, dtype=torch.float64))
+
+
+# ------------------------------------------------------------------------------------------------------
 # CPU = CUDA
 # ------------------------------------------------------------------------------------------------------
 @cuda_only
@@ -206,3 +263,6 @@ def test_models_identical_on_cpu_and_cuda():
         assert bool(_same(cpu, gpu).all()), name
     x = torch.arange(0, 1 << 31, 4099, dtype=torch.int64).to(torch.int32).view(torch.float32)
     assert torch.equal(_bits(log_libdevice_f32(x)), _bits(log_libdevice_f32(x.cuda()).cpu()))
+    x = -torch.arange(0, 1 << 30, 1021, dtype=torch.int64).to(torch.int32).view(torch.float32)  # [-2, 0]
+    x = torch.cat([x, x * 37.0])
+    assert torch.equal(_bits(exp2_sm90_f32(x)), _bits(exp2_sm90_f32(x.cuda()).cpu()))

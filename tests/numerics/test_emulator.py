@@ -420,12 +420,15 @@ def test_poisoned_pages_are_never_read():
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 @pytest.mark.gpu
+@pytest.mark.parametrize("target", ["h200", "thor"])
 @pytest.mark.parametrize("name", ["varlen", "bf16_q", "forced_splits", "q_len4_causal", "nvfp4", "fp6_e3m2"])
-def test_cpu_and_cuda_are_bit_identical(name):
+def test_cpu_and_cuda_are_bit_identical(name, target):
+    """The same target on both devices (the default target follows the device: Thor on the CPU), with
+    its hardware models: the H200's MMA, ex2 table and log; Thor's predicted MMA."""
     case = get_case(name)
     cpu, gpu = case.build("cpu"), case.build("cuda")
-    o_c, l_c = _run(cpu)
-    o_g, l_g = _run(gpu)
+    o_c, l_c = _run(cpu, target=target)
+    o_g, l_g = _run(gpu, target=target)
     assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu()), name
 
 
@@ -537,16 +540,21 @@ def test_knobs_change_what_they_say():
 def test_arithmetic_knobs_default_to_the_targets_hardware_models():
     """The default is the target's hardware arithmetic where the kernel runs the configuration; the ideal
     models are knobs. page_size_32 on the H200 target: one O element moves with the MMA model (the H200's
-    kernel matched the hardware model there, not the ideal one), and LSE bits move with the log model."""
+    kernel matched the hardware model there, not the ideal one), and LSE bits move with the ex2 and log
+    models."""
     from mjolnir_kernel.conformance import KERNEL_CASES
 
     x = next(c for c in KERNEL_CASES if c.name == "page_size_32").build()
     kw = dict(x.emulator_kwargs(), target="h200")
     o, lse = emulate_decode(x.q, x.cache, **kw)
-    o_hw, lse_hw = emulate_decode(x.q, x.cache, **kw, knobs=EmulatorKnobs(mma="hardware", log="hardware"))
+    o_hw, lse_hw = emulate_decode(
+        x.q, x.cache, **kw, knobs=EmulatorKnobs(mma="hardware", log="hardware", ex2="hardware")
+    )
     assert _equal(o, o_hw) and _equal(lse, lse_hw)
     o_i, lse_i = emulate_decode(x.q, x.cache, **kw, knobs=EmulatorKnobs(mma="ideal"))
-    assert int((o.view(torch.int16) != o_i.view(torch.int16)).sum()) == 1 and _equal(lse, lse_i)
+    assert int((o.view(torch.int16) != o_i.view(torch.int16)).sum()) == 1
+    o_c, lse_c = emulate_decode(x.q, x.cache, **kw, knobs=EmulatorKnobs(ex2="correctly_rounded"))
+    assert _equal(o, o_c) and not _equal(lse, lse_c)  # the SFU's ulps reach the row sums, hence LSE
     y = get_case("varlen").build()
     _, lse_h = _run(y)
     _, lse_c = _run(y, knobs=EmulatorKnobs(log="correctly_rounded"))
@@ -647,8 +655,8 @@ def test_bad_plan():
 # are exactly representable and the model is exact, so the digests hold on any machine.
 # forced_splits/kernel was re-recorded when the reduction's weighted sums became one fma per term (the
 # reduction kernel's FFMA; it was a multiply then an add): 1 of its 16 LSE values moved, no O bit. They pin
-# the ideal arithmetic (EmulatorKnobs(mma="ideal", log="correctly_rounded")); the hardware models have
-# their own tests.
+# the ideal arithmetic (EmulatorKnobs(mma="ideal", log="correctly_rounded", ex2="correctly_rounded")); the
+# hardware models have their own tests.
 PINNED_DIGESTS = {
     "varlen/kernel": "e6a57cddb2e71432",
     "forced_splits/kernel": "4a3d28569cd22988",
@@ -665,7 +673,7 @@ PINNED_DIGESTS = {
 }
 
 
-IDEAL = EmulatorKnobs(mma="ideal", log="correctly_rounded")
+IDEAL = EmulatorKnobs(mma="ideal", log="correctly_rounded", ex2="correctly_rounded")
 
 
 def _digest(o: torch.Tensor, lse: torch.Tensor) -> str:
@@ -693,7 +701,7 @@ def test_bits_pinned_across_speed_work(key):
         kw = x.emulator_kwargs()
         kw.update(knobs=IDEAL)
         if variant != "kernel":
-            knobs = EmulatorKnobs(p_format=variant, mma="ideal", log="correctly_rounded")
+            knobs = EmulatorKnobs(p_format=variant, mma="ideal", log="correctly_rounded", ex2="correctly_rounded")
             kw.update(knobs=knobs, allow_unsupported=True)
         got = emulate_decode(x.q, x.cache, **kw)
     assert _digest(*got) == PINNED_DIGESTS[key], f"{key}: O / LSE bits changed"

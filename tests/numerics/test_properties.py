@@ -17,7 +17,9 @@ from mjolnir_numerics.scales import GRANULARITIES, compute_descale
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-IDEAL = EmulatorKnobs(mma="ideal", log="correctly_rounded")  # the relations hold for any arithmetic
+IDEAL = EmulatorKnobs(
+    mma="ideal", log="correctly_rounded", ex2="correctly_rounded"
+)  # the relations hold for any arithmetic
 
 
 def _randn(seed: int, *shape, scale: float = 1.0) -> torch.Tensor:

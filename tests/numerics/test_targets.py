@@ -140,7 +140,7 @@ def test_emulator_walks_the_default_plan_of_its_target(target):
 
 def test_targets_name_their_arithmetic():
     """Hopper: the verified sm90 MMA models and the mma.sync walk; Thor and B200: the predicted sm100 models;
-    all: libdevice's log and the correctly rounded ex2 (no hardware ex2 model yet)."""
+    all: libdevice's log; Hopper the measured sm_90 ex2, the others the correctly rounded one."""
     import dataclasses
 
     from mjolnir_numerics.targets import Target
@@ -148,9 +148,9 @@ def test_targets_name_their_arithmetic():
     assert (H200.walk, H200.mma_model("e4m3"), H200.mma_model("bf16")) == ("mma_sync_sm90", "sm90_f16", "sm90_bf16")
     assert (THOR.walk, THOR.mma_model("e4m3"), THOR.mma_model("bf16")) == ("tcgen05", "sm100_e4m3", "sm100_bf16")
     assert H200.arithmetic_verified and not THOR.arithmetic_verified and not B200.arithmetic_verified
-    assert {t.log for t in TARGETS.values()} == {"libdevice_logf"} and {t.ex2 for t in TARGETS.values()} == {
-        "correctly_rounded"
-    }
+    assert {t.log for t in TARGETS.values()} == {"libdevice_logf"}
+    assert (H200.ex2, H100.ex2) == ("sm90_mufu", "sm90_mufu")
+    assert (THOR.ex2, B200.ex2) == ("correctly_rounded", "correctly_rounded")
     assert isinstance(H100, Target)
     with pytest.raises(ValueError, match="mma_bf16_q: 'sm80_bf16' is not one of"):
         dataclasses.replace(THOR, mma_bf16_q="sm80_bf16")
