@@ -14,13 +14,18 @@ result, already fp32, is the next one's c.
 
 Exactness of this implementation (vectorised torch, float64, CPU and CUDA alike): each product of two
 operands of at most 11 significant bits is exact in float64; a term truncated to the grid g is
-``trunc(x / g) * g``, exact (division by a power of two, truncation of a float64 integer); every term is a
-multiple of g below 2^(27 + 1) g in magnitude and at most 33 terms are added, so their float64 sum is an
-integer multiple of g below 2^34 g: exact in any order. The fp32 rounding toward zero keeps the top 24 bits
-of that exact sum (``_round_toward_zero_f32``). So the result is the model's, bit for bit.
+``trunc(x / g)`` grid units, exact (a multiplication by the power of two 1 / g, built from its bits, keeps
+x a normal float64, and the conversion to int64 truncates toward zero); every term is below 2^(27 + 1)
+units in magnitude and at most 33 terms are added, so their int64 sum is below 2^34 units, and times g it
+is an exact float64. The fp32 rounding toward zero keeps the top 24 bits of that exact sum
+(``round_toward_zero_f32``, by clearing float64 fraction bits). So the result is the model's, bit for bit.
+The products' exponents are those of the operands, added after broadcasting (a zero operand's exponent
+pushed out of the max and min), so the (..., M, T, K) products of a GEMM tile cost no frexp.
 
 Fast path (``block_fma`` with ``fast=True``): when no term loses a bit to the alignment, the truncation is
-the identity and the block equals the exact sum rounded toward zero. A product a_i b_i is a multiple of
+the identity and the block equals the exact sum rounded toward zero. (The test below uses a lower bound of
+the products' smallest exponent, the operands' smallest ones added, so it may send an element the slow way
+that could have gone fast; the result is the same.) A product a_i b_i is a multiple of
 2^(ea_i + eb_i - 2 m) (m: the operand's fraction bits), so it keeps every bit when E - (ea_i + eb_i) <=
 23 + extra_bits - 2 m; c is a multiple of 2^(ec - 23), kept when E - ec <= extra_bits. Where both hold for
 every term of an output element, that element is computed as a float64 dot product (exact: every product
@@ -93,21 +98,38 @@ def _exponent(x: torch.Tensor, emin: int) -> torch.Tensor:
     return torch.clamp(e.to(torch.int64) - 1, min=emin)
 
 
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    """``2.0 ** e`` as float64 from its bits, for int64 ``e`` in [-1022, 1023]: exact on every device."""
+    return ((e + 1023) << 52).view(torch.float64)
+
+
 def round_toward_zero_f32(x: torch.Tensor) -> torch.Tensor:
-    """float64 ``x`` rounded toward zero to fp32 (subnormals kept, finite overflow to +-inf), as float32."""
-    m, e = torch.frexp(x)  # x = m * 2^e, 0.5 <= |m| < 1
-    e = e.to(torch.int64)
-    normal = torch.ldexp(torch.trunc(torch.ldexp(m, torch.full_like(e, 24))), e - 24)
-    sub = torch.ldexp(torch.trunc(torch.ldexp(x, torch.full_like(e, 149))), torch.full_like(e, -149))
-    out = torch.where(e >= -125, normal, sub)
+    """float64 ``x`` rounded toward zero to fp32 (subnormals kept, finite overflow to +-inf), as float32.
+
+    Where fp32 is normal (|x| >= 2^-126) this clears the 29 float64 fraction bits below fp32's 23 (the
+    magnitude truncated: toward zero); below, it truncates x to a multiple of 2^-149."""
+    x = x.contiguous()
+    normal = (x.view(torch.int64) & ~((1 << 29) - 1)).view(torch.float64)
+    sub = torch.trunc(x * 2.0**149) * 2.0**-149
+    out = torch.where(x.abs() >= 2.0**-126, normal, sub)
     out = torch.where(out.abs() >= 2.0**128, torch.copysign(torch.full_like(out, math.inf), out), out)
-    return torch.where(out == 0, torch.zeros_like(out), out).to(torch.float32)  # a zero sum is +0
+    out = torch.where(out == 0, torch.zeros_like(out), out)  # a zero sum is +0
+    return torch.where(torch.isnan(x), x, out).to(torch.float32)
 
 
 def ideal_block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """The exact sum of ``a * b`` over the last dim plus ``c``, rounded once to nearest fp32 (float64 holds
     it exactly for the operands here: products of <= 11-bit operands over a bounded exponent range)."""
     return ((a * b).sum(-1) + c.double()).to(torch.float32)
+
+
+def _truncated_sum(prod: torch.Tensor, c: torch.Tensor, unit: torch.Tensor) -> torch.Tensor:
+    """``sum_k trunc(prod_k / 2^unit) 2^unit + trunc(c / 2^unit) 2^unit`` in float64, exactly: scaling by
+    a power of two keeps every value a normal float64, the conversion to int64 truncates toward zero, and
+    the integer sum (below 2^34 grid units: the module docstring) converts back exactly."""
+    down = _pow2(-unit)
+    units = (prod * down[..., None]).to(torch.int64).sum(-1) + (c * down).to(torch.int64)
+    return units.double() * _pow2(unit)
 
 
 def block_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model: MmaModel, fast: bool = True) -> torch.Tensor:
@@ -129,32 +151,40 @@ def block_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model: MmaModel
     if model.exact_sum:
         return ideal_block(a, b, c)
     man, emin = OPERAND_FORMATS[model.operand]
-    a, b = torch.broadcast_tensors(a.double(), b.double())
-    c64 = c.double().expand(a.shape[:-1])
+    a, b = a.double(), b.double()
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    # exponents of the operands before they are broadcast: a (..., M, 1, K) and b (..., 1, T, K) in the
+    # decode's GEMMs, so the (..., M, T, K) products' exponents cost one int add, not two frexps
+    # (a zero operand gets an exponent far below (above) every other, so its products drop out of the max
+    # (min); a product is 0 exactly when an operand is: the products of the operands are exact)
+    low, high = -(1 << 20), 1 << 20
+    ea, eb = _exponent(a, emin).to(torch.int32), _exponent(b, emin).to(torch.int32)
+    e_prod = (torch.where(a == 0, low, ea) + torch.where(b == 0, low, eb)).amax(-1).long()
+    c64 = c.double().expand(shape[:-1])
     prod = a * b
-    nz = prod != 0
-    ep = _exponent(a, emin) + _exponent(b, emin)
-    low = torch.iinfo(torch.int64).min // 4
-    e_prod = torch.where(nz, ep, low).amax(-1)
     ec = _exponent(c64, -126)
     e_c = torch.where(c64 != 0, ec, low)
     big = torch.maximum(torch.maximum(e_prod, e_c), torch.full_like(e_prod, model.min_exponent))
     unit = big - 23 - model.extra_bits  # the grid: 2^unit
-    result = torch.empty(a.shape[:-1], dtype=torch.float32, device=a.device)
+    result = torch.empty(shape[:-1], dtype=torch.float32, device=a.device)
     if fast:
-        spread = torch.where(nz, big[..., None] - ep, low).amax(-1)
+        # a lower bound of the smallest product exponent: the operands' smallest, added (no broadcast);
+        # a bound keeps fewer elements on the fast path than the exact minimum would, never a wrong one
+        e_min = torch.where(a == 0, high, ea).amin(-1) + torch.where(b == 0, high, eb).amin(-1)
+        spread = big - e_min.long()  # very negative where no product: kept
         keep = (spread <= 23 + model.extra_bits - 2 * man) & ((c64 == 0) | (big - ec <= model.extra_bits))
     else:
         keep = torch.zeros_like(big, dtype=torch.bool)
-    if bool(keep.any()):
+    n_keep = int(keep.sum())
+    if 2 * n_keep < keep.numel():  # mostly truncating: the model's own formula everywhere, no gathers
+        result = round_toward_zero_f32(_truncated_sum(prod, c64, unit))
+    else:
         result[keep] = round_toward_zero_f32(prod[keep].sum(-1) + c64[keep])
-    slow = ~keep
-    if bool(slow.any()):
-        u = unit[slow]
-        terms = torch.ldexp(torch.trunc(torch.ldexp(prod[slow], -u[..., None])), u[..., None])
-        cs = torch.ldexp(torch.trunc(torch.ldexp(c64[slow], -u)), u)
-        result[slow] = round_toward_zero_f32(terms.sum(-1) + cs)
-    return torch.where(torch.isnan(prod).any(-1) | torch.isnan(c64), torch.full_like(result, math.nan), result)
+        slow = ~keep
+        if n_keep < keep.numel():
+            result[slow] = round_toward_zero_f32(_truncated_sum(prod[slow], c64[slow], unit[slow]))
+    nan = torch.isnan(a).any(-1) | torch.isnan(b).any(-1) | torch.isnan(c64)  # a NaN operand: a NaN product
+    return torch.where(nan, torch.full_like(result, math.nan), result)
 
 
 # -- the tile walks: which head dims (GEMM1) and keys (GEMM2) each MMA instruction of a tile adds -------
