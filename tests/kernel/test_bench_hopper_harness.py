@@ -58,3 +58,28 @@ def test_head_dims_must_be_the_shapes_own(capsys, value):
 def test_head_dims_accepts_the_shapes_own(capsys):
     assert bh.main(["--head-dims", " 256,128"]) == 2  # accepted: stops only at the missing GPU
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["fastest", "occupancy,occupancy", "", "occupancy,batch"])
+def test_plans_must_be_distinct_plan_modes(capsys, value):
+    with pytest.raises(SystemExit):
+        bh.main(["--plans", value])
+    err = capsys.readouterr().err
+    assert "--plans" in err and "occupancy, batch_invariant" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU this would run the benchmark")
+def test_plans_accepts_both_modes(capsys):
+    assert bh.main(["--plans", "batch_invariant, occupancy"]) == 2  # accepted: stops only at the missing GPU
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_csv_rows_carry_the_plan_and_old_csvs_still_read(tmp_path):
+    from benchmarks import plot_bandwidth
+
+    row = bh._row("mjolnir", 8, 32, 8, 128, "b8 32/8 d128", "e4m3", "e4m3", 0.1, 1e6, 4.5, plan="batch_invariant")
+    assert row["plan"] == "batch_invariant" and tuple(row) == bh.CSV_FIELDS
+    old = tmp_path / "old.csv"  # written before the plan column existed
+    old.write_text(",".join(f for f in bh.CSV_FIELDS if f != "plan") + "\n" + ",".join(
+        str(row[f]) for f in bh.CSV_FIELDS if f != "plan") + "\n")  # fmt: skip
+    assert plot_bandwidth.read_rows(str(old))[0]["format"] == "e4m3"
