@@ -240,7 +240,8 @@ def summary_lines(df, out: Path, files: Sequence[Path], seconds: float, info: Op
     findings = report.anchor_findings(df)
     if findings:
         verdicts = [f["verdict"] for f in findings]
-        order = ["agrees", "partly", "disagrees"] + sorted(set(verdicts) - {"agrees", "partly", "disagrees"})
+        known = ["agrees", "disagrees", "not resolved"]
+        order = known + sorted(set(verdicts) - set(known))
         counts = ", ".join(f"{v} {verdicts.count(v)}" for v in order if v in verdicts)
         lines.append(f"Published anchors: {counts} (see report.md)")
     md = [f for f in files if f.name == "report.md"]

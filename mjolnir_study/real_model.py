@@ -26,7 +26,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -303,6 +303,9 @@ class E2ERow:
         ppl, ppl_ref: perplexity of the window under this configuration and unquantized.
         n_tokens: predicted tokens (window - 1, summed over windows).
         seconds: wall time of the forward passes.
+        kl_tokens, agree_tokens, nll_tokens: float64 ``(n_tokens,)`` per scored token, in order: the KL,
+            1.0 where the argmax agrees (else 0.0), and the negative log-likelihood of the actual next
+            token (the confidence intervals of :mod:`mjolnir_study.stats` resample them).
     """
 
     config: str
@@ -318,6 +321,9 @@ class E2ERow:
     ppl_ref: float
     n_tokens: int
     seconds: float
+    kl_tokens: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
+    agree_tokens: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
+    nll_tokens: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
 
 
 def end_to_end(
@@ -345,7 +351,8 @@ def end_to_end(
 
     Returns:
         ``(rows, info)``: one :class:`E2ERow` per config, and ``info`` with ``ppl_ref`` (on the scored
-        tokens), ``ppl_ref_window`` (all tokens of the window), ``ref_seconds`` and ``n_tokens``.
+        tokens), ``ppl_ref_window`` (all tokens of the window), ``ref_seconds``, ``n_tokens`` and
+        ``nll_ref_tokens`` (float64 per scored token, the unquantized model's).
     """
     from mjolnir_numerics.formats import get_format
 
@@ -373,8 +380,10 @@ def end_to_end(
         t0 = time.perf_counter()
         lp = F.log_softmax(model.forward(tokens, hook).double(), -1)[:-1][prefill:]
         kl = (ref.exp() * (ref - lp)).sum(-1)
-        agree = int((lp.argmax(-1) == ref.argmax(-1)).sum())
-        nll = float(-lp.gather(-1, target[:, None]).sum())
+        agree_t = (lp.argmax(-1) == ref.argmax(-1)).double()
+        nll_t = -lp.gather(-1, target[:, None])[:, 0]
+        agree = int(agree_t.sum())
+        nll = float(nll_t.sum())
         label = f"{fmt}{'' if recipe == 'amax' else ':' + recipe}/{gran}/q={q_dtype}"
         rows.append(
             E2ERow(
@@ -391,6 +400,9 @@ def end_to_end(
                 ppl_ref,
                 count,
                 time.perf_counter() - t0,
+                kl.cpu(),
+                agree_t.cpu(),
+                nll_t.cpu(),
             )
         )
         if progress:
@@ -400,6 +412,7 @@ def end_to_end(
         "ppl_ref_window": ppl_window,
         "ref_seconds": ref_seconds,
         "n_tokens": count,
+        "nll_ref_tokens": (-ref.gather(-1, target[:, None])[:, 0]).cpu(),
         "window": n_tokens,
         "prefill": prefill,
     }

@@ -28,11 +28,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .figures import save_figure  # noqa: E402
+from .stats import BLOCK as BOOT_BLOCK  # noqa: E402
+from .stats import N_BOOT as BOOT_N  # noqa: E402
 
 __all__ = [
     "FIGURES",
     "anchor_findings",
     "e2e_table",
+    "e2e_table_with_intervals",
     "environment_stamp",
     "other_findings",
     "pareto_front",
@@ -180,6 +183,49 @@ def e2e_table(df: pd.DataFrame) -> pd.DataFrame:
     e["config"] = [f"{_label(f, r)}/{g}/q={q}" for f, r, g, q in zip(e.fmt, e.recipe, e.granularity, e.q_dtype)]
     e["ppl_increase_%"] = 100 * (e.ppl / e.ppl_ref - 1)
     return e[["config", "bits_per_value", "kl", "kl_max", "top1", "ppl", "ppl_ref", "ppl_increase_%", "n_tokens"]]
+
+
+def e2e_table_with_intervals(df: pd.DataFrame) -> pd.DataFrame:
+    """:func:`e2e_table` with each KL, top-1 and ppl increase as ``"value [lo, hi]"`` (95 % intervals,
+    ``study.E2E_CI_COLUMNS``) and the paired comparisons with the e4m3 baseline; unchanged for a
+    study.csv from before the intervals."""
+    t = e2e_table(df)
+    src = df[df.part == "end_to_end"]
+    if not len(t) or "kl_lo" not in src.columns:
+        return t
+    e = pd.concat([t.drop(columns=["kl", "top1"]), src[["kl", "top1", *STUDY_CI_COLUMNS]]], axis=1)
+    cols = list(t.columns)
+    e["kl"] = [_with_ci(v, lo, hi, ".4f") for v, lo, hi in zip(e.kl, e.kl_lo, e.kl_hi)]
+    e["top1"] = [_with_ci(v, lo, hi, ".3f") for v, lo, hi in zip(e.top1, e.top1_lo, e.top1_hi)]
+    e["ppl_increase_%"] = [
+        _with_ci(v, 100 * lo, 100 * hi, "+.1f") for v, lo, hi in zip(e["ppl_increase_%"], e.ppl_rel_lo, e.ppl_rel_hi)
+    ]
+    e["vs_e4m3_KL_ratio"] = [
+        "" if math.isnan(lo) else f"[{lo:.2f}, {hi:.2f}]"
+        for lo, hi in zip(e.vs_e4m3_kl_ratio_lo, e.vs_e4m3_kl_ratio_hi)
+    ]
+    e["vs_e4m3_top1_diff"] = [
+        "" if math.isnan(lo) else f"[{lo:+.3f}, {hi:+.3f}]"
+        for lo, hi in zip(e.vs_e4m3_top1_diff_lo, e.vs_e4m3_top1_diff_hi)
+    ]
+    return e[cols + ["vs_e4m3_KL_ratio", "vs_e4m3_top1_diff"]]
+
+
+STUDY_CI_COLUMNS = ("kl_lo", "kl_hi", "top1_lo", "top1_hi", "ppl_rel_lo", "ppl_rel_hi", "vs_e4m3_kl_ratio_lo",
+                    "vs_e4m3_kl_ratio_hi", "vs_e4m3_top1_diff_lo", "vs_e4m3_top1_diff_hi")  # fmt: skip
+
+
+def _with_ci(value: float, lo: float, hi: float, spec: str) -> str:
+    """``"v [lo, hi]"`` (the interval left out where it is NaN)."""
+    if math.isnan(lo) or math.isnan(hi):
+        return format(value, spec)
+    return f"{format(value, spec)} [{format(lo, spec)}, {format(hi, spec)}]"
+
+
+def _ci(row, name: str) -> tuple[float, float]:
+    """The row's ``name_lo`` / ``name_hi`` interval (NaN, NaN from a study.csv without intervals)."""
+    lo, hi = row.get(f"{name}_lo", math.nan), row.get(f"{name}_hi", math.nan)
+    return float(lo), float(hi)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -532,50 +578,72 @@ def anchor_findings(df: pd.DataFrame) -> list[dict]:
     """Each published anchor (docs/data.md, published accuracy anchors) next to this study's number and a
     verdict computed from it.
 
+    End-to-end anchors are decided on the 95 % intervals of the study (``study.E2E_CI_COLUMNS``: a
+    moving-block bootstrap over the scored tokens, paired where two configurations are compared):
+    ``agrees`` when the whole interval satisfies the anchor's rule, ``disagrees`` when the whole interval
+    violates it, ``not resolved`` (at this sample size) otherwise; a rule of several parts takes
+    :func:`mjolnir_study.stats.combine`. The synthetic-data anchors compare point values.
+
     Returns dicts with ``anchor``, ``ours`` and ``verdict`` (``agrees`` / ``disagrees`` /
-    ``partly`` / ``not measured``).
+    ``not resolved`` / ``open ground``).
     """
+    from .stats import combine, verdict
+
+    def iv(lo, hi, spec=".4f", scale=1.0):
+        return f"[{format(scale * lo, spec)}, {format(scale * hi, spec)}]"
+
     out = []
     e = _get(df, part="end_to_end", granularity="per_head", recipe="amax")
     e8 = _get(e, fmt="e4m3", q_dtype="e4m3")
     if len(e8):
         r = e8.iloc[0]
-        rel = r.ppl / r.ppl_ref - 1
-        ok_ppl = r.kl < NEAR_LOSSLESS_KL and rel < NEAR_LOSSLESS_PPL_REL
-        ok_top1 = r.top1 >= NEAR_LOSSLESS_TOP1
+        kl, top1, rel = _ci(r, "kl"), _ci(r, "top1"), _ci(r, "ppl_rel")
+        parts = (
+            verdict(*kl, NEAR_LOSSLESS_KL, below=True),
+            verdict(*rel, NEAR_LOSSLESS_PPL_REL, below=True),
+            verdict(*top1, NEAR_LOSSLESS_TOP1, below=False),
+        )
         out.append(
             {
                 "anchor": "fp8 e4m3 KV is near-lossless (vLLM; llama.cpp MXFP8 +0.22 ppl)",
-                "ours": f"e4m3 KV + e4m3 Q + e4m3 P: KL {r.kl:.4f} nats/token, top-1 {100 * r.top1:.1f}%, "
-                f"ppl {r.ppl_ref:.2f} -> {r.ppl:.2f} ({100 * rel:+.1f}%); rule: KL < {NEAR_LOSSLESS_KL}, "
-                f"top-1 >= {100 * NEAR_LOSSLESS_TOP1:.0f}%, ppl < +{100 * NEAR_LOSSLESS_PPL_REL:.1f}% "
-                "(partly: KL and ppl pass, top-1 fails, or the reverse)",
-                "verdict": "agrees" if ok_ppl and ok_top1 else ("partly" if ok_ppl or ok_top1 else "disagrees"),
+                "ours": f"e4m3 KV + e4m3 Q + e4m3 P: KL {r.kl:.4f} {iv(*kl)} nats/token ({parts[0]}), top-1 "
+                f"{100 * r.top1:.1f}% {iv(*top1, '.1f', 100)} ({parts[2]}), ppl {r.ppl_ref:.2f} -> {r.ppl:.2f}, "
+                f"{100 * (r.ppl / r.ppl_ref - 1):+.1f}% {iv(*rel, '+.1f', 100)} ({parts[1]}); rule: KL < "
+                f"{NEAR_LOSSLESS_KL}, top-1 >= {100 * NEAR_LOSSLESS_TOP1:.0f}%, "
+                f"ppl < +{100 * NEAR_LOSSLESS_PPL_REL:.1f}%",
+                "verdict": combine(*parts),
             }
         )
     e4 = _get(e, fmt="nvfp4", q_dtype="e4m3")
     if len(e8) and len(e4):
         a, b = e8.iloc[0], e4.iloc[0]
-        loss = b.ppl / a.ppl - 1
-        drop = a.top1 - b.top1
-        ok = loss < NVFP4_VS_FP8_LOSS and drop < NVFP4_VS_FP8_LOSS
+        loss, drop = _ci(b, "vs_e4m3_ppl_rel"), _ci(b, "vs_e4m3_top1_diff")
+        parts = (verdict(*loss, NVFP4_VS_FP8_LOSS, below=True), verdict(*drop, -NVFP4_VS_FP8_LOSS, below=False))
         out.append(
             {
                 "anchor": "NVFP4 KV costs < 1% vs fp8 (NVIDIA)",
-                "ours": f"ppl e4m3 {a.ppl:.2f} vs nvfp4 {b.ppl:.2f} ({100 * loss:+.1f}%); KL {a.kl:.4f} vs {b.kl:.4f}; "
-                f"top-1 {100 * a.top1:.1f}% vs {100 * b.top1:.1f}% (rule: both ppl and top-1 within 1%)",
-                "verdict": "agrees" if ok else "disagrees",
+                "ours": f"ppl e4m3 {a.ppl:.2f} vs nvfp4 {b.ppl:.2f}: {100 * (b.ppl / a.ppl - 1):+.1f}% "
+                f"{iv(*loss, '+.1f', 100)} ({parts[0]}); top-1 {100 * a.top1:.1f}% vs {100 * b.top1:.1f}%, "
+                f"difference {iv(*drop, '+.1f', 100)} points ({parts[1]}); KL {a.kl:.4f} vs {b.kl:.4f} "
+                "(rule: ppl within +1% and top-1 within -1 point, paired intervals)",
+                "verdict": combine(*parts),
             }
         )
     e1 = _get(e, fmt="e2m1", q_dtype="e4m3")
     if len(e4) and len(e1):
         a, b = e4.iloc[0], e1.iloc[0]
+        ka, kb = _ci(a, "kl"), _ci(b, "kl")
+        if any(math.isnan(x) for x in ka + kb):
+            v = "not resolved"
+        else:
+            v = "agrees" if ka[1] < kb[0] else ("disagrees" if ka[0] > kb[1] else "not resolved")
         out.append(
             {
                 "anchor": "NVFP4 beats plain fp4 (NVIDIA: ~5% better than MXFP4; SGLang's e2m1 KV collapsed AIME)",
-                "ours": f"KL nvfp4 {a.kl:.4f} vs e2m1 (per-head scale, not MXFP4's e8m0/32 blocks) {b.kl:.4f}; "
-                f"top-1 {100 * a.top1:.1f}% vs {100 * b.top1:.1f}%",
-                "verdict": "agrees" if a.kl < b.kl else "disagrees",
+                "ours": f"KL nvfp4 {a.kl:.4f} {iv(*ka)} vs e2m1 (per-head scale, not MXFP4's e8m0/32 blocks) "
+                f"{b.kl:.4f} {iv(*kb)}; top-1 {100 * a.top1:.1f}% vs {100 * b.top1:.1f}% (rule: nvfp4's KL "
+                "interval below e2m1's; unpaired intervals, so conservative)",
+                "verdict": v,
             }
         )
     e32, e23 = _get(e, fmt="e3m2", q_dtype="e4m3"), _get(e, fmt="e2m3", q_dtype="e4m3")
@@ -583,7 +651,7 @@ def anchor_findings(df: pd.DataFrame) -> list[dict]:
     if len(e8) and len(e23):
         a, b = e8.iloc[0], e23.iloc[0]
         ratio = b.kl / a.kl if a.kl > 0 else math.inf
-        verdict = "agrees" if ratio >= MXFP6_GAP else ("partly" if ratio > 1 else "disagrees")
+        r_ci = _ci(b, "vs_e4m3_kl_ratio")
         extra = ""
         if len(e32):
             c = e32.iloc[0]
@@ -592,9 +660,9 @@ def anchor_findings(df: pd.DataFrame) -> list[dict]:
             {
                 "anchor": "llama.cpp MXFP KV without rotation: MXFP8 +0.22 ppl, MXFP6 (e2m3) +3.34 ppl (15x worse)",
                 "ours": f"ppl ref {a.ppl_ref:.2f}: e4m3 {a.ppl:.2f} (KL {a.kl:.4f}), e2m3 {b.ppl:.2f} (KL {b.kl:.4f})"
-                f"{extra}: e2m3 costs {ratio:.1f}x e4m3's KL. Rule: agrees if >= {MXFP6_GAP:g}x, partly if > 1x "
-                "(e2m3 worse, but by far less). Our scales are fp32 per kv head, MX's e8m0 per 32 values",
-                "verdict": verdict,
+                f"{extra}: e2m3 costs {ratio:.1f}x {iv(*r_ci, '.1f')} e4m3's KL (paired). Rule: agrees if "
+                f">= {MXFP6_GAP:g}x. Our scales are fp32 per kv head, MX's e8m0 per 32 values",
+                "verdict": verdict(*r_ci, MXFP6_GAP, below=False),
             }
         )
     if len(g):
@@ -828,7 +896,7 @@ def write_report(
         L.extend(f"- {x}" for x in other)
         L.append("")
 
-    e = e2e_table(df)
+    e = e2e_table_with_intervals(df)
     L.append("## End to end: SmolLM2-135M next-token quality")
     L.append("")
     if len(e):
@@ -839,8 +907,12 @@ def write_report(
             f"`emulate_decode` in all 30 layers over a cache quantized with descales from the window's amax. "
             f"Scored: {e2.get('n_tokens')} next-token predictions, against the unquantized model (float32 "
             f"attention). Perplexity of the scored tokens: {e2.get('ppl_ref', float('nan')):.2f} unquantized. "
-            "With this few tokens the mean KL and the top-1 agreement are the robust numbers; perplexity changes "
-            "of a few percent either way are within sampling noise."
+            "Brackets: 95 % intervals from a moving-block bootstrap over the scored tokens (blocks of "
+            f"{BOOT_BLOCK} consecutive tokens, {BOOT_N} resamples, seed 0; `mjolnir_study.stats`); the "
+            "`vs_e4m3` columns are paired with the e4m3 row on the same resampled tokens. "
+            "The verdicts above are computed from these intervals. They cover the sampling of the scored "
+            "tokens, not the machine: the K/V a float32 forward captures differ between CPUs at rounding "
+            "boundaries, and those differences are not in the intervals."
         )
         L.append("")
         L.append(_md_table(e))

@@ -96,6 +96,17 @@ IDEAL_ARITHMETIC = {
 }  # EmulatorKnobs of every part but arithmetic
 ARITHMETIC_TARGETS = ("h200", "thor")  # verified on the H200's silicon; Thor's models are predicted
 
+E2E_BASELINE = ("e4m3", "per_head", "e4m3", "amax")  # fmt, granularity, q_dtype, recipe of the paired baseline
+E2E_CI_COLUMNS = (
+    "kl_lo", "kl_hi", "top1_lo", "top1_hi", "ppl_lo", "ppl_hi", "ppl_rel_lo", "ppl_rel_hi",
+    "vs_e4m3_kl_ratio_lo", "vs_e4m3_kl_ratio_hi", "vs_e4m3_top1_diff_lo", "vs_e4m3_top1_diff_hi",
+    "vs_e4m3_ppl_rel_lo", "vs_e4m3_ppl_rel_hi",
+)  # fmt: skip
+"""End-to-end 95 % intervals (:mod:`mjolnir_study.stats`, moving-block bootstrap over the scored tokens):
+the row's own ``kl``, ``top1`` and ``ppl``; ``ppl_rel`` = ppl / ppl_ref - 1, paired with the unquantized
+model; ``vs_e4m3_*`` paired with the baseline configuration ``E2E_BASELINE`` on the same tokens (KL ratio,
+top-1 difference, ppl / ppl_e4m3 - 1; empty on the baseline itself)."""
+
 COLUMNS = (
     "part",
     "data",
@@ -127,6 +138,7 @@ COLUMNS = (
     "ppl",
     "ppl_ref",
     "n_tokens",
+    *E2E_CI_COLUMNS,
     "seconds",
 )
 """Columns of the tidy CSV, one row per measured configuration (empty where a metric does not apply)."""
@@ -751,8 +763,10 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                 e2e_rows, e2e_info = rm.end_to_end(
                     e2e, config.e2e_tokens, config.e2e_prefill, model=model, progress=bar.update
                 )
+            nll_ref = e2e_info.pop("nll_ref_tokens", None)
             info["e2e"] = e2e_info
-            for r in e2e_rows:
+            cis = e2e_intervals(e2e_rows, nll_ref, seed=config.seed)
+            for r, ci in zip(e2e_rows, cis):
                 rows.append(
                     {
                         "part": "end_to_end",
@@ -781,6 +795,7 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                         "ppl": r.ppl,
                         "ppl_ref": r.ppl_ref,
                         "n_tokens": r.n_tokens,
+                        **ci,
                         "seconds": round(r.seconds, 3),
                     }
                 )
@@ -837,6 +852,42 @@ def read_csv(path: str | Path):
 # --------------------------------------------------------------------------------------------------
 # Small studies the notebooks use
 # --------------------------------------------------------------------------------------------------
+def e2e_intervals(rows, nll_ref, seed: int = 0) -> list[dict]:
+    """The ``E2E_CI_COLUMNS`` of each end-to-end row (``real_model.E2ERow`` with its per-token tensors;
+    ``nll_ref``: the unquantized model's per-token NLL on the same tokens). Rows without per-token data,
+    or with fewer than 2 tokens, get NaN."""
+    from . import stats
+
+    nan = {c: math.nan for c in E2E_CI_COLUMNS}
+    base = next(
+        (r for r in rows if (r.fmt, r.granularity, r.q_dtype, r.recipe) == E2E_BASELINE and r.kl_tokens is not None),
+        None,
+    )
+    out = []
+    for r in rows:
+        if r.kl_tokens is None or r.kl_tokens.numel() < 2 or nll_ref is None:
+            out.append(dict(nan))
+            continue
+        ci = dict(nan)
+        ci["kl_lo"], ci["kl_hi"] = stats.mean_ci(r.kl_tokens, seed=seed)
+        ci["top1_lo"], ci["top1_hi"] = stats.mean_ci(r.agree_tokens, seed=seed)
+        ci["ppl_lo"], ci["ppl_hi"] = stats.mean_ci(r.nll_tokens, transform=math.exp, seed=seed)
+        lo, hi = stats.paired_ci(nll_ref, r.nll_tokens, ratio=True, transform=math.exp, seed=seed)
+        ci["ppl_rel_lo"], ci["ppl_rel_hi"] = lo - 1, hi - 1
+        if base is not None and r is not base:
+            try:  # undefined only if a resample of the baseline's KL has mean 0
+                lo, hi = stats.paired_ci(base.kl_tokens, r.kl_tokens, ratio=True, seed=seed)
+                ci["vs_e4m3_kl_ratio_lo"], ci["vs_e4m3_kl_ratio_hi"] = lo, hi
+            except ValueError:
+                pass
+            lo, hi = stats.paired_ci(base.agree_tokens, r.agree_tokens, seed=seed)
+            ci["vs_e4m3_top1_diff_lo"], ci["vs_e4m3_top1_diff_hi"] = lo, hi
+            lo, hi = stats.paired_ci(base.nll_tokens, r.nll_tokens, ratio=True, transform=math.exp, seed=seed)
+            ci["vs_e4m3_ppl_rel_lo"], ci["vs_e4m3_ppl_rel_hi"] = lo - 1, hi - 1
+        out.append(ci)
+    return out
+
+
 DISTRIBUTIONS = ("gaussian", "laplace", "heavy_tail", "uniform")
 
 
