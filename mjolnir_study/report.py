@@ -314,7 +314,10 @@ def plot_context(df: pd.DataFrame, metric: str = "rel_l2"):
 
 
 def plot_attribution(df: pd.DataFrame, metric: str = "rel_l2"):
-    """Error attribution into K, V, Q, P and split merging (and total), per format; one panel per kind."""
+    """Error attribution into K, V, Q, P and split merging (and total), per format; one panel per kind.
+
+    Points on a log axis (bars on a log axis would make their lengths meaningless); a source that adds
+    exactly 0 (no split) is a hollow marker on the floor line, labelled."""
     a = df[df.part == "attribution"]
     kinds = list(dict.fromkeys(a.data))
     ncol = min(3, max(1, len(kinds)))
@@ -322,36 +325,47 @@ def plot_attribution(df: pd.DataFrame, metric: str = "rel_l2"):
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.6 * ncol, 3.6 * nrow), squeeze=False, sharey=True)
     for ax in axes.flat[len(kinds) :]:
         ax.set_visible(False)
+    markers = dict(zip(SOURCE_ORDER, ("o", "s", "^", "D", "v", "*")))
+    values = a[metric].astype(float)
+    any_zero = bool((values <= 0).any())
+    positive = values[values > 0]
+    top = float(positive.max()) * 2 if len(positive) else 1.0
+    bottom = ATTRIBUTION_FLOOR / 2 if any_zero or not len(positive) else float(positive.min()) / 2
     for ax, kind in zip(axes.flat, kinds):
         sub = a[a.data == kind]
         fmts = [f for f in FORMAT_ORDER if f in set(sub.fmt)]
         width = 0.8 / len(SOURCE_ORDER)
         for j, src in enumerate(SOURCE_ORDER):
-            vals = [
-                float(sub[(sub.fmt == f) & (sub.error_source == src)][metric].iloc[0])
-                if len(sub[(sub.fmt == f) & (sub.error_source == src)])
-                else float("nan")
-                for f in fmts
-            ]
-            vals = [max(v, ATTRIBUTION_FLOOR) for v in vals]
-            ax.bar(
-                [i + (j - len(SOURCE_ORDER) / 2 + 0.5) * width for i in range(len(fmts))],
-                vals,
-                width,
-                label=src.replace("_quantization", "").replace("_", " "),
-            )
+            xs, vals = [], []
+            for i, f in enumerate(fmts):
+                hit = sub[(sub.fmt == f) & (sub.error_source == src)]
+                if len(hit):
+                    xs.append(i + (j - len(SOURCE_ORDER) / 2 + 0.5) * width)
+                    vals.append(float(hit[metric].iloc[0]))
+            pos = [(x, v) for x, v in zip(xs, vals) if v > 0]
+            zero = [x for x, v in zip(xs, vals) if v <= 0]
+            line = ax.plot([x for x, _ in pos], [v for _, v in pos], markers[src], ms=5, linestyle="none",
+                           label=src.replace("_quantization", "").replace("_", " "))[0]  # fmt: skip
+            if zero:
+                ax.plot(zero, [ATTRIBUTION_FLOOR] * len(zero), markers[src], ms=5, linestyle="none",
+                        mfc="none", color=line.get_color())  # fmt: skip
+        if any_zero:
+            ax.axhline(ATTRIBUTION_FLOOR, color="gray", lw=0.6, ls=":")
         ax.set_xticks(range(len(fmts)), fmts)
         ax.set_yscale("log")
-        ax.set_ylim(bottom=ATTRIBUTION_FLOOR)
+        ax.set_ylim(bottom, top)  # every panel's every point inside (the axes are shared)
         ax.set_title(kind)
         ax.grid(alpha=0.3, axis="y")
-    axes[0][0].set_ylabel(f"{metric} of O (0 drawn at {ATTRIBUTION_FLOOR:g})")
-    axes[0][0].legend(fontsize=7)
+    label = f"{metric} of O" + (" (hollow on the dotted line: exactly 0)" if any_zero else "")
+    for row in axes:
+        row[0].set_ylabel(label)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=8, frameon=False)
     fig.suptitle(
         "Where the error comes from (each source alone; split merging = split vs unsplit; "
         "SmolLM2: head dim 64, research switch)"
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 
@@ -469,24 +483,32 @@ def plot_real_layers(df: pd.DataFrame, metric: str = "rel_l2"):
 
 
 def plot_e2e(df: pd.DataFrame):
-    """End-to-end next-token KL (log) and top-1 agreement per configuration."""
-    e = e2e_table(df)
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    """End-to-end next-token KL and top-1 agreement per configuration, with their 95 % intervals (where
+    the study has them): points and error bars, KL on a log axis."""
+    e = df[df.part == "end_to_end"].copy()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
     if not len(e):
         ax.text(0.5, 0.5, "no end-to-end rows (real model not run)", ha="center")
         return fig
-    e = e.sort_values("kl")
-    colors = [FORMAT_COLORS.get(c.split("/")[0].split(":")[0], "gray") for c in e.config]
-    ax.bar(range(len(e)), e.kl, color=colors)
-    for i, (kl, t1) in enumerate(zip(e.kl, e.top1)):
-        ax.annotate(
-            f"top-1 {100 * t1:.1f}%", (i, kl), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7
-        )
-    ax.set_xticks(range(len(e)), e.config, rotation=30, ha="right", fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("mean KL(p_ref || p) [nats/token]")
-    ax.set_title("SmolLM2-135M end to end: every layer's decode attention through the spec")
-    ax.grid(alpha=0.3, axis="y")
+    e["config"] = [f"{_label(f, r)}/{g}/q={q}" for f, r, g, q in zip(e.fmt, e.recipe, e.granularity, e.q_dtype)]
+    e = e.sort_values("kl", ascending=False)
+    y = list(range(len(e)))
+    colors = [FORMAT_COLORS.get(f, "gray") for f in e.fmt]
+    has_ci = "kl_lo" in e.columns and bool(e.kl_lo.notna().any())
+    for axis, col, scale in ((ax, "kl", 1.0), (ax2, "top1", 100.0)):
+        v = scale * e[col].to_numpy(dtype=float)
+        if has_ci:
+            lo = scale * e[f"{col}_lo"].to_numpy(dtype=float)
+            hi = scale * e[f"{col}_hi"].to_numpy(dtype=float)
+            axis.errorbar(v, y, xerr=[v - lo, hi - v], fmt="none", ecolor="gray", elinewidth=1, capsize=2)
+        axis.scatter(v, y, c=colors, zorder=3)
+        axis.grid(alpha=0.3, axis="x")
+    ax.set_xscale("log")
+    ax.set_yticks(y, e.config, fontsize=7)
+    ax.set_xlabel("mean KL(p_ref || p) [nats/token]")
+    ax2.set_xlabel("top-1 agreement with the unquantized model [%]")
+    note = "95 % intervals: block bootstrap over tokens" if has_ci else "no intervals in this study.csv"
+    fig.suptitle(f"SmolLM2-135M end to end, every layer's decode attention through the spec ({note})", fontsize=9)
     fig.tight_layout()
     return fig
 
