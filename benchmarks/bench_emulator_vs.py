@@ -99,11 +99,6 @@ def _sdpa_seconds(q, cache, kw, device: str, repeat: int) -> float:
     return best
 
 
-def tmp_cwd() -> str:
-    """A working directory outside both trees (so neither is found through the current directory)."""
-    return tempfile.gettempdir()
-
-
 def _run_worker(tree: Path, case, args, sdpa: bool) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree))
     # this file runs as a script, so ``benchmarks`` and ``mjolnir_numerics`` are imported from ``tree``
@@ -111,7 +106,8 @@ def _run_worker(tree: Path, case, args, sdpa: bool) -> dict:
            "--target", args.target, "--device", args.device, "--repeat", str(args.repeat)]  # fmt: skip
     if sdpa:
         cmd.append("--sdpa")
-    res = subprocess.run(cmd, cwd=tmp_cwd(), env=env, capture_output=True, text=True)
+    # run outside both trees, so neither is found through the current directory
+    res = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=env, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"worker in {tree} failed:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])

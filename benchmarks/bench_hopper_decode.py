@@ -287,8 +287,6 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
                     prep = prepare(q, cache, q_descale=q_descale, plan=mode, config=replace(prep.config, pdl=True))
                 preps.append(prep)
         ms[mode] = _time_ms([p.launch for p in preps], iters, stream=stream)
-        if mode != plans[-1]:
-            del preps
     fi = None
     if peers and fmt == "e4m3" and q_dtype == "bf16" and layout == "nhd":
         torch.cuda.synchronize()

@@ -166,7 +166,6 @@ def block_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model: MmaModel
     e_c = torch.where(c64 != 0, ec, low)
     big = torch.maximum(torch.maximum(e_prod, e_c), torch.full_like(e_prod, model.min_exponent))
     unit = big - 23 - model.extra_bits  # the grid: 2^unit
-    result = torch.empty(shape[:-1], dtype=torch.float32, device=a.device)
     if fast:
         # a lower bound of the smallest product exponent: the operands' smallest, added (no broadcast);
         # a bound keeps fewer elements on the fast path than the exact minimum would, never a wrong one
@@ -179,6 +178,7 @@ def block_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model: MmaModel
     if 2 * n_keep < keep.numel():  # mostly truncating: the model's own formula everywhere, no gathers
         result = round_toward_zero_f32(_truncated_sum(prod, c64, unit))
     else:
+        result = torch.empty(shape[:-1], dtype=torch.float32, device=a.device)
         result[keep] = round_toward_zero_f32(prod[keep].sum(-1) + c64[keep])
         slow = ~keep
         if n_keep < keep.numel():

@@ -280,8 +280,7 @@ def exp2_sm90_f32(x: torch.Tensor) -> torch.Tensor:
     finite = torch.isfinite(x)
     xf = torch.where(finite, x, torch.zeros_like(x))
     n = torch.ceil(xf)
-    r = xf - n  # exact: a multiple of x's ulp below 1 in magnitude
-    r = torch.where(r == 0, torch.zeros_like(r), r)  # -0.0 -> +0.0 (outside the table either way)
+    r = xf - n  # exact: a multiple of x's ulp below 1 in magnitude; +-0 falls outside the table
     cr = exp2_f32(r)
     rb = r.view(torch.int32)
     k = 126 - ((rb >> 23) & 0xFF)

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from mjolnir_numerics.checks import int_arg
+
 __all__ = ["CLIError", "build_parser", "check_device", "check_out", "default_out", "main", "resolve_out"]
 
 # Measured on the 2-core CPU (model load included), with another job sharing the machine: --quick 19-30 s
@@ -49,20 +51,6 @@ class _Parser(argparse.ArgumentParser):
         raise CLIError(f"{message} (see {self.prog} --help)")
 
 
-def _int_at_least(low: int, high: Optional[int] = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-            raise argparse.ArgumentTypeError(f"expected an int {bound}, got {text!r}")
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mjolnir", description="Mjolnir: low-precision KV cache numerics.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,11 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="output folder (default: runs/<UTC timestamp>/ under the current directory, git-ignored; "
         "--out reports regenerates the committed report)",
     )
-    s.add_argument("--seed", type=_int_at_least(0, SEED_MAX), default=0, help="seed of the synthetic data (default 0)")
+    s.add_argument("--seed", type=int_arg(0, SEED_MAX), default=0, help="seed of the synthetic data (default 0)")
     s.add_argument("--no-real-model", action="store_true", help="skip the SmolLM2 parts (capture, layers, end to end)")
     s.add_argument(
         "--threads",
-        type=_int_at_least(1, MAX_THREADS),
+        type=int_arg(1, MAX_THREADS),
         default=1,
         help="torch CPU threads (default 1: fastest on a shared CPU)",
     )

@@ -189,11 +189,13 @@ def e2e_table_with_intervals(df: pd.DataFrame) -> pd.DataFrame:
     """:func:`e2e_table` with each KL, top-1 and ppl increase as ``"value [lo, hi]"`` (95 % intervals,
     ``study.E2E_CI_COLUMNS``) and the paired comparisons with the e4m3 baseline; unchanged for a
     study.csv from before the intervals."""
+    from .study import E2E_CI_COLUMNS
+
     t = e2e_table(df)
     src = df[df.part == "end_to_end"]
     if not len(t) or "kl_lo" not in src.columns:
         return t
-    e = pd.concat([t.drop(columns=["kl", "top1"]), src[["kl", "top1", *STUDY_CI_COLUMNS]]], axis=1)
+    e = pd.concat([t.drop(columns=["kl", "top1"]), src[["kl", "top1", *E2E_CI_COLUMNS]]], axis=1)
     cols = list(t.columns)
     e["kl"] = [_with_ci(v, lo, hi, ".4f") for v, lo, hi in zip(e.kl, e.kl_lo, e.kl_hi)]
     e["top1"] = [_with_ci(v, lo, hi, ".3f") for v, lo, hi in zip(e.top1, e.top1_lo, e.top1_hi)]
@@ -209,10 +211,6 @@ def e2e_table_with_intervals(df: pd.DataFrame) -> pd.DataFrame:
         for lo, hi in zip(e.vs_e4m3_top1_diff_lo, e.vs_e4m3_top1_diff_hi)
     ]
     return e[cols + ["vs_e4m3_KL_ratio", "vs_e4m3_top1_diff"]]
-
-
-STUDY_CI_COLUMNS = ("kl_lo", "kl_hi", "top1_lo", "top1_hi", "ppl_rel_lo", "ppl_rel_hi", "vs_e4m3_kl_ratio_lo",
-                    "vs_e4m3_kl_ratio_hi", "vs_e4m3_top1_diff_lo", "vs_e4m3_top1_diff_hi")  # fmt: skip
 
 
 def _with_ci(value: float, lo: float, hi: float, spec: str) -> str:

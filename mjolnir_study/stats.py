@@ -61,7 +61,11 @@ def mean_ci(values: torch.Tensor, *, transform: Callable = None, seed: int = 0, 
             n_boot: int = N_BOOT, level: float = LEVEL) -> tuple[float, float]:  # fmt: skip
     """Percentile interval of ``transform(mean(values))`` (default: the mean itself) under the moving-block
     bootstrap. ``values``: 1-D per-token values (e.g. KL, a 0/1 agreement, a negative log-likelihood with
-    ``transform=math.exp`` for perplexity)."""
+    ``transform=math.exp`` for perplexity), any real dtype and device (computed in float64 on the CPU).
+
+    Raises:
+        ValueError: ``values`` is not a 1-D tensor of at least 2 finite values, ``level`` is not in (0, 1),
+            or ``block`` / ``n_boot`` is not a positive int."""
     v = _check(values, "values")
     means = v[block_indices(v.numel(), block, n_boot, seed)].mean(-1)
     if transform is not None:
@@ -73,7 +77,11 @@ def paired_ci(x: torch.Tensor, y: torch.Tensor, *, ratio: bool = False, transfor
               block: int = BLOCK, n_boot: int = N_BOOT, level: float = LEVEL) -> tuple[float, float]:  # fmt: skip
     """Percentile interval of ``f(mean(y)) - f(mean(x))`` (or ``f(mean(y)) / f(mean(x))`` with ``ratio``),
     ``f`` = ``transform`` or the identity, both means over the same resampled tokens. ``x`` and ``y`` are
-    per-token values of two configurations on the same tokens, in the same order."""
+    per-token values of two configurations on the same tokens, in the same order (1-D tensors).
+
+    Raises:
+        ValueError: as :func:`mean_ci`; ``x`` and ``y`` of different lengths; with ``ratio``, a resample
+            whose ``x`` mean is 0."""
     a, b = _check(x, "x"), _check(y, "y")
     if a.numel() != b.numel():
         raise ValueError(f"x, y: the same tokens are needed, got {a.numel()} and {b.numel()} values")

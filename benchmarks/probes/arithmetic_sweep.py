@@ -308,7 +308,11 @@ def run_log(out: Path, lo=0, hi=0x7F800001, probe=None) -> dict:
 
 def write_ex2_table(raw_dir: Path, dest: Path) -> int:
     """Concatenate an ``ex2_raw`` run's files (binades 0 .. 24 in order) into one xz file at ``dest``, the
-    table ``emulator_stages.exp2_sm90_f32`` reads. Returns its size in bytes."""
+    table ``emulator_stages.exp2_sm90_f32`` reads. Returns its size in bytes.
+
+    Raises:
+        FileNotFoundError: ``raw_dir`` holds no ``ex2_raw_<first>_<last>.xz`` file.
+        ValueError: the files do not cover binades 0 .. 24 exactly once, or hold the wrong number of bytes."""
     import lzma
 
     names = sorted(raw_dir.glob("ex2_raw_*_*.xz"), key=lambda p: int(p.stem.split("_")[2]))

@@ -683,6 +683,20 @@ def _digest(o: torch.Tensor, lse: torch.Tensor) -> str:
     return h.hexdigest()[:16]
 
 
+def _random_pinned_inputs(e4m3_q: bool):
+    """The pinned digests' random case: wide bf16 Q (or its e4m3 quantization) and many P bands; 16-key
+    pages, 3 sequences of 700 keys. Returns (q, cache, emulate_decode keyword arguments)."""
+    from benchmarks.bench_emulator import random_e4m3_cache
+    from mjolnir_numerics.scales import quantize_q
+
+    cache = random_e4m3_cache(3, 700, 2, 128, 16, "cpu")
+    q = (torch.randn(3, 12, 128, generator=torch.Generator().manual_seed(1)) * 3).to(torch.bfloat16)
+    kw = {}
+    if e4m3_q:
+        q, kw["q_descale"] = quantize_q(q, 3, 1, 2)
+    return q, cache, kw
+
+
 # O and LSE digests of every named case and two random caches under each target's default (hardware)
 # arithmetic, recorded with the emulator of commit ff79b6d (the one the H200 conformance run matched on
 # 343 of 343 cases): speed work on the hardware models must leave every bit where it was.
@@ -736,16 +750,9 @@ PINNED_HW_DIGESTS = {
 
 @pytest.mark.parametrize("key", sorted(PINNED_HW_DIGESTS))
 def test_hardware_arithmetic_bits_pinned_across_speed_work(key):
-    from benchmarks.bench_emulator import random_e4m3_cache
-    from mjolnir_numerics.scales import quantize_q
-
     name, target = key.split("/")
     if name.startswith("random_"):
-        cache = random_e4m3_cache(3, 700, 2, 128, 16, "cpu")
-        q = (torch.randn(3, 12, 128, generator=torch.Generator().manual_seed(1)) * 3).to(torch.bfloat16)
-        kw = {}
-        if name == "random_e4m3":
-            q, kw["q_descale"] = quantize_q(q, 3, 1, 2)
+        q, cache, kw = _random_pinned_inputs(e4m3_q=name == "random_e4m3")
         got = emulate_decode(q, cache, **kw, target=target)
     else:
         x = get_case(name).build()
@@ -755,16 +762,9 @@ def test_hardware_arithmetic_bits_pinned_across_speed_work(key):
 
 @pytest.mark.parametrize("key", sorted(PINNED_DIGESTS))
 def test_bits_pinned_across_speed_work(key):
-    from benchmarks.bench_emulator import random_e4m3_cache
-    from mjolnir_numerics.scales import quantize_q
-
     name, variant = key.split("/")
-    if name == "random":  # wide bf16 Q and many P bands; 16-key pages, 3 sequences of 700 keys
-        cache = random_e4m3_cache(3, 700, 2, 128, 16, "cpu")
-        q = (torch.randn(3, 12, 128, generator=torch.Generator().manual_seed(1)) * 3).to(torch.bfloat16)
-        kw = {}
-        if variant == "e4m3":
-            q, kw["q_descale"] = quantize_q(q, 3, 1, 2)
+    if name == "random":
+        q, cache, kw = _random_pinned_inputs(e4m3_q=variant == "e4m3")
         got = emulate_decode(q, cache, **kw, knobs=IDEAL)
     else:
         x = get_case(name).build()
