@@ -44,7 +44,7 @@ import torch
 
 __all__ = [
     "MmaModel", "MMA_MODELS", "OPERAND_FORMATS", "WALKS", "block_fma", "ideal_block", "round_toward_zero_f32",
-    "kstep_groups", "chain_fma",
+    "kstep_groups", "chain_fma", "chain_gemm", "fused_chain_available",
 ]  # fmt: skip
 
 # operand format -> (fraction bits, smallest normal exponent)
@@ -242,3 +242,109 @@ def chain_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, groups: torch.T
     for g in groups:
         c = block_fma(a.index_select(-1, g), b.index_select(-1, g), c, model)
     return c
+
+
+# -- the GEMM form of a chain, fused: no (..., M, N, K) tensor of products ------------------------------
+def _exponent_bits(x: torch.Tensor) -> torch.Tensor:
+    """floor(log2 |x|) of a nonzero normal float64 ``x`` from its exponent field (int64)."""
+    return ((x.view(torch.int64) >> 52) & 0x7FF) - 1023
+
+
+def _chain_formula(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extra_bits: int, min_exponent: int, emin: int):
+    """The block model of the module docstring, instruction after instruction, in its plainest form: for
+    step s, ``E = max(max_k (ea + eb), ec, min_exponent)``, every term truncated to ``2^(E - 23 -
+    extra_bits)``, the exact integer sum, rounded toward zero.
+
+    ``a (..., M, S, K)``, ``b (..., N, S, K)`` float operands (step s adds ``a[..., s, :] . b[..., s, :]``),
+    ``c (..., M, N)`` float32. Every operation is exact, so any evaluation order and any fusion (this
+    function is what ``torch.compile`` fuses on CUDA) gives the same bits as :func:`block_fma`: the products
+    of <= 11-bit operands are exact float64, scaling by a power of two is exact, a float64 ``trunc`` of a
+    value below 2^53 is exact, and the sum of at most K + 1 integers below 2^28 is an exact float64 in
+    any order. NaN operands give NaN (the products and the sum carry it).
+    """
+    low = -(1 << 20)
+    a, b = a.double(), b.double()  # exact widening, inside the fused kernel (no float64 copy in memory)
+    ea = torch.where(a == 0, low, torch.clamp(_exponent_bits(a), min=emin))
+    eb = torch.where(b == 0, low, torch.clamp(_exponent_bits(b), min=emin))
+    for s in range(a.shape[-2]):
+        a_s, b_s = a[..., :, None, s, :], b[..., None, :, s, :]
+        e_prod = (ea[..., :, None, s, :] + eb[..., None, :, s, :]).amax(-1)
+        c64 = c.double()
+        e_c = torch.where(c64 != 0, torch.clamp(_exponent_bits(c64), min=-126), low)
+        unit = torch.clamp(torch.maximum(e_prod, e_c), min=min_exponent) - 23 - extra_bits
+        down = _pow2(-unit)
+        units = torch.trunc(a_s * b_s * down[..., None]).sum(-1) + torch.trunc(c64 * down)
+        c = round_toward_zero_f32(units * _pow2(unit))
+    return c
+
+
+_compiled: dict = {}
+
+
+def fused_chain_available(device) -> bool:
+    """Whether :func:`chain_gemm` fuses its chain with ``torch.compile`` on ``device``: CUDA with Triton,
+    unless ``MJOLNIR_COMPILE=0``. The eager path gives the same bits everywhere (the tests compare them)."""
+    import os
+
+    if os.environ.get("MJOLNIR_COMPILE", "1") == "0" or torch.device(device).type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _fused(fn):
+    """``fn`` compiled once per process (shapes dynamic; every call of the spec's many problem shapes and
+    formats reuses a handful of graphs, so the recompile limits are raised from torch's default of 8)."""
+    if fn not in _compiled:
+        compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+
+        def call(*args):
+            with torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=8192):
+                return compiled(*args)
+
+        _compiled[fn] = call
+    return _compiled[fn]
+
+
+def chain_gemm(
+    a_rows: torch.Tensor, b_rows: torch.Tensor, c: torch.Tensor, groups: torch.Tensor, model: MmaModel, fused=None
+) -> torch.Tensor:
+    """The chain of MMA instructions of one GEMM tile: ``c (..., M, N)`` plus ``a_rows[.., i, :] .
+    b_rows[.., j, :]``, one :func:`block_fma` per row of ``groups`` (the contraction indices it adds, in
+    issue order), each result the next one's accumulator.
+
+    Args:
+        a_rows: float ``(..., M, K)``; b_rows: float ``(..., N, K)`` (broadcastable leading dims); values
+            exact in ``model.operand``.
+        c: float32 ``(..., M, N)``.
+        groups: int64 ``(steps, k)``, each index of ``range(K)`` at most once.
+        model: an :class:`MmaModel` (not an ideal one: those add the whole contraction at once).
+        fused: evaluate :func:`_chain_formula` compiled (one pass over the operands per instruction, no
+            tensor of products); None: where :func:`fused_chain_available`. The bits are the same.
+
+    Returns:
+        float32 ``(..., M, N)``.
+    """
+    if model.exact_sum:
+        raise ValueError(f"model: {model.name} is an ideal model; chain_gemm takes a hardware one")
+    if fused is None:
+        fused = fused_chain_available(a_rows.device)
+    if not fused:
+        a, b = a_rows.double()[..., :, None, :], b_rows.double()[..., None, :, :]
+        return chain_fma(a, b, c, groups.to(a_rows.device), model)
+    steps, k = groups.shape
+    order = groups.reshape(-1).cpu()
+    if torch.equal(order, torch.arange(order.numel())):  # consecutive groups: a view, no copy
+        a, b = a_rows.unflatten(-1, (steps, k)), b_rows.unflatten(-1, (steps, k))
+    else:
+        order = order.to(a_rows.device)
+        a = a_rows.float().index_select(-1, order).unflatten(-1, (steps, k))
+        b = b_rows.float().index_select(-1, order).unflatten(-1, (steps, k))
+    # float8 operands widen to float32 first: Triton fails to compile float8 inside the formula (H200,
+    # torch 2.11, Triton 3.6)
+    a, b = (x.float() if x.element_size() == 1 else x for x in (a, b))
+    _, emin = OPERAND_FORMATS[model.operand]
+    return _fused(_chain_formula)(a, b, c, model.extra_bits, model.min_exponent, emin)

@@ -8,7 +8,17 @@ arithmetic").
 Vectorization: all work items (chunks of the split plan) of all sequences and all kv heads advance
 together, one chunk-local tile index at a time (the fp32 recurrences are sequential in the tile
 index); chunks that have run out of tiles sit the remaining steps out. Only the pages a tile needs
-are decoded, so memory stays at a few tiles of float64 K/V for the whole batch.
+are decoded, so memory stays at a few tiles of K/V for the whole batch.
+
+On CUDA the same stages run in larger batches and with fewer host round trips, for the same bits (the
+tests run these paths on the CPU too): steps 3-7 (S, the masks, the running max, P and the row-sum
+factors) for a window of up to 64 consecutive tiles at once, since none of them depends on l or O (max
+is exact, so the running max over a window is the tile-by-tile one); the MMA chains as one compiled
+formula (``arithmetic.chain_gemm``: ``torch.compile`` fuses it, so no tensor of products is written);
+steps 8-9 of each tile as one compiled graph; and the stages' branch-free forms (no data-dependent
+shortcut that would ask the device). ``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a
+process compiles the graphs (about 2 minutes on the H200's host for the first shape, ~1 s for later
+shapes; torch's inductor cache keeps them across processes).
 
 Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp level on the results;
 ``tests/numerics/test_emulator.py::test_agrees_with_the_seed_emulator`` bounds them):
@@ -43,7 +53,7 @@ from typing import Optional, Union
 
 import torch
 
-from .arithmetic import MMA_MODELS, kstep_groups
+from .arithmetic import MMA_MODELS, OPERAND_FORMATS, _chain_formula, _fused, fused_chain_available, kstep_groups
 from .cache import PagedKVCache, check_descale, descale_table
 from .capability import HEAD_DIMS, unsupported_reason
 from .checks import ArgumentTypeError, check_bool, check_choice, check_f32
@@ -51,7 +61,7 @@ from .emulator_stages import (
     LOG2E_F32,
     accumulate_pv,
     accumulate_pv_mma,
-    correct_row_sum,
+    accumulate_row_sum,
     epilogue,
     exp2_f32,
     exp2_sm90_f32,
@@ -62,12 +72,13 @@ from .emulator_stages import (
     reduce_row_sum,
     reduction,
     rescale_o,
+    row_sum_correction,
+    running_column_max,
     row_norm,
     round_p,
     score_tile,
     score_tile_mma,
     softmax_tile,
-    update_column_max,
 )
 from .formats import Format, get_format
 from .plan import PLAN_MODES, TILE_KEYS, SplitPlan, chunked_plan, default_plan
@@ -251,13 +262,25 @@ class _TileSource:
         if offset is not None:
             rows = offset[:, None] + torch.arange(TILE_KEYS, device=dev)[None, :]
             raw = raw[torch.arange(a, device=dev)[:, None], rows]
-        if not bool(valid.all()):
+        if dev.type != "cpu" or not bool(valid.all()):  # on CUDA always: asking would stall the queue
             key_valid = (
                 valid.repeat_interleave(ps, dim=1)[:, :TILE_KEYS] if offset is None else valid.expand(a, TILE_KEYS)
             )
             raw = torch.where(key_valid[:, :, None, None], raw, torch.zeros((), dtype=raw.dtype, device=dev))
         self.data = raw
         self.device = dev
+
+    def part(self, a0: int, a1: int) -> "_TileSource":
+        """The tiles ``a0 .. a1 - 1`` (a view)."""
+        other = object.__new__(_TileSource)
+        other.codes, other.device, other.data = self.codes, self.device, self.data[a0:a1]
+        return other
+
+    def operand(self) -> torch.Tensor:
+        """``(A, G, T, D)`` values in the narrowest dtype that holds them exactly (float8 for e4m3 codes,
+        else float32): the fused MMA chain widens them as it reads them."""
+        blk = self.data.transpose(1, 2)
+        return blk.view(torch.float8_e4m3fn) if self.codes else blk
 
     def values(self, a0: int, a1: int, workspace: dict) -> torch.Tensor:
         """float64 ``(a1 - a0, G, T, D)`` values of chunks ``a0 .. a1 - 1``, written into a reused
@@ -294,6 +317,20 @@ _TILES_PER_BLOCK = 16
 _MIN_GEMM_ROWS = 8
 
 
+# CUDA: tiles per chunk whose steps 3-7 run as one batch (the fp32 recurrences of l and O stay tile by
+# tile), sized so that the window's scores, P and operands stay near _WINDOW_BYTES; on the CPU one tile
+# (the block loop below keeps its operands in cache instead).
+_WINDOW_BYTES = 1 << 30
+_MAX_WINDOW = 64
+
+
+def _window(device, heads_k: int, n_rows: int, head_dim: int, tile_keys: int, num_chunks: int) -> int:
+    if torch.device(device).type == "cpu" or num_chunks == 0:
+        return 1
+    per_tile = num_chunks * heads_k * tile_keys * (2 * head_dim * 4 + n_rows * 64)  # operands, S / P / ex2 temporaries
+    return max(1, min(_MAX_WINDOW, _WINDOW_BYTES // per_tile))
+
+
 def _blocks(num_chunks: int, heads_k: int, device) -> list[tuple[int, int]]:
     if torch.device(device).type != "cpu":
         return [(0, num_chunks)]
@@ -314,6 +351,8 @@ def _score_step(q_a: torch.Tensor, q_norm, n_rows: int, k_src: "_TileSource", bl
     ``q_a``: float64 Q rows ``(A, G, M, D)`` (zero-padded past ``n_rows``); ``q_norm`` their norms (wide Q);
     ``mma``: None (the ideal arithmetic) or (model, head-dim groups, key groups) of the hardware's."""
     a, g, rows, _ = q_a.shape
+    if mma is not None and fused_chain_available(q_a.device):  # one fused chain over every tile
+        return score_tile_mma(q_a[:, :, :n_rows], k_src.operand(), mma[0], mma[1])
     if mma is not None:
         s = torch.empty((a, g, n_rows, TILE_KEYS), dtype=torch.float32, device=q_a.device)
         for a0, a1 in blocks:
@@ -333,6 +372,8 @@ def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, w
     the ideal arithmetic (:func:`~mjolnir_numerics.emulator_stages.accumulate_pv`, ``mma`` None) or the
     hardware's (:func:`~mjolnir_numerics.emulator_stages.accumulate_pv_mma`)."""
     a, g, n, t = p_q.shape
+    if mma is not None and fused_chain_available(p_q.device):
+        return accumulate_pv_mma(o_a, p_q, v_src.operand(), mma[0], mma[2])
     if mma is not None:
         o_new = torch.empty_like(o_a)
         for a0, a1 in blocks:
@@ -348,6 +389,28 @@ def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, w
     for a0, a1 in blocks:
         o_new[a0:a1] = accumulate_pv(o_a[a0:a1], p64[a0:a1], v_src.values(a0, a1, ws), p_sig_bits, out=vp[a0:a1])
     return o_new
+
+
+def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
+    """On the fused path (CUDA, hardware MMA, P.V instructions over consecutive keys, as both walks issue
+    them): the window's V as the chain reads it, float32 ``(A, G, D, steps, K)``; else None."""
+    if mma is None or not fused_chain_available(v_src.device):
+        return None
+    steps, k = mma[2].shape
+    if not torch.equal(mma[2].reshape(-1), torch.arange(steps * k)):
+        return None
+    return v_src.operand().transpose(-1, -2).float().unflatten(-1, (steps, k))
+
+
+def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, rescale: bool, extra_bits, min_exponent, emin):
+    """Steps 8-9 of one tile as one function (what CUDA compiles into one graph): the row sums, O rescaled
+    where a max moved (not on a chunk's first tile), then the P.V chain into O. ``v``: float32 ``(A, G,
+    D, steps, K)``; the rest as in the stages. Returns ``(l, o)``."""
+    l = accumulate_row_sum(corr, l, p_sum)
+    if rescale:
+        o = rescale_o(o, corr, m_new, m_prev)
+    a = p_q[..., : o.shape[-2], :].unflatten(-1, (v.shape[-2], v.shape[-1]))
+    return l, _chain_formula(a, v, o, extra_bits, min_exponent, emin)
 
 
 def emulate_decode(
@@ -545,7 +608,8 @@ def _emulate(
                 f"they run), got P {p_format}, q {q.dtype}, {fmt.name} KV, head dim {d}; use mma='ideal'"
             )
         model = MMA_MODELS[tgt.mma_model(q_dtype)]
-        mma = (model, *kstep_groups(tgt.walk, fmt.name, q_dtype, d))
+        constants = (model.extra_bits, model.min_exponent, OPERAND_FORMATS[model.operand][1])
+        mma = (model, *kstep_groups(tgt.walk, fmt.name, q_dtype, d), constants)
 
     dev = q.device
     kd = cache.descale_table("k").float().to(dev)
@@ -582,7 +646,6 @@ def _emulate(
     chunks = plan.chunks()
     cseq = torch.tensor([w[0] for w in chunks], dtype=torch.long, device=dev)
     ct0 = torch.tensor([w[1] for w in chunks], dtype=torch.long, device=dev)
-    clen = torch.tensor([w[2] - w[1] for w in chunks], dtype=torch.long, device=dev)
     cslot = [w[3] for w in chunks]
     C, G, N, D, T = len(chunks), heads_k, n_rows, d, TILE_KEYS
     sl_dev = seq_lens.to(dev)
@@ -599,38 +662,74 @@ def _emulate(
     l = torch.zeros((C, G, N, T), device=dev)
     o = torch.zeros((C, G, N, D), device=dev)
     key_ids = torch.arange(T, device=dev)
-    n_steps = int(clen.max()) if C else 0
+    lens = [w[2] - w[1] for w in chunks]  # on the host: which chunks take part costs no device round trip
+    n_steps = max(lens, default=0)
+    window = _window(dev, G, N, D, T, len(lens))
     ws: dict = {}  # scratch buffers reused across tiles
-    for s in range(n_steps):
-        act = (clen > s).nonzero(as_tuple=True)[0]
-        full = act.numel() == C
+    for s0 in range(0, n_steps, window):
+        # W consecutive tiles of every chunk that has tile s0; a chunk that ends inside the window has its
+        # later tiles masked whole (they leave m unchanged) and its l and O kept from its last tile
+        act_list = [i for i, n in enumerate(lens) if n > s0]
+        full = len(act_list) == C
+        act = None if full else torch.tensor(act_list, dtype=torch.long, device=dev)
         sel = slice(None) if full else act
-        seqs = cseq[sel]
-        tiles = ct0[sel] + s
+        n_w = min(window, n_steps - s0)
+        A = len(act_list)
+        live = [[lens[i] > s0 + j for i in act_list] for j in range(n_w)]
+
+        def rep(x, n_w=n_w):  # the chunks' rows once per tile of the window
+            return x if n_w == 1 else x.repeat(n_w, *(1,) * (x.dim() - 1))
+
+        seqs = rep(cseq[sel])
+        tiles = (ct0[sel][None, :] + s0 + torch.arange(n_w, device=dev)[:, None]).reshape(-1)
         keys = tiles[:, None] * T + key_ids[None, :]
+        last = rep(last_key[sel])
+        if not all(map(all, live)):
+            last = torch.where(torch.tensor(sum(live, []), device=dev)[:, None], last, -1)
         c_a = c_c[sel]
-        blocks = _blocks(seqs.shape[0], G, dev)
+        c_w = rep(c_a)
+        blocks = _blocks(n_w * A, G, dev)
+        # steps 3-7 and the factors of step 8 for all W tiles at once: nothing here depends on l or O
         k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev)
-        q_a = q_c[sel]
-        s_t = _score_step(q_a, None if q_norm_c is None else q_norm_c[sel], N, k_src, blocks, ws, q_sig_bits, mma)
-        del k_src
-        s_t = mask_tile(s_t, keys, last_key[sel])
-        m_prev = m[sel]
-        m_new, m_use = update_column_max(m_prev, s_t)
-        p = softmax_tile(s_t, m_use, c_a, ex2)
+        q_a = rep(q_c[sel])
+        q_n = None if q_norm_c is None else rep(q_norm_c[sel])
+        s_t = _score_step(q_a, q_n, N, k_src, blocks, ws, q_sig_bits, mma)
+        del k_src, q_a
+        s_t = mask_tile(s_t, keys, last)
+        m_prev, m_new, m_use = running_column_max(m[sel], s_t.view(n_w, A, G, N, T))
+        m_prev, m_new, m_use = (x.reshape(n_w * A, G, N) for x in (m_prev, m_new, m_use))
+        p = softmax_tile(s_t, m_use, c_w, ex2)
+        del s_t
         p_q = round_p(p, p_scale, p_format)
         p_sum = p if knobs.row_sum == "unrounded" else p_q / p_scale
-        corr, l_new = correct_row_sum(m_prev, m_use, c_a, l[sel], p_sum, ex2)
-        o_a = o[sel]
-        if s > 0:
-            o_a = rescale_o(o_a, corr, m_new, m_prev)
+        del p
+        corr = row_sum_correction(m_prev, m_use, c_w, ex2)
         v_src = _TileSource(cache, "v", seqs, tiles, sl_dev, bt_dev)
-        o_a = _pv_step(o_a, p_q, v_src, blocks, ws, p_sig_bits, mma)
-        del v_src
+        v_fused = _fused_pv_operand(v_src, mma)
+        # steps 8-9 tile after tile: the fp32 recurrences of l and O
+        l_a, o_a = l[sel], o[sel]
+        for j in range(n_w):
+            t = slice(j * A, (j + 1) * A)
+            if v_fused is not None:  # CUDA: the tile's whole update as one compiled graph
+                l_new, o_new = _fused(_tile_update)(
+                    corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_fused[t], s0 + j > 0, *mma[3]
+                )
+            else:
+                l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
+                o_new = o_a if s0 + j == 0 else rescale_o(o_a, corr[t], m_new[t], m_prev[t])
+                v_t = v_src.part(j * A, (j + 1) * A)
+                o_new = _pv_step(o_new, p_q[t], v_t, _blocks(A, G, dev), ws, p_sig_bits, mma)
+            if all(live[j]):
+                l_a, o_a = l_new, o_new
+            else:
+                keep = torch.tensor(live[j], device=dev)[:, None, None, None]
+                l_a, o_a = torch.where(keep, l_new, l_a), torch.where(keep, o_new, o_a)
+        del v_src, v_fused, p_q, p_sum, corr
+        m_a = m_new[(n_w - 1) * A :]
         if full:
-            m, l, o = m_new, l_new, o_a
+            m, l, o = m_a, l_a, o_a
         else:
-            m[act], l[act], o[act] = m_new, l_new, o_a
+            m[act], l[act], o[act] = m_a, l_a, o_a
 
     # -- epilogue --------------------------------------------------------------------------------------
     l_sum = reduce_row_sum(l)

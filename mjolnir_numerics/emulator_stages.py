@@ -75,7 +75,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .arithmetic import chain_fma
+from .arithmetic import chain_gemm
 from .formats import E4M3
 from .quantize import quantize
 
@@ -102,10 +102,11 @@ __all__ = [
     "score_tile",
     "score_tile_mma",
     "mask_tile",
-    "update_column_max",
     "softmax_tile",
     "round_p",
-    "correct_row_sum",
+    "row_sum_correction",
+    "accumulate_row_sum",
+    "running_column_max",
     "rescale_o",
     "accumulate_pv",
     "accumulate_pv_mma",
@@ -122,6 +123,14 @@ LOG2E_F32 = float(torch.tensor(math.log2(math.e), dtype=torch.float32))
 """log2(e) at device precision (the kernel's constant is a Python float turned into Float32)."""
 
 _F32_MIN_NORMAL = 2.0**-126
+
+
+def _sync_free(x: torch.Tensor) -> bool:
+    """Take the branch-free form of a stage (no data-dependent shortcut that asks the device): on CUDA,
+    where each such question is a host round trip that stalls the queue. Both forms give the same bits."""
+    return x.is_cuda
+
+
 _HARD_ULP64 = 1 << 7  # float64 ulps (= 2^-22 fp32 ulp) from an fp32 rounding midpoint that trigger the decimal redo
 _DECIMAL_DIGITS = 60
 
@@ -141,7 +150,7 @@ def round_odd_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ap = s - bp
     err = (a - ap) + (b - bp)  # NaN exactly where s is not finite
     inexact = err.abs() > 0
-    if not bool(inexact.any()):
+    if not _sync_free(s) and not bool(inexact.any()):  # a shortcut only where asking costs nothing
         return s
     # round to odd = truncate toward zero, then set the last bit if inexact: s was rounded away from
     # zero where err has the other sign (one ulp down in magnitude: bits - 1); s != 0 when inexact
@@ -172,6 +181,8 @@ def add_round_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     ``RN32(RN64(x)) == RN32(x)`` unless ``RN64(x)`` lands exactly on an fp32 rounding midpoint (or in
     the fp32 subnormal range); only those elements take the exact round-to-odd path.
     """
+    if _sync_free(a) or _sync_free(b):  # no host round trip: round to odd everywhere (the same bits)
+        return round_odd_add(a.double(), b.double()).float()
     s = a + b  # float64: a float32 operand widens exactly inside the op
     r = s.float().contiguous()
     risky = _double_rounding_risky(s, r)
@@ -501,15 +512,15 @@ def score_tile_mma(q: torch.Tensor, k_tile: torch.Tensor, model, groups: torch.T
     adds, in issue order: ``arithmetic.kstep_groups``).
 
     Args:
-        q: ``(C, G, M, D)`` float64 query rows; k_tile: ``(C, G, T, D)`` float64 key values (the MMA's
-            operands, exact in the model's operand format).
+        q: ``(C, G, M, D)`` float query rows; k_tile: ``(C, G, T, D)`` float key values (the MMA's
+            operands, exact in the model's operand format; any float dtype that holds them, float8 too).
         model: an ``arithmetic.MmaModel``; groups: int64 ``(steps, K)``.
 
     Returns:
         float32 ``(C, G, M, T)``.
     """
     c = torch.zeros(q.shape[:-1] + (k_tile.shape[-2],), dtype=torch.float32, device=q.device)
-    return chain_fma(q.double()[..., :, None, :], k_tile.double()[..., None, :, :], c, groups, model)
+    return chain_gemm(q, k_tile, c, groups, model)
 
 
 def row_norm(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -587,21 +598,6 @@ def mask_tile(s: torch.Tensor, keys: torch.Tensor, last_key: torch.Tensor) -> to
     return torch.where(hidden, torch.full_like(s, -math.inf), s)
 
 
-def update_column_max(m_prev: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 5: running column max in raw S units and the -inf guard.
-
-    Args:
-        m_prev: ``(C, G, N)`` float32, the max before this tile (-inf at the start of a chunk).
-        s: ``(C, G, N, T)`` masked scores.
-
-    Returns:
-        ``(m, m_use)``: the new max, and the exponent reference (0 where the max is still -inf).
-    """
-    m = torch.maximum(m_prev, s.amax(dim=-1))
-    m_use = torch.where(m == -math.inf, torch.zeros_like(m), m)
-    return m, m_use
-
-
 def softmax_tile(
     s: torch.Tensor, m_use: torch.Tensor, c: torch.Tensor, ex2: Callable[[torch.Tensor], torch.Tensor] = exp2_f32
 ) -> torch.Tensor:
@@ -637,27 +633,51 @@ def round_p(p: torch.Tensor, p_scale: float, p_format: str) -> torch.Tensor:
     raise ValueError(f"p_format: {p_format!r} is not one of e4m3, e5m2, bf16, fp32")
 
 
-def correct_row_sum(
-    m_prev: torch.Tensor,
-    m_use: torch.Tensor,
-    c: torch.Tensor,
-    l: torch.Tensor,
-    p_sum: torch.Tensor,
-    ex2: Callable[[torch.Tensor], torch.Tensor] = exp2_f32,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 8: ``corr = ex2((m_prev - m_use) * c)`` and, per key row (thread), ``l = fma(corr, l, p)``.
+def row_sum_correction(
+    m_prev: torch.Tensor, m_use: torch.Tensor, c: torch.Tensor, ex2: Callable[[torch.Tensor], torch.Tensor] = exp2_f32
+) -> torch.Tensor:
+    """Step 8 (the factor): ``corr = ex2((m_prev - m_use) * c)``, one fp32 subtract, one multiply, ex2.
 
     Args:
-        m_prev, m_use: ``(C, G, N)`` float32; c: ``(C, G)``.
-        l: ``(C, G, N, T)`` float32 per-thread row sums (key row i of the tile is thread i).
-        p_sum: ``(C, G, N, T)`` the p added to the row sum (the unrounded p in the kernel).
+        m_prev, m_use: ``(C, G, N)`` float32: the max before the tile, and the exponent reference after it.
+        c: ``(C, G)`` float32, as in :func:`softmax_tile`.
         ex2: the ex2 model (:func:`exp2_f32` or :func:`exp2_sm90_f32`).
 
     Returns:
-        ``(corr (C, G, N), l (C, G, N, T))`` float32.
+        float32 ``(C, G, N)``: 0 where ``m_prev`` is -inf (nothing to correct), 1 where the max held.
     """
-    corr = ex2((m_prev - m_use) * c[:, :, None])
-    return corr, fma_f32(corr[..., None], l, p_sum)
+    return ex2((m_prev - m_use) * c[:, :, None])
+
+
+def accumulate_row_sum(corr: torch.Tensor, l: torch.Tensor, p_sum: torch.Tensor) -> torch.Tensor:
+    """Step 8 (the sums): per key row (thread), ``l = fma(corr, l, p)``.
+
+    Args:
+        corr: ``(C, G, N)`` float32 (:func:`row_sum_correction`).
+        l: ``(C, G, N, T)`` float32 per-thread row sums (key row i of the tile is thread i).
+        p_sum: ``(C, G, N, T)`` the p added to the row sum (the unrounded p in the kernel).
+
+    Returns:
+        float32 ``(C, G, N, T)``.
+    """
+    return fma_f32(corr[..., None], l, p_sum)
+
+
+def running_column_max(m_in: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 5 over several consecutive tiles at once: the running column max after each (max is exact, so
+    a running maximum over the tiles is the tile-by-tile recurrence, bit for bit).
+
+    Args:
+        m_in: ``(C, G, N)`` float32, the max before the first of the tiles.
+        s: ``(W, C, G, N, T)`` masked scores of W consecutive tiles of each chunk.
+
+    Returns:
+        ``(m_prev, m, m_use)``, each ``(W, C, G, N)``: the max before and after each tile, and the
+        exponent reference (0 where the max is still -inf).
+    """
+    m = torch.cummax(torch.maximum(s.amax(dim=-1), m_in[None]), dim=0).values
+    m_prev = torch.cat([m_in[None], m[:-1]])
+    return m_prev, m, torch.where(m == -math.inf, torch.zeros_like(m), m)
 
 
 def rescale_o(o: torch.Tensor, corr: torch.Tensor, m: torch.Tensor, m_prev: torch.Tensor) -> torch.Tensor:
@@ -667,7 +687,7 @@ def rescale_o(o: torch.Tensor, corr: torch.Tensor, m: torch.Tensor, m_prev: torc
     Args: o ``(C, G, N, D)``; corr, m, m_prev ``(C, G, N)``.
     """
     moved = (m != m_prev).any(dim=-1)  # (C, G), warpgroup-uniform in the kernel
-    if not bool(moved.any()):
+    if not _sync_free(o) and not bool(moved.any()):
         return o
     return torch.where(moved[..., None, None], o * corr[..., None], o)
 
@@ -717,10 +737,7 @@ def accumulate_pv_mma(o: torch.Tensor, p_q: torch.Tensor, v_tile: torch.Tensor, 
     Returns:
         float32 ``(C, G, N, D)``.
     """
-    n = o.shape[-2]
-    p = p_q[..., :n, :].double()[..., :, None, :]  # (C, G, N, 1, T)
-    v = v_tile.double().transpose(-1, -2)[..., None, :, :]  # (C, G, 1, D, T)
-    return chain_fma(p, v, o, groups, model)
+    return chain_gemm(p_q[..., : o.shape[-2], :], v_tile.transpose(-1, -2), o, groups, model)
 
 
 def reduce_row_sum(l: torch.Tensor, warp: int = 32) -> torch.Tensor:

@@ -18,6 +18,7 @@ from mjolnir_numerics.arithmetic import (
     MMA_MODELS,
     block_fma,
     chain_fma,
+    chain_gemm,
     ideal_block,
     kstep_groups,
     round_toward_zero_f32,
@@ -176,6 +177,43 @@ def test_chain_order_matters_and_ideal_is_one_rounding():
     f2 = chain_fma(fine, b, c, fwd.flip(0), SM90["f16"])  # 1 first: each 2^-26 drops under c = 1
     assert (float(f1), float(f2)) == (1 + 2**-22, 1.0)
     assert float(chain_fma(fine, b, c, fwd, MMA_MODELS["ideal_f16"])) == 1 + 2**-22
+
+
+def test_fused_chain_formula_equals_the_block_chain():
+    """``chain_gemm``'s fused formula (run eagerly here; CUDA compiles it) against ``chain_fma`` of
+    ``block_fma``: random operands over wide exponent ranges, zeros, a permuted walk, subnormal and zero
+    accumulators, a NaN operand; f16 and bf16 models."""
+    gen = torch.Generator().manual_seed(3)
+    for operand, (lo, hi) in (("f16", (-24, 15)), ("bf16", (-60, 40))):
+        dt = DTYPES[operand]
+
+        def rnd(*shape):
+            e = torch.randint(lo, hi, shape, generator=gen).double()
+            x = (1 + torch.rand(shape, generator=gen, dtype=torch.float64)) * torch.exp2(e)
+            x = (x * torch.randn(shape, generator=gen, dtype=torch.float64).sign()).to(dt).double()
+            return torch.where(torch.rand(shape, generator=gen) < 0.1, 0.0, x)
+
+        a, b = rnd(3, 6, 64), rnd(3, 40, 64)
+        a[0, 0, 5] = math.nan
+        c = (
+            torch.randn(3, 6, 40, generator=gen) * torch.exp2(torch.randint(-30, 30, (3, 6, 40), generator=gen))
+        ).float()
+        c[1, :, :4] = 2.0**-140  # subnormal accumulators
+        c[2, :, :4] = 0.0
+        walk = torch.randperm(64, generator=gen).view(4, 16)
+        want = chain_gemm(a, b, c, walk, SM90[operand], fused=False)
+        import mjolnir_numerics.arithmetic as arithmetic
+
+        saved = arithmetic._fused
+        arithmetic._fused = lambda fn: fn  # the formula itself, uncompiled
+        try:
+            got = chain_gemm(a, b, c, walk, SM90[operand], fused=True)
+        finally:
+            arithmetic._fused = saved
+        assert bool(_same(got, want).all()), f"{operand}: {int((~_same(got, want)).sum())} differ"
+        assert bool(torch.isnan(got[0, 0]).all()) and not bool(torch.isnan(got[1:]).any())
+    with pytest.raises(ValueError, match="model: ideal_f16 is an ideal model"):
+        chain_gemm(a, b, c, walk, MMA_MODELS["ideal_f16"])
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -775,3 +775,29 @@ def test_bits_pinned_across_speed_work(key):
             kw.update(knobs=knobs, allow_unsupported=True)
         got = emulate_decode(x.q, x.cache, **kw)
     assert _digest(*got) == PINNED_DIGESTS[key], f"{key}: O / LSE bits changed"
+
+
+@pytest.mark.parametrize("window", [1, 3])
+@pytest.mark.parametrize("key", sorted(k for k in PINNED_HW_DIGESTS if k.endswith("/h200")) + ["random_bf16/thor"])
+def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatch):
+    """What the emulator does differently on CUDA, run here: several tiles per window (steps 3-7 batched,
+    chunks that end inside a window masked), the MMA chains as the fused formula (evaluated eagerly here;
+    the H200 run compiles it), and the stages' branch-free forms (no shortcut that asks the device)."""
+    import mjolnir_numerics.arithmetic as arithmetic
+    import mjolnir_numerics.emulator as emulator
+    import mjolnir_numerics.emulator_stages as stages
+
+    monkeypatch.setattr(emulator, "_window", lambda *args: window)
+    monkeypatch.setattr(emulator, "fused_chain_available", lambda device: True)
+    monkeypatch.setattr(arithmetic, "fused_chain_available", lambda device: True)
+    monkeypatch.setattr(arithmetic, "_fused", lambda fn: fn)
+    monkeypatch.setattr(emulator, "_fused", lambda fn: fn)
+    monkeypatch.setattr(stages, "_sync_free", lambda x: True)
+    name, target = key.split("/")
+    if name.startswith("random_"):
+        q, cache, kw = _random_pinned_inputs(e4m3_q=name == "random_e4m3")
+    else:
+        x = get_case(name).build()
+        q, cache, kw = x.q, x.cache, x.emulator_kwargs()
+    got = emulate_decode(q, cache, **kw, target=target)
+    assert _digest(*got) == PINNED_HW_DIGESTS[key], f"{key}: O / LSE bits differ from the CPU path's"

@@ -1,0 +1,145 @@
+"""The spec at the speed of the hardware: ``emulate_decode`` on the GPU against the Hopper kernel on the
+same cache, side by side in one run (the lent H200), with the target's exact arithmetic models on (the
+defaults: MMA, ex2 and log of the H200).
+
+Per row: the kernel's time (``mjolnir_kernel.decode``, eager calls, median), the emulator's (median of
+``--repeat`` calls after one warm-up call, which also compiles the fused MMA chains), their ratio against
+the goal (25x), the emulator's peak extra GPU memory over the quantized cache's bytes
+(``torch.cuda.max_memory_allocated`` during the call, less what was allocated before it), and whether
+O and LSE of the two are identical in every bit (they must be: the emulator is the kernel's spec).
+
+    python -m benchmarks.bench_emulator_gpu                  # the issue's rows and the memory row
+    python -m benchmarks.bench_emulator_gpu --quick          # small shapes (a smoke run)
+    python -m benchmarks.bench_emulator_gpu --rows b32_4k --repeat 1
+
+Exits non-zero when a row's bits differ, or a ratio or memory goal is missed on the issue's rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+RATIO_GOAL = 25.0
+MEMORY_GOAL = 4.0  # peak extra memory / quantized cache bytes (plus the fixed workspace, printed apart)
+
+# name: (batch, keys, h_q, h_k, d, KV format, Q dtype)
+ROWS = {
+    "b32_32k_e4m3_e4m3q": (32, 32768, 32, 8, 128, "e4m3", "e4m3"),
+    "b32_32k_e4m3_bf16q": (32, 32768, 32, 8, 128, "e4m3", "bf16"),
+    "b1_128k_e4m3q": (1, 131072, 24, 4, 256, "e4m3", "e4m3"),
+    "b1_128k_bf16q": (1, 131072, 24, 4, 256, "e4m3", "bf16"),
+    "b32_4k_e4m3q": (32, 4096, 24, 4, 256, "e4m3", "e4m3"),
+    "b32_4k_bf16q": (32, 4096, 24, 4, 256, "e4m3", "bf16"),
+    "b32_32k_e2m1": (32, 32768, 32, 8, 128, "e2m1", "e4m3"),
+    "b32_32k_nvfp4": (32, 32768, 32, 8, 128, "nvfp4", "e4m3"),
+    "b32_128k_memory": (32, 131072, 32, 8, 128, "e4m3", "e4m3"),
+}
+QUICK = {
+    "b4_4k_e4m3q": (4, 4096, 32, 8, 128, "e4m3", "e4m3"),
+    "b4_4k_bf16q": (4, 4096, 24, 4, 256, "e4m3", "bf16"),
+    "b4_4k_e2m1": (4, 4096, 32, 8, 128, "e2m1", "e4m3"),
+    "b4_4k_nvfp4": (4, 4096, 32, 8, 128, "nvfp4", "e4m3"),
+}
+PAGE_SIZE = 64
+
+
+def _ms(fn, repeat: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times), out
+
+
+def bench_row(name, spec, repeat: int, kernel_iters: int, gen) -> dict:
+    from benchmarks.bench_hopper_decode import build_pools
+    from mjolnir_kernel import decode
+    from mjolnir_numerics.cache import PagedKVCache
+    from mjolnir_numerics.emulator import emulate_decode
+    from mjolnir_numerics.formats import get_format
+    from mjolnir_numerics.scales import quantize_q
+
+    b, L, h_q, h_k, d, fmt, q_dtype = spec
+    k_pool, v_pool, bt, lens, kd, vd, scales, nbytes = build_pools(b, L, h_k, d, fmt, PAGE_SIZE, gen)
+    cache = PagedKVCache(
+        get_format(fmt), PAGE_SIZE, "nhd", d, k_pool, v_pool, scales.get("k_scales"), scales.get("v_scales"), bt,
+        lens, kd, vd,
+    )  # fmt: skip
+    q = torch.randn(b, h_q, d, generator=gen, device="cuda").to(torch.bfloat16)
+    kw = {}
+    if q_dtype == "e4m3":
+        q, kw["q_descale"] = quantize_q(q, b, 1, h_k)
+    decode(q, cache, **kw)  # compile and load the kernel
+    kernel_ms, (o_k, lse_k) = _ms(lambda: decode(q, cache, **kw), kernel_iters)
+    t0 = time.perf_counter()
+    emulate_decode(q, cache, **kw)  # warm-up: compiles the fused chains of this shape
+    torch.cuda.synchronize()
+    warm_s = time.perf_counter() - t0
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    emu_ms, (o_e, lse_e) = _ms(lambda: emulate_decode(q, cache, **kw), repeat)
+    extra = torch.cuda.max_memory_allocated() - base
+    same = torch.equal(o_k.view(torch.int16), o_e.view(torch.int16)) and torch.equal(
+        lse_k.view(torch.int32), lse_e.view(torch.int32)
+    )
+    row = dict(
+        name=name, shape=f"b{b} {L // 1024}K {h_q}/{h_k} d{d}", fmt=fmt, q=q_dtype, kernel_ms=kernel_ms,
+        emu_ms=emu_ms, ratio=emu_ms / kernel_ms, warm_s=warm_s, extra_gb=extra / 1e9, cache_gb=nbytes / 1e9,
+        mem_ratio=extra / nbytes, same=same,
+    )  # fmt: skip
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small shapes (goals not checked)")
+    ap.add_argument("--rows", default=None, help=f"comma-separated row names (default: all of {', '.join(ROWS)})")
+    ap.add_argument("--repeat", type=int, default=3, help="timed emulator calls per row (median)")
+    ap.add_argument("--kernel-iters", type=int, default=20, help="timed kernel calls per row (median)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_emulator_gpu: needs a CUDA GPU that runs the Hopper kernel", file=sys.stderr)
+        return 2
+    table = QUICK if args.quick else ROWS
+    names = list(table) if args.rows is None else args.rows.split(",")
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        print(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(table)}", file=sys.stderr)
+        return 2
+    if args.repeat < 1 or args.kernel_iters < 1:
+        print("--repeat and --kernel-iters: expected >= 1", file=sys.stderr)
+        return 2
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; page size {PAGE_SIZE}, shuffled pages, "
+          f"random codes; emulator: default (hardware) arithmetic; median of {args.repeat} emulator calls after "
+          f"a warm-up, {args.kernel_iters} eager kernel calls")  # fmt: skip
+    head = f"{'row':<20} {'shape':<20} {'KV':<6} {'Q':<5} {'kernel ms':>10} {'emulator ms':>12} {'ratio':>7}"
+    print(head + f" {'warm-up s':>9} {'extra GB':>9} {'cache GB':>9} {'extra/cache':>11}  bits")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bad = False
+    for name in names:
+        r = bench_row(name, table[name], args.repeat, args.kernel_iters, gen)
+        torch.cuda.empty_cache()  # the row's cache is freed with its frame
+        ratio_ok = r["ratio"] <= RATIO_GOAL or name.endswith("_memory")
+        mem_ok = r["mem_ratio"] <= MEMORY_GOAL
+        print(
+            f"{name:<20} {r['shape']:<20} {r['fmt']:<6} {r['q']:<5} {r['kernel_ms']:>10.3f} {r['emu_ms']:>12.1f} "
+            f"{r['ratio']:>6.1f}x {r['warm_s']:>9.1f} {r['extra_gb']:>9.2f} {r['cache_gb']:>9.2f} "
+            f"{r['mem_ratio']:>10.2f}x  {'identical' if r['same'] else 'DIFFER'}"
+            f"{'' if ratio_ok or args.quick else '  (ratio goal missed)'}"
+            f"{'' if mem_ok or args.quick else '  (memory goal missed)'}",
+            flush=True,
+        )  # fmt: skip
+        bad |= not r["same"] or (not args.quick and not (ratio_ok and mem_ok))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
