@@ -16,6 +16,7 @@ from .quantize import dequantize, quantize, round_to_format
 from .reference import ERROR_SOURCES, ErrorRow, attribute_errors, error_metrics, reference_decode
 from .scales import GRANULARITIES, compute_descale, pack_q, quantize_q, unpack_o
 from .targets import TARGETS, Target, get_target, target_for
+from .transforms import TRANSFORMS, apply_smoothing, hadamard_matrix, rotate, smoothing_factors
 
 __version__ = "0.1.0"
 
@@ -28,4 +29,5 @@ __all__ = [
     "emulate_decode", "EmulatorKnobs", "DecodeResult",
     "reference_decode", "attribute_errors", "error_metrics", "ErrorRow", "ERROR_SOURCES",
     "CASES", "DecodeCase", "CaseInputs", "get_case",
+    "TRANSFORMS", "rotate", "hadamard_matrix", "smoothing_factors", "apply_smoothing",
 ]  # fmt: skip

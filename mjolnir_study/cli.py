@@ -7,6 +7,7 @@
     mjolnir study --out reports   # regenerate the committed report in reports/
     mjolnir study --device cuda   # emulator, references and the model on a GPU
     mjolnir study --out /tmp/r --seed 1 --no-real-model
+    mjolnir notebooks             # execute notebooks/*.py at the full size into their .ipynb (stored outputs)
 
 Writes ``OUT/study.csv`` (tidy rows), ``OUT/kv_stats.csv`` (captured K/V facts, with the real model),
 ``OUT/report.md`` and ``OUT/figures/*.png``; ``OUT`` is ``runs/<UTC timestamp>/`` under the current
@@ -77,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch CPU threads (default 1: fastest on a shared CPU)",
     )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    n = sub.add_parser(
+        "notebooks",
+        help="execute the notebooks and store their outputs (notebooks/*.ipynb)",
+        description="Execute each notebooks/NAME.py and write notebooks/NAME.ipynb with its outputs and a stamp "
+        "(the script's digest); a test fails while a stored notebook is stale.",
+    )
+    n.add_argument("names", nargs="*", help="notebook names (default: all)")
+    n.add_argument("--size", default="full", choices=("small", "full"), help="MJOLNIR_NOTEBOOK_SIZE (default full)")
     return parser
 
 
@@ -301,6 +310,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "study":
             return run_study_command(args, argv)
+        if args.command == "notebooks":
+            from .notebooks import notebook_scripts, refresh
+
+            try:
+                names = notebook_scripts(args.names or None)
+            except ValueError as e:
+                raise CLIError(str(e)) from None
+            refresh([p.stem for p in names], size=args.size, log=lambda line: print(line, flush=True))
+            return 0
         raise AssertionError(args.command)  # argparse rejects unknown subcommands
     except CLIError as e:
         print(f"mjolnir: error: {e}", file=sys.stderr, flush=True)

@@ -213,10 +213,63 @@ def e2e_table_with_intervals(df: pd.DataFrame) -> pd.DataFrame:
     return e[cols + ["vs_e4m3_KL_ratio", "vs_e4m3_top1_diff"]]
 
 
+HOPPER_CSV = Path(__file__).resolve().parents[1] / "reports" / "hopper" / "hopper_bandwidth.csv"
+"""The committed H200 bandwidth table the decision table reads the kernel's speed from."""
+HOPPER_CSV_SOURCE = (
+    "H200, 2026-12-01: `python -m benchmarks.bench_hopper_decode --back-to-back 20 --size-matched-stream "
+    "--no-peers --iters 10 --head-dims 128 --csv bw_d128.csv` and the same with 256, merged "
+    "(docs/performance.md)"
+)
+
+
+def kernel_speed_vs_e4m3(csv_path: str | Path = HOPPER_CSV) -> dict:
+    """Per (KV format, Q dtype): the Hopper kernel's time over e4m3 KV with e4m3 Q on the same shape, as
+    ``(min, max)`` over the CSV's batch 8 and 32 shapes (d = 128 and 256); {} when the CSV is missing."""
+    path = Path(csv_path)
+    if not path.exists():
+        return {}
+    h = pd.read_csv(path)
+    h = h[(h["kind"] == "mjolnir") & h["batch"].isin([8, 32])]
+    base = h[(h["format"] == "e4m3") & (h["q"] == "e4m3")].set_index("label")["us"]
+    out = {}
+    for (fmt, q), g in h.groupby(["format", "q"]):
+        r = (g.set_index("label")["us"] / base).dropna()
+        if len(r):
+            out[(fmt, q)] = (float(r.min()), float(r.max()))
+    return out
+
+
+def decision_table(df: pd.DataFrame, csv_path: str | Path = HOPPER_CSV) -> pd.DataFrame:
+    """One row per end-to-end configuration (format, recipe, granularity, Q dtype): bytes per stored
+    element, end-to-end KL and top-1 agreement with their 95 % intervals, their paired comparison with the
+    e4m3 row, and the Hopper kernel's measured time relative to e4m3 KV with e4m3 Q
+    (:func:`kernel_speed_vs_e4m3`; "-" where the kernel does not run the configuration)."""
+    e = df[df.part == "end_to_end"]
+    if not len(e):
+        return e
+    speed = kernel_speed_vs_e4m3(csv_path)
+    rows = []
+    for _, r in e.iterrows():
+        sp = speed.get((r.fmt, r.q_dtype))
+        row = {
+            "config": f"{_label(r.fmt, r.recipe)}/{r.granularity}/q={r.q_dtype}",
+            "bytes / element": f"{float(r.bits_per_value) / 8:.4g}",
+            "KL [95 % CI]": _with_ci(r.kl, r.get("kl_lo", ""), r.get("kl_hi", ""), ".4f"),
+            "top-1 [95 % CI]": _with_ci(r.top1, r.get("top1_lo", ""), r.get("top1_hi", ""), ".3f"),
+            "KL / e4m3's [CI]": ""
+            if pd.isna(r.get("vs_e4m3_kl_ratio_lo", float("nan")))
+            else f"[{r.vs_e4m3_kl_ratio_lo:.2f}, {r.vs_e4m3_kl_ratio_hi:.2f}]",
+            "H200 kernel time / e4m3's": "-" if sp is None else f"{sp[0]:.2f}-{sp[1]:.2f}",
+        }
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def _with_ci(value: float, lo: float, hi: float, spec: str) -> str:
-    """``"v [lo, hi]"`` (the interval left out where it is NaN)."""
+    """``"v [lo, hi]"`` (the interval left out where it is NaN or empty)."""
+    lo, hi = (float("nan") if x is None or x == "" else float(x) for x in (lo, hi))
     if math.isnan(lo) or math.isnan(hi):
-        return format(value, spec)
+        return format(float(value), spec)
     return f"{format(value, spec)} [{format(lo, spec)}, {format(hi, spec)}]"
 
 
@@ -286,6 +339,75 @@ def arithmetic_table(df: pd.DataFrame) -> pd.DataFrame:
     t = t.reset_index()
     t.columns = ["fmt", "Q", "target", "hw vs ideal rel L2", "max abs dO", "max abs dLSE", "total rel L2"]
     return _fmt_sort(t)
+
+
+TRANSFORM_LABELS = {
+    "none": "none",
+    "hadamard16": "Hadamard 16",
+    "hadamard32": "Hadamard 32",
+    "hadamard_d": "Hadamard d",
+    "smooth_k": "K smoothing",
+}
+
+
+def _transform_verdict(lo, hi) -> str:
+    if lo == "" or hi == "" or pd.isna(lo) or pd.isna(hi):
+        return "no interval"
+    return "helps" if float(hi) < 1 else "hurts" if float(lo) > 1 else "not resolved"
+
+
+def transforms_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per data (each synthetic kind, each SmolLM2 layer) and format: rel L2 without a transform (with its
+    interval), then per transform the paired ratio of rel L2 to that, with its interval, marked ``-`` where
+    the whole interval is below 1 (the transform helps) and ``+`` where it is above 1 (it hurts)."""
+    t = df[df.part == "transforms"]
+    if not len(t):
+        return t
+    order = {f: i for i, f in enumerate(("e4m3", "e3m2", "e2m3", "nvfp4", "e2m1"))}
+    out = []
+    for (data, fmt), g in sorted(t.groupby(["data", "fmt"]), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9))):
+        row = {"data": data, "fmt": fmt}
+        none = g[g["transform"] == "none"]
+        if len(none):
+            r = none.iloc[0]
+            row["rel L2, none"] = _with_ci(r.rel_l2, r.rel_l2_lo, r.rel_l2_hi, ".3g")
+        for c in TRANSFORM_LABELS:
+            sub = g[g["transform"] == c]
+            if c == "none" or not len(sub):
+                continue
+            r = sub.iloc[0]
+            mark = {"helps": " -", "hurts": " +"}.get(_transform_verdict(r.vs_none_lo, r.vs_none_hi), "")
+            row[f"{TRANSFORM_LABELS[c]} / none"] = _with_ci(r.vs_none_ratio, r.vs_none_lo, r.vs_none_hi, ".2f") + mark
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def transforms_paragraph(df: pd.DataFrame) -> str:
+    """What the transform rows say, computed from their paired intervals: per transform, on how many
+    (data, format) pairs it helps, hurts, or is not resolved."""
+    t = df[(df.part == "transforms") & (df["transform"] != "none")]
+    if not len(t):
+        return ""
+    parts = []
+    for c in TRANSFORM_LABELS:
+        sub = t[t["transform"] == c]
+        if not len(sub):
+            continue
+        v = [_transform_verdict(lo, hi) for lo, hi in zip(sub.vs_none_lo, sub.vs_none_hi)]
+        parts.append(
+            f"{TRANSFORM_LABELS[c]} helps on {v.count('helps')}, hurts on {v.count('hurts')}, not resolved on "
+            f"{v.count('not resolved')} of {len(v)} (data, format) pairs (ratio {sub.vs_none_ratio.min():.2f} "
+            f"to {sub.vs_none_ratio.max():.2f})"
+        )
+    return (
+        "Q and K rotated by a block-diagonal Hadamard matrix before quantization, V too and O rotated back "
+        "after the call (`mjolnir_numerics.transforms.rotate`; S is unchanged to `rotation_score_bound`), or K's "
+        "channels divided by powers of two folded into Q (`smoothing_factors`, `apply_smoothing`; exact, Q "
+        "then quantized as the kernel does). Per-head scales, e4m3 Q, the ideal arithmetic. `vs none` is the "
+        "row's rel L2 over the same format's without the transform, paired on the same (sequence, query "
+        "head) rows of O (bootstrap over those rows, 2000 resamples; the interval covers the choice of rows, "
+        "not of the data's seed): " + "; ".join(parts) + "."
+    )
 
 
 def plot_context(df: pd.DataFrame, metric: str = "rel_l2"):
@@ -902,6 +1024,22 @@ def write_report(
     )
     L.append("")
 
+    dt = decision_table(df)
+    if len(dt):
+        L.append("## Decision table")
+        L.append("")
+        L.append(
+            "Per configuration of the end-to-end run: what it stores, what it costs the model's next-token "
+            "distribution (95 % intervals: moving-block bootstrap over the scored tokens; the e4m3 comparison "
+            "paired on the same tokens), and what the H200 kernel's time is relative to e4m3 KV with e4m3 Q at "
+            f"batch 8 and 32, d = 128 and 256, L = 32K (range over those shapes; read from "
+            f"`reports/hopper/hopper_bandwidth.csv`, {HOPPER_CSV_SOURCE}). The scale granularity and NVFP4 "
+            "recipe do not change the kernel's time."
+        )
+        L.append("")
+        L.append(_md_table(dt))
+        L.append("")
+
     findings = anchor_findings(df)
     if findings:
         L.append("## Findings vs the published anchors")
@@ -1051,6 +1189,14 @@ def write_report(
         L.append(arithmetic_paragraph())
         L.append("")
         L.append(_md_table(arithmetic_table(df)))
+        L.append("")
+
+    if "transform" in df.columns and len(df[df.part == "transforms"]):
+        L.append("## Research knobs: Hadamard rotation and K smoothing")
+        L.append("")
+        L.append(transforms_paragraph(df))
+        L.append("")
+        L.append(_md_table(transforms_table(df), floatfmt=".3g"))
         L.append("")
 
     L.append("## NVFP4 recipes and the fp6 pair")

@@ -112,3 +112,48 @@ def combine(*verdicts: str) -> str:
     if "disagrees" in verdicts:
         return "disagrees"
     return "agrees" if all(v == "agrees" for v in verdicts) else "not resolved"
+
+
+def ratio_of_sums_ci(num: torch.Tensor, den: torch.Tensor, *, transform: Callable = None, seed: int = 0,
+                     block: int = 1, n_boot: int = N_BOOT, level: float = LEVEL) -> tuple[float, float]:  # fmt: skip
+    """Percentile interval of ``f(sum(num) / sum(den))`` under the bootstrap of units (``block`` 1: units
+    resampled one by one, e.g. the (sequence, query head) rows of a decode's O, with ``num`` their squared
+    errors, ``den`` their squared norms and ``f = sqrt``: the interval of rel L2).
+
+    Raises:
+        ValueError: as :func:`mean_ci`; ``num`` and ``den`` of different lengths; a resample whose ``den``
+            sum is 0."""
+    a, b = _check(num, "num"), _check(den, "den")
+    if a.numel() != b.numel():
+        raise ValueError(f"num, den: one value per unit is needed, got {a.numel()} and {b.numel()}")
+    idx = block_indices(a.numel(), block, n_boot, seed)
+    d = b[idx].sum(-1)
+    if bool((d == 0).any()):
+        raise ValueError("den: a resample sums to 0, so the ratio is undefined")
+    s = a[idx].sum(-1) / d
+    return _interval(s.apply_(transform) if transform is not None else s, level)
+
+
+def paired_ratio_of_sums_ci(num_x: torch.Tensor, den_x: torch.Tensor, num_y: torch.Tensor, den_y: torch.Tensor, *,
+                            transform: Callable = None, seed: int = 0, block: int = 1, n_boot: int = N_BOOT,
+                            level: float = LEVEL) -> tuple[float, float]:  # fmt: skip
+    """Percentile interval of ``f(sum(num_y) / sum(den_y)) / f(sum(num_x) / sum(den_x))`` with both
+    configurations resampled on the same units (paired), e.g. one format's rel L2 with a transform over
+    the same format's without it.
+
+    Raises:
+        ValueError: as :func:`ratio_of_sums_ci`; the four tensors of different lengths; a resample whose
+            x value is 0."""
+    ax, bx, ay, by = (_check(t, n) for t, n in ((num_x, "num_x"), (den_x, "den_x"), (num_y, "num_y"), (den_y, "den_y")))
+    if len({ax.numel(), bx.numel(), ay.numel(), by.numel()}) != 1:
+        raise ValueError("num_x, den_x, num_y, den_y: the same units are needed")
+    idx = block_indices(ax.numel(), block, n_boot, seed)
+    dx, dy = bx[idx].sum(-1), by[idx].sum(-1)
+    if bool((dx == 0).any()) or bool((dy == 0).any()):
+        raise ValueError("den_x, den_y: a resample sums to 0, so the ratio is undefined")
+    x, y = ax[idx].sum(-1) / dx, ay[idx].sum(-1) / dy
+    if transform is not None:
+        x, y = x.apply_(transform), y.apply_(transform)
+    if bool((x == 0).any()):
+        raise ValueError("num_x: a resample's x value is 0, so the ratio is undefined")
+    return _interval(y / x, level)

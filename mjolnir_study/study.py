@@ -58,9 +58,11 @@ from mjolnir_numerics.formats import get_format
 from mjolnir_numerics.reference import attribute_errors, error_metrics, reference_decode
 from mjolnir_numerics.scales import GRANULARITIES
 from mjolnir_numerics.synthetic import KINDS, make_kv
+from mjolnir_numerics.transforms import TRANSFORMS, apply_smoothing, rotate, smoothing_factors
 from mjolnir_numerics.targets import default_target, get_target
 
 from .real_model import NVFP4_RECIPES, build_cache, prepare_q
+from .stats import paired_ratio_of_sums_ci, ratio_of_sums_ci
 
 __all__ = [
     "COLUMNS",
@@ -77,7 +79,9 @@ __all__ = [
 
 FORMAT_NAMES = ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4")
 Q_DTYPES = ("e4m3", "bf16")
-PARTS = ("grid", "context", "nvfp4_recipe", "p_rounding", "arithmetic", "attribution", "real", "end_to_end")
+PARTS = (
+    "grid", "context", "nvfp4_recipe", "p_rounding", "arithmetic", "transforms", "attribution", "real", "end_to_end",
+)  # fmt: skip
 
 # P rounding variants as data: name -> EmulatorKnobs keyword arguments (fp8-Q path, e4m3 KV).
 P_VARIANTS: dict[str, dict] = {
@@ -124,14 +128,20 @@ COLUMNS = (
     "granularity",
     "q_dtype",
     "p_variant",
+    "transform",
     "target",
     "arithmetic",
     "error_source",
     "kernel_supported",
     "rel_l2",
+    "rel_l2_lo",
+    "rel_l2_hi",
     "max_abs",
     "cosine",
     "lse_err",
+    "vs_none_ratio",
+    "vs_none_lo",
+    "vs_none_hi",
     "kl",
     "kl_max",
     "top1",
@@ -141,7 +151,10 @@ COLUMNS = (
     *E2E_CI_COLUMNS,
     "seconds",
 )
-"""Columns of the tidy CSV, one row per measured configuration (empty where a metric does not apply)."""
+"""Columns of the tidy CSV, one row per measured configuration (empty where a metric does not apply).
+``rel_l2_lo`` / ``rel_l2_hi``: the 95 % interval of ``rel_l2`` under the bootstrap of the decode's
+(sequence, query head) rows (:func:`~mjolnir_study.stats.ratio_of_sums_ci`); ``vs_none_*`` (transforms
+part): rel L2 with the transform over rel L2 without it, paired on the same rows."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,9 @@ class StudyConfig:
     p_context_lengths: tuple[int, ...] = (512, 4096, 16384)
     arithmetic_kinds: tuple[str, ...] = ("gaussian", "outlier_keys")
     arithmetic_targets: tuple[str, ...] = ARITHMETIC_TARGETS
+    transforms: tuple[str, ...] = TRANSFORMS
+    transform_kinds: tuple[str, ...] = ("gaussian", "outlier_keys")
+    transform_real_layers: tuple[int, ...] = (0, 15, 29)
     attribution_formats: tuple[str, ...] = FORMAT_NAMES
     attribution_kinds: tuple[str, ...] = ("gaussian", "outlier_keys", "sinks")
     attribution_seq_len: int = 1024
@@ -229,7 +245,9 @@ class StudyConfig:
         for name in ("context_lengths", "p_context_lengths"):
             for n in getattr(self, name):
                 check_int(name, n, low=1)
-        for name in ("real_layers", "real_grid_layers", "attribution_real_layers"):
+        for t in self.transforms:
+            check_choice("transforms", t, TRANSFORMS)
+        for name in ("real_layers", "real_grid_layers", "attribution_real_layers", "transform_real_layers"):
             for layer in getattr(self, name) or ():
                 check_int(name, layer, low=0, high=N_LAYERS - 1)
         for f in self.formats + self.attribution_formats:
@@ -241,6 +259,7 @@ class StudyConfig:
             if q not in Q_DTYPES:
                 raise ValueError(f"q_dtypes: {q!r} is not one of {', '.join(Q_DTYPES)}")
         kinds = self.kinds + self.context_kinds + self.recipe_kinds + self.p_kinds + self.attribution_kinds
+        kinds += self.transform_kinds
         for k in set(kinds + self.arithmetic_kinds):
             if k not in KINDS:
                 raise ValueError(f"kinds: {k!r} is not a synthetic kind; allowed {', '.join(KINDS)}")
@@ -277,6 +296,9 @@ class StudyConfig:
             p_variants=("e4m3_x448", "e4m3_x256", "bf16", "fp32"),
             p_kinds=("gaussian",),
             p_context_lengths=(512,),
+            transforms=("none", "hadamard16", "smooth_k"),
+            transform_kinds=("outlier_keys",),
+            transform_real_layers=(15,),
             attribution_formats=("e4m3", "e2m1"),
             attribution_kinds=("gaussian",),
             attribution_seq_len=512,
@@ -313,6 +335,7 @@ class StudyConfig:
             "nvfp4_recipe": {"recipe_kinds": ()},
             "p_rounding": {"p_kinds": ()},
             "arithmetic": {"arithmetic_kinds": ()},
+            "transforms": {"transform_kinds": (), "transform_real_layers": ()},
             "attribution": {"attribution_kinds": (), "attribution_real_layers": ()},
             "real": {"real_layers": ()},
             "end_to_end": {"e2e_configs": ()},
@@ -321,7 +344,7 @@ class StudyConfig:
         for part, blank in off.items():
             if part not in parts:
                 kw.update(blank)
-        if "real" not in parts and "end_to_end" not in parts:
+        if not {"real", "end_to_end", "transforms"} & set(parts):
             kw["real_model"] = False
         kw.update(overrides)
         return (cls.quick if size == "quick" else cls.default)(**kw)
@@ -379,10 +402,11 @@ class Cell:
     recipe: str = "amax"
     p_variant: str = "e4m3_x448"
     target: str = ""  # arithmetic part: the target whose hardware models run ("" elsewhere)
+    transform: str = "none"  # transforms part: a mjolnir_numerics.transforms.TRANSFORMS name
 
     @property
     def cache_key(self) -> tuple:
-        return (self.data, self.fmt, self.granularity, self.recipe)
+        return (self.data, self.fmt, self.granularity, self.recipe, self.transform)
 
 
 def cells(config: StudyConfig) -> list[Cell]:
@@ -415,6 +439,10 @@ def cells(config: StudyConfig) -> list[Cell]:
                 for qd in config.q_dtypes:
                     if kernel_supported(fmt, qd, config.head_dim):  # the hardware models are the kernels'
                         out.append(Cell("arithmetic", syn(kind, config.seq_len), fmt, q_dtype=qd, target=target))
+    for kind in config.transform_kinds:
+        for fmt in config.formats:
+            for t in config.transforms:
+                out.append(Cell("transforms", syn(kind, config.seq_len), fmt, transform=t))
     return out
 
 
@@ -429,6 +457,11 @@ def real_cells(config: StudyConfig, n_layers: int) -> list[Cell]:
         for fmt in config.formats:
             for gran in grans:
                 out.append(Cell("real", key, fmt, gran))
+    for layer in config.transform_real_layers:
+        key = DataKey("smollm2", "smollm2", config.real_tokens, config.real_queries, layer)
+        for fmt in config.formats:
+            for t in config.transforms:
+                out.append(Cell("transforms", key, fmt, transform=t))
     return out
 
 
@@ -500,8 +533,25 @@ def hash_kind(kind: str) -> int:
     return sum(ord(c) * (i + 1) for i, c in enumerate(kind)) % 997
 
 
+def _units(o: torch.Tensor, o_ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (sequence, query head) row of O: squared error and squared reference norm (float64, 1-D)."""
+    ref = o_ref.double().cpu()
+    return (o.double().cpu() - ref).pow(2).sum(-1).flatten(), ref.pow(2).sum(-1).flatten()
+
+
+def _rel_l2_interval(units) -> tuple:
+    err, ref = units
+    if err.numel() < 2 or float(ref.sum()) == 0 or not bool(torch.isfinite(err).all()):
+        return "", ""
+    try:
+        return ratio_of_sums_ci(err, ref, transform=math.sqrt)
+    except ValueError:  # a resample of all-zero rows: no interval at this size
+        return "", ""
+
+
 def _metrics_row(cell: Cell, inp: _Inputs, o, lse, seconds: float, arithmetic: str = "ideal") -> dict:
     m = error_metrics(cell.fmt, o, inp.o_ref, lse, inp.lse_ref)
+    lo, hi = _rel_l2_interval(_units(o, inp.o_ref))
     d = inp.q.shape[-1]
     fmt = get_format(cell.fmt)
     return {
@@ -521,16 +571,44 @@ def _metrics_row(cell: Cell, inp: _Inputs, o, lse, seconds: float, arithmetic: s
         "granularity": cell.granularity,
         "q_dtype": cell.q_dtype,
         "p_variant": cell.p_variant,
+        "transform": cell.transform,
         "target": cell.target or default_target(inp.q.device).name,
         "arithmetic": arithmetic,
         "error_source": "total",
         "kernel_supported": kernel_supported(cell.fmt, cell.q_dtype, d),
         "rel_l2": m.rel_l2,
+        "rel_l2_lo": lo,
+        "rel_l2_hi": hi,
         "max_abs": m.max_abs,
         "cosine": m.cosine,
         "lse_err": m.lse_max_abs,
         "seconds": round(seconds, 4),
     }
+
+
+def _vs_none(none_units, units) -> dict:
+    """The transform's rel L2 over the untransformed one, and its paired 95 % interval."""
+    (e0, r0), (e1, r1) = none_units, units
+    ratio = math.sqrt(float(e1.sum()) / float(r1.sum())) / math.sqrt(float(e0.sum()) / float(r0.sum()))
+    try:
+        lo, hi = paired_ratio_of_sums_ci(e0, r0, e1, r1, transform=math.sqrt)
+    except ValueError:
+        lo = hi = ""
+    return {"vs_none_ratio": ratio, "vs_none_lo": lo, "vs_none_hi": hi}
+
+
+def transformed_inputs(inp: _Inputs, transform: str):
+    """The decode inputs under a :data:`~mjolnir_numerics.transforms.TRANSFORMS` name: ``(q, ks, vs, back)``
+    with ``back`` the block to rotate O back with (None when V is not rotated). Rotations turn Q, K and V;
+    smoothing folds per-channel powers of two of K into Q (factors from all sequences' rows)."""
+    if transform == "none":
+        return inp.q, inp.k, inp.v, None
+    if transform == "smooth_k":
+        s = smoothing_factors(inp.q, torch.cat(list(inp.k)))
+        q, _ = apply_smoothing(inp.q, inp.k[0], s)
+        return q, [apply_smoothing(inp.q[:1], k, s)[1] for k in inp.k], inp.v, None
+    block = {"hadamard16": 16, "hadamard32": 32, "hadamard_d": "d"}[transform]
+    return rotate(inp.q, block), [rotate(k, block) for k in inp.k], [rotate(v, block) for v in inp.v], block
 
 
 def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device, progress: _Progress) -> list[dict]:
@@ -544,17 +622,21 @@ def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device,
     for c in group:
         by_cache.setdefault(c.cache_key, []).append(c)
     q_cache: dict = {}
-    for (_, fmt, gran, recipe), cs in by_cache.items():
-        q_cache = {k: v for k, v in q_cache.items() if isinstance(k, str)}  # fp32-P outputs are per cache
+    plain: dict = {}  # transforms part: the untransformed run's rows, for the paired ratios
+    for (_, fmt, gran, recipe, transform), cs in by_cache.items():
+        q_cache = {k: v for k, v in q_cache.items() if isinstance(k, tuple) and len(k) == 2}  # fp32-P: per cache
         t0 = time.perf_counter()
-        cache = build_cache(inp.k, inp.v, fmt, gran, recipe=recipe, page_size=config.page_size, device=device)
+        q_t, k_t, v_t, back = transformed_inputs(inp, transform)
+        cache = build_cache(k_t, v_t, fmt, gran, recipe=recipe, page_size=config.page_size, device=device)
         build_s = (time.perf_counter() - t0) / len(cs)
         for c in cs:
-            progress.set(f"{c.part} {c.data.name} {fmt}/{gran}/q={c.q_dtype}")
+            progress.set(
+                f"{c.part} {c.data.name} {fmt}/{gran}/q={c.q_dtype}{'' if transform == 'none' else ' ' + transform}"
+            )
             t0 = time.perf_counter()
-            if c.q_dtype not in q_cache:
-                q_cache[c.q_dtype] = prepare_q(inp.q, c.q_dtype, n, heads_k)
-            q_in, qd = q_cache[c.q_dtype]
+            if (c.q_dtype, transform) not in q_cache:
+                q_cache[(c.q_dtype, transform)] = prepare_q(q_t, c.q_dtype, n, heads_k)
+            q_in, qd = q_cache[(c.q_dtype, transform)]
             knobs = EmulatorKnobs(**P_VARIANTS[c.p_variant], **IDEAL_ARITHMETIC)
             call = dict(q_descale=qd, softmax_scale=inp.softmax_scale, allow_unsupported=True)
             if c.part == "arithmetic":  # the same call planned for c.target, with its hardware models and without
@@ -571,9 +653,17 @@ def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device,
                 progress.update()
                 continue
             o, lse = emulate_decode(q_in, cache, **call, knobs=knobs)
+            if back is not None:  # O of rotated V, rotated back (float64, rounded once to float32)
+                o = rotate(o.float(), back)
             rows.append(_metrics_row(c, inp, o, lse, time.perf_counter() - t0 + build_s))
+            if c.part == "transforms":  # paired with the same format's untransformed run, row by row
+                units = _units(o, inp.o_ref)
+                if transform == "none":
+                    plain[(fmt, gran, recipe)] = units
+                elif (fmt, gran, recipe) in plain:
+                    rows[-1].update(_vs_none(plain[(fmt, gran, recipe)], units))
             if c.part == "p_rounding":  # also the error P rounding alone adds: vs the same run with fp32 P
-                key = ("fp32_p", c.q_dtype)
+                key = ("fp32_p", c.q_dtype, transform)
                 if key not in q_cache:
                     q_cache[key] = emulate_decode(
                         q_in,
@@ -633,6 +723,7 @@ def _attribution_rows(
                         "granularity": "per_head",
                         "q_dtype": "e4m3",
                         "p_variant": "e4m3_x448",
+                        "transform": "none",
                         "target": default_target(device).name,
                         "arithmetic": "ideal",
                         "error_source": e.source,
@@ -785,6 +876,7 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                         "granularity": r.granularity,
                         "q_dtype": r.q_dtype,
                         "p_variant": "e4m3_x448" if r.q_dtype == "e4m3" else "bf16",
+                        "transform": "none",
                         "target": default_target(device).name,
                         "arithmetic": "ideal",  # head dim 64: beyond the kernels, so the ideal models
                         "error_source": "total",

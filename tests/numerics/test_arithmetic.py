@@ -187,7 +187,7 @@ def test_fused_chain_formula_equals_the_block_chain():
     for operand, (lo, hi) in (("f16", (-24, 15)), ("bf16", (-60, 40))):
         dt = DTYPES[operand]
 
-        def rnd(*shape):
+        def rnd(*shape, lo=lo, hi=hi, dt=dt):
             e = torch.randint(lo, hi, shape, generator=gen).double()
             x = (1 + torch.rand(shape, generator=gen, dtype=torch.float64)) * torch.exp2(e)
             x = (x * torch.randn(shape, generator=gen, dtype=torch.float64).sign()).to(dt).double()

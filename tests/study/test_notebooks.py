@@ -38,6 +38,34 @@ def test_every_notebook_is_paired():
         assert script.with_suffix(".ipynb").exists(), f"{script.name} has no paired .ipynb (jupytext --sync)"
 
 
+@pytest.mark.parametrize("script", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_stored_notebook_is_not_stale(script):
+    """The committed .ipynb was executed from the current script (``mjolnir notebooks`` stamps the script's
+    digest): editing a script without regenerating its outputs fails here."""
+    from mjolnir_study.notebooks import stale_reasons
+
+    assert stale_reasons(script) == []
+
+
+def test_staleness_is_detected(tmp_path):
+    import shutil
+
+    from mjolnir_study.notebooks import stale_reasons
+
+    src = NOTEBOOKS[0]
+    script, ipynb = tmp_path / src.name, tmp_path / src.with_suffix(".ipynb").name
+    shutil.copy(src, script)
+    shutil.copy(src.with_suffix(".ipynb"), ipynb)
+    assert stale_reasons(script) == []
+    script.write_text(script.read_text() + "\n# %%\nprint(1)\n")
+    reasons = stale_reasons(script)
+    assert any("code cells are not" in r for r in reasons) and any(
+        "not executed from the current" in r for r in reasons
+    )
+    ipynb.unlink()
+    assert stale_reasons(script) == [f"{ipynb.name} is missing"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes_at_small_size(script, tmp_path, monkeypatch):

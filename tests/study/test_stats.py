@@ -116,3 +116,25 @@ def test_the_near_lossless_verdict_follows_the_interval():
     assert first(narrow) == "agrees"
     assert first(wide) == "not resolved"
     assert first(dict(narrow, top1_lo=0.90, top1_hi=0.93)) == "disagrees"
+
+
+def test_ratio_of_sums_interval_covers_the_ratio_and_pairs():
+    from mjolnir_study.stats import paired_ratio_of_sums_ci, ratio_of_sums_ci
+
+    gen = torch.Generator().manual_seed(4)
+    ref = torch.rand(64, generator=gen, dtype=torch.float64) + 0.5
+    err = ref * (0.01 + 0.002 * torch.randn(64, generator=gen, dtype=torch.float64)).abs()
+    point = math.sqrt(float(err.sum() / ref.sum()))
+    lo, hi = ratio_of_sums_ci(err, ref, transform=math.sqrt)
+    assert lo < point < hi and hi - lo < 0.5 * point
+    assert ratio_of_sums_ci(err, ref, transform=math.sqrt) == (lo, hi)  # deterministic for a seed
+    # paired: a second configuration with errors 0.8x the first's on the same units has ratio 0.8 exactly
+    # in every resample (the pairing removes the units' own spread)
+    plo, phi = paired_ratio_of_sums_ci(err, ref, err * 0.64, ref, transform=math.sqrt)
+    assert abs(plo - 0.8) < 1e-12 and abs(phi - 0.8) < 1e-12
+    with pytest.raises(ValueError, match="num, den: one value per unit"):
+        ratio_of_sums_ci(err, ref[:10])
+    with pytest.raises(ValueError, match="den: a resample sums to 0"):
+        ratio_of_sums_ci(err, torch.zeros(64, dtype=torch.float64))
+    with pytest.raises(ValueError, match="the same units"):
+        paired_ratio_of_sums_ci(err, ref, err[:5], ref[:5])

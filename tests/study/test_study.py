@@ -190,3 +190,54 @@ def test_save_figure_names_and_location(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="name"):
         save_figure(fig, "../escape")
     plt.close(fig)
+
+
+def test_transform_rows_pair_with_the_untransformed_measurement(quick_run):
+    """The transforms part: one row per (data, format, transform); its "none" rows are the grid's
+    measurement of the same data and configuration (the same cache, the same bits), so the rotated and
+    smoothed rows are paired with a real baseline."""
+    _, df = quick_run
+    cfg = StudyConfig.quick()
+    tr = df[df.part == "transforms"]
+    syn = tr[tr.source == "synthetic"]
+    assert len(syn) == len(cfg.transform_kinds) * len(cfg.formats) * len(cfg.transforms)
+    assert set(tr["transform"]) == set(cfg.transforms)
+    for fmt in cfg.formats:
+        none = _one(syn, kind="outlier_keys", fmt=fmt, transform="none")
+        grid = _one(df, part="grid", kind="outlier_keys", fmt=fmt, granularity="per_head", q_dtype="e4m3")
+        assert len(none) == len(grid) == 1 and float(none.rel_l2.iloc[0]) == float(grid.rel_l2.iloc[0]), fmt
+        moved = _one(syn, kind="outlier_keys", fmt=fmt)
+        assert moved.rel_l2.nunique() > 1, fmt  # the transforms do change what is measured
+    assert set(df[df.part != "transforms"]["transform"]) == {"none"}
+
+
+def test_emulator_rows_carry_rel_l2_intervals_and_paired_transform_ratios(quick_run):
+    _, df = quick_run
+    cell_rows = df[~df.part.isin(["end_to_end", "attribution"])]
+    cell_rows = cell_rows[cell_rows.rel_l2 > 0]
+    assert cell_rows.rel_l2_lo.notna().all() and (cell_rows.rel_l2_lo <= cell_rows.rel_l2_hi).all()
+    inside = (cell_rows.rel_l2_lo <= cell_rows.rel_l2) & (cell_rows.rel_l2 <= cell_rows.rel_l2_hi)
+    assert inside.mean() > 0.9
+    tr = df[(df.part == "transforms") & (df["transform"] != "none")]
+    assert len(tr) and tr.vs_none_lo.notna().all()
+    for _, r in tr.iterrows():  # the ratio is the two rows' rel L2 over each other
+        none = _one(df, part="transforms", data=r["data"], fmt=r["fmt"], transform="none")
+        assert abs(r.vs_none_ratio - r.rel_l2 / float(none.rel_l2.iloc[0])) < 1e-4 * r.vs_none_ratio
+        assert r.vs_none_lo <= r.vs_none_hi
+
+
+def test_decision_table_reads_the_committed_h200_speeds(quick_run, tmp_path):
+    from mjolnir_study.report import decision_table, kernel_speed_vs_e4m3
+
+    _, df = quick_run
+    speed = kernel_speed_vs_e4m3()
+    assert speed[("e4m3", "e4m3")] == (1.0, 1.0) and speed[("e2m1", "e4m3")][1] < 1.0  # half the bytes
+    t = decision_table(df)
+    e2e = df[df.part == "end_to_end"]
+    assert len(t) == len(e2e) and len(t)
+    row = t[t.config == "e2m1/per_head/q=e4m3"].iloc[0]
+    lo, hi = speed[("e2m1", "e4m3")]
+    assert row["H200 kernel time / e4m3's"] == f"{lo:.2f}-{hi:.2f}" and row["bytes / element"] == "0.5"
+    assert "[" in row["KL [95 % CI]"] and "[" in row["KL / e4m3's [CI]"]
+    missing = decision_table(df, tmp_path / "none.csv")
+    assert set(missing["H200 kernel time / e4m3's"]) == {"-"}
