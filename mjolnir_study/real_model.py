@@ -9,7 +9,7 @@ Two uses of the real model (:mod:`mjolnir_study.smollm2`, head dim 64, 9 query /
 * **End-to-end quality** (:func:`end_to_end`): a held-out window is a prompt (exact attention) followed
   by decode steps whose attention, in every layer, runs through
   :func:`~mjolnir_numerics.emulator.emulate_decode` over a quantized cache; the next-token distribution
-  at the decode steps is compared with the unquantized model's (exact float32 attention): mean KL
+  at the decode steps is compared with the unquantized model's (exact attention, float64): mean KL
   divergence ``KL(p_ref || p_quant)`` in nats per token, top-1 agreement, and perplexity.
 
 Head dim 64 is not a multiple of the kernel's 128: every emulator call here passes
@@ -91,6 +91,7 @@ def build_cache(
     recipe: str = "amax",
     page_size: int = 64,
     device: Optional[torch.device] = None,
+    descales: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> PagedKVCache:
     """A paged cache of ``fmt`` holding float K/V lists ``(L_i, h_k, d)`` (real units).
 
@@ -101,19 +102,23 @@ def build_cache(
         recipe: an :data:`NVFP4_RECIPES` name (only for ``nvfp4``; ``"amax"`` otherwise).
         page_size: tokens per page.
         device: where the pools live (default: the device of ``ks[0]``).
+        descales: explicit ``(k_descale, v_descale)`` (static or unit scales; for NVFP4 the global scale
+            ``g``), instead of the amax of ``ks`` / ``vs``.
     """
     if recipe not in NVFP4_RECIPES:
         raise ValueError(f"recipe: {recipe!r} is not one of {', '.join(NVFP4_RECIPES)}")
     if recipe != "amax" and fmt != "nvfp4":
         raise ValueError(f"recipe: {recipe!r} applies to nvfp4 only, got fmt {fmt!r}")
     options, divisor = NVFP4_RECIPES[recipe]
-    descales = {}
-    if fmt == "nvfp4" and divisor != 6.0 * 448.0:
+    explicit = {}
+    if descales is not None:
+        explicit = {"k_descale": descales[0], "v_descale": descales[1]}
+    elif fmt == "nvfp4" and divisor != 6.0 * 448.0:
         from mjolnir_numerics.scales import compute_descale
 
         for name, x in (("k_descale", ks), ("v_descale", vs)):
             # compute_descale for e4m3 is amax / 448; this recipe's g is amax / divisor
-            descales[name] = compute_descale(list(x), "e4m3", granularity) * (448.0 / divisor)
+            explicit[name] = compute_descale(list(x), "e4m3", granularity) * (448.0 / divisor)
     return PagedKVCache.from_float(
         list(ks),
         list(vs),
@@ -125,7 +130,7 @@ def build_cache(
         spare_pages=0,
         device=device,
         nvfp4_options=options or None,
-        **descales,
+        **explicit,
     )
 
 
@@ -154,10 +159,10 @@ def heldout_tokens(model: SmolLM2, n_tokens: int, offset: int = 0) -> torch.Tens
     return tokens[offset : offset + n_tokens]
 
 
-def load_capture(n_tokens: int, *, model: Optional[SmolLM2] = None) -> Capture:
-    """Post-RoPE Q/K/V of every layer on the first ``n_tokens`` held-out tokens (cached on disk)."""
+def load_capture(n_tokens: int, *, model: Optional[SmolLM2] = None, offset: int = 0) -> Capture:
+    """Post-RoPE Q/K/V of every layer on held-out tokens ``offset .. offset + n_tokens`` (cached on disk)."""
     model = model or SmolLM2.load()
-    return model.capture(heldout_tokens(model, n_tokens))
+    return model.capture(heldout_tokens(model, n_tokens, offset))
 
 
 def decode_positions(n_tokens: int, n_queries: int) -> list[int]:
@@ -256,13 +261,14 @@ def emulated_attention(
 ):
     """An :data:`~mjolnir_study.smollm2.Attention` hook running decode attention through the spec.
 
-    Query positions ``< prefill`` are the prompt: they attend exactly (float32) over the unquantized
-    K/V, as a prefill kernel would. Every later position ``i`` is one decode step: decode sequence
+    Query positions ``< prefill`` are the prompt: they attend exactly (in the model's dtype) over the
+    unquantized K/V, as a prefill kernel would. Every later position ``i`` is one decode step: decode sequence
     ``i - prefill`` (``q_len = 1``) whose cache is the causal prefix ``0 .. i``, quantized to ``fmt``.
     The prefix caches share pages, as a prefix cache does: the window is quantized once and every
     sequence's block-table row points at the same pages with ``seq_len = i + 1`` (one descale per
-    tensor / kv head from the window's amax). The hook returns float32 ``(Tq, h_q, d)`` (the kernel's
-    bf16 output, widened, at decode positions).
+    tensor / kv head from the window's amax). Q/K/V enter the cache and the Q path rounded once to float32
+    (the cache's input dtype); the hook returns ``(Tq, h_q, d)`` in q's dtype (the kernel's bf16 output,
+    widened, at decode positions).
     """
     from .smollm2 import exact_attention
 
@@ -275,16 +281,16 @@ def emulated_attention(
             parts.append(exact_attention(layer, q[:n_pre], k[: offset + n_pre], v[: offset + n_pre]))
         n_dec = tq - n_pre
         if n_dec:
-            full = build_cache([k], [v], fmt, granularity, recipe=recipe, page_size=page_size)
+            full = build_cache([k.float()], [v.float()], fmt, granularity, recipe=recipe, page_size=page_size)
             bt = full.block_table[:1].expand(n_dec, -1).contiguous()
             lens = torch.arange(offset + n_pre + 1, tk + 1, dtype=torch.int32, device=bt.device)
             kd, vd = full.k_descale, full.v_descale
             if kd.dim() == 2:  # per_seq_head: the one sequence's descale, for every prefix
                 kd, vd = kd.expand(n_dec, -1).contiguous(), vd.expand(n_dec, -1).contiguous()
             cache = dataclasses.replace(full, block_table=bt, seq_lens=lens, k_descale=kd, v_descale=vd)
-            q_in, qd = prepare_q(q[n_pre:], q_dtype, n_dec, h_k)
+            q_in, qd = prepare_q(q[n_pre:].float(), q_dtype, n_dec, h_k)
             o, _ = emulate_decode(q_in, cache, q_descale=qd, knobs=knobs, allow_unsupported=True)
-            parts.append(o.float().to(q.device))
+            parts.append(o.to(q.device, q.dtype))
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     return hook

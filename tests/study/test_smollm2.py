@@ -182,3 +182,22 @@ def test_deep_layers_have_attention_sinks(model, heldout_512):
     logits = logits.masked_fill(torch.ones(256, 256, dtype=torch.bool).triu(1), float("-inf"))
     sink_mass = logits.softmax(-1)[:, -64:, 0].mean(-1)  # (9,) last 64 queries
     assert sink_mass.max() > 0.3, sink_mass
+
+
+def test_float64_forward_is_independent_of_the_gemm_kernels(model, heldout_512):
+    """The same 128-token prefix alone and inside a 197-token batch (other GEMM shapes, so other BLAS
+    blocking and summation orders, as on another machine): the float64 forward's captured Q/K/V (rounded
+    once to float32) are identical in every bit; the float32 forward's are not (the machine effect the
+    float64 forward removes)."""
+    assert model.dtype == torch.float64
+    f32 = SmolLM2(dtype=torch.float32)
+
+    def moved(m):
+        _, a = m.forward(heldout_512[:128], capture=True)
+        _, b = m.forward(heldout_512[:197], capture=True)
+        return sum(int((x != y[:, :128]).sum()) for x, y in ((a.q, b.q), (a.k, b.k), (a.v, b.v)))
+
+    assert moved(model) == 0
+    assert moved(f32) > 1000
+    with pytest.raises(ValueError, match="dtype: torch.float16 is not one of"):
+        SmolLM2(dtype=torch.float16)

@@ -241,3 +241,26 @@ def test_decision_table_reads_the_committed_h200_speeds(quick_run, tmp_path):
     assert "[" in row["KL [95 % CI]"] and "[" in row["KL / e4m3's [CI]"]
     missing = decision_table(df, tmp_path / "none.csv")
     assert set(missing["H200 kernel time / e4m3's"]) == {"-"}
+
+
+def test_scale_modes_pair_with_the_dynamic_measurement(quick_run):
+    """The scales part: its dynamic rows are the grid's per-head, e4m3-Q measurement of the same data; the
+    static and unit descales build other caches (other numbers), and the cache takes the descales given."""
+    import torch
+
+    from mjolnir_study.real_model import build_cache
+
+    _, df = quick_run
+    cfg = StudyConfig.quick()
+    sc = df[(df.part == "scales") & (df.source == "synthetic")]
+    assert len(sc) == len(cfg.scale_kinds) * len(cfg.formats) * len(cfg.scale_modes)
+    for fmt in cfg.formats:
+        dyn = _one(sc, kind="outlier_keys", fmt=fmt, scales="dynamic")
+        grid = _one(df, part="grid", kind="outlier_keys", fmt=fmt, granularity="per_head", q_dtype="e4m3")
+        assert float(dyn.rel_l2.iloc[0]) == float(grid.rel_l2.iloc[0]), fmt
+        assert _one(sc, kind="outlier_keys", fmt=fmt).rel_l2.nunique() == 3, fmt
+    assert set(df[df.part != "scales"]["scales"]) == {"dynamic"}
+    k = [torch.randn(70, 2, 64)]
+    given = (torch.tensor([0.5, 2.0]), torch.tensor([1.0, 1.0]))
+    cache = build_cache(k, k, "e4m3", "per_head", descales=given)
+    assert torch.equal(cache.k_descale.cpu(), given[0]) and torch.equal(cache.v_descale.cpu(), given[1])
