@@ -440,6 +440,10 @@ def plot_context(df: pd.DataFrame, metric: str = "rel_l2"):
             s = sub[sub.fmt == fmt].sort_values("seq_len")
             if len(s):
                 ax.plot(s.seq_len, s[metric], "o-", color=FORMAT_COLORS[fmt], label=fmt)
+                if metric == "rel_l2" and "rel_l2_lo" in s.columns:  # the 95 % interval as a band
+                    lo = pd.to_numeric(s.rel_l2_lo, errors="coerce")
+                    hi = pd.to_numeric(s.rel_l2_hi, errors="coerce")
+                    ax.fill_between(s.seq_len, lo, hi, color=FORMAT_COLORS[fmt], alpha=0.15, linewidth=0)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(kind)
@@ -540,8 +544,30 @@ def plot_e3m2_vs_e2m3(df: pd.DataFrame, metric: str = "rel_l2"):
     return fig
 
 
+def _interval_of(sub: pd.DataFrame, metric: str) -> tuple[float, float, float]:
+    """``(value, lo, hi)`` of the one row in ``sub`` (its ``metric`` and, for rel L2, the row's interval;
+    NaN bounds where the row has none)."""
+    if not len(sub):
+        return math.nan, math.nan, math.nan
+    r = sub.iloc[0]
+    v = float(r[metric])
+    if metric != "rel_l2" or "rel_l2_lo" not in sub.columns:
+        return v, math.nan, math.nan
+    lo, hi = (float("nan") if x == "" or x is None else float(x) for x in (r.rel_l2_lo, r.rel_l2_hi))
+    return v, lo, hi
+
+
+def _errorbar(ax, xs, points, **kw):
+    """Points ``(value, lo, hi)`` at ``xs`` with their intervals as error bars (where they have one)."""
+    vals = [p[0] for p in points]
+    lo = [p[0] - p[1] if not math.isnan(p[1]) else 0.0 for p in points]
+    hi = [p[2] - p[0] if not math.isnan(p[2]) else 0.0 for p in points]
+    return ax.errorbar(xs, vals, yerr=[lo, hi], fmt="o", capsize=2, markersize=4, **kw)
+
+
 def plot_granularity(df: pd.DataFrame, metric: str = "rel_l2"):
-    """Scale granularity per kind, one panel per format (e4m3 Q)."""
+    """Scale granularity per kind, one panel per format (e4m3 Q): points with their 95 % intervals on a log
+    axis (no log-scale bars)."""
     g = df[(df.part == "grid") & (df.q_dtype == "e4m3")]
     fmts = [f for f in FORMAT_ORDER if f in set(g.fmt)]
     kinds = list(dict.fromkeys(g.kind))
@@ -549,12 +575,13 @@ def plot_granularity(df: pd.DataFrame, metric: str = "rel_l2"):
     for ax, fmt in zip(axes[0], fmts):
         sub = g[g.fmt == fmt]
         for j, gran in enumerate(GRAN_ORDER):
-            vals = [float(sub[(sub.kind == k) & (sub.granularity == gran)][metric].median()) for k in kinds]
-            ax.bar([i + (j - 1) * 0.27 for i in range(len(kinds))], vals, 0.27, label=gran)
+            pts = [_interval_of(sub[(sub.kind == k) & (sub.granularity == gran)], metric) for k in kinds]
+            _errorbar(ax, [i + (j - 1) * 0.25 for i in range(len(kinds))], pts, label=gran)
         ax.set_xticks(range(len(kinds)), kinds, rotation=45, ha="right", fontsize=7)
         ax.set_yscale("log")
         ax.set_title(fmt)
-    axes[0][0].set_ylabel(metric)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel(f"{metric} (95 % CI)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle("Scale granularity (descale = amax / max per tensor, per kv head, per sequence and kv head)")
     fig.tight_layout()
@@ -562,17 +589,21 @@ def plot_granularity(df: pd.DataFrame, metric: str = "rel_l2"):
 
 
 def plot_nvfp4_recipes(df: pd.DataFrame, metric: str = "rel_l2"):
-    """NVFP4 recipes per kind (per_head global scales, e4m3 Q)."""
+    """NVFP4 recipes per kind (per_head global scales, e4m3 Q): each recipe its own marker and colour, side
+    by side, with its 95 % interval."""
     r = df[df.part == "nvfp4_recipe"]
     kinds = list(dict.fromkeys(r.kind))
     recipes = list(dict.fromkeys(r.recipe))
     fig, ax = plt.subplots(figsize=(7, 3.6))
     w = 0.8 / max(1, len(recipes))
+    markers = "osD^v<>"
     for j, rec in enumerate(recipes):
-        vals = [float(r[(r.kind == k) & (r.recipe == rec)][metric].median()) for k in kinds]
-        ax.bar([i + (j - len(recipes) / 2 + 0.5) * w for i in range(len(kinds))], vals, w, label=rec)
+        pts = [_interval_of(r[(r.kind == k) & (r.recipe == rec)], metric) for k in kinds]
+        xs = [i + (j - len(recipes) / 2 + 0.5) * w for i in range(len(kinds))]
+        bars = _errorbar(ax, xs, pts, label=rec)
+        bars.lines[0].set_marker(markers[j % len(markers)])
     ax.set_xticks(range(len(kinds)), kinds, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(metric)
+    ax.set_ylabel(f"{metric} (95 % CI)")
     ax.set_title("NVFP4 recipes")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")

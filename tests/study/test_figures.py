@@ -53,3 +53,43 @@ def test_e2e_draws_the_intervals():
     assert bars, "no error bars on the KL panel"
     lo, hi = kl_ax.get_xlim()
     assert lo < 0.008 and hi > 0.375 and not math.isnan(lo)
+
+
+def _grid_rows():
+    from mjolnir_study.report import plot_granularity, plot_nvfp4_recipes  # noqa: F401
+
+    rows = []
+    for i, kind in enumerate(("gaussian", "outlier_keys")):
+        for fmt in ("e4m3", "e2m1"):
+            for j, gran in enumerate(("per_tensor", "per_head", "per_seq_head")):
+                v = 0.05 * (1 + i) * (1 + 4 * (fmt == "e2m1")) * (1 + 0.1 * j)
+                rows.append({"part": "grid", "kind": kind, "fmt": fmt, "granularity": gran, "q_dtype": "e4m3",
+                             "rel_l2": v, "rel_l2_lo": 0.9 * v, "rel_l2_hi": 1.1 * v})  # fmt: skip
+        for rec in ("amax", "four_over_six", "no_scale_floor"):
+            v = 0.15 * (1 + i)  # amax and no_scale_floor equal: drawn apart all the same
+            rows.append({"part": "nvfp4_recipe", "kind": kind, "fmt": "nvfp4", "recipe": rec, "rel_l2": v,
+                         "rel_l2_lo": 0.9 * v, "rel_l2_hi": 1.1 * v})  # fmt: skip
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _errorbars(ax):
+    return [c for c in ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
+
+
+def test_granularity_is_points_with_intervals_not_log_bars():
+    from mjolnir_study.report import plot_granularity
+
+    fig = plot_granularity(_grid_rows())
+    for ax in fig.axes:
+        assert ax.get_yscale() == "log" and not any(isinstance(c, BarContainer) for c in ax.containers)
+        assert len(_errorbars(ax)) == 3  # one per granularity, each with its intervals
+
+
+def test_nvfp4_recipes_are_told_apart_and_carry_intervals():
+    from mjolnir_study.report import plot_nvfp4_recipes
+
+    ax = plot_nvfp4_recipes(_grid_rows()).axes[0]
+    bars = _errorbars(ax)
+    assert len(bars) == 3 and len({b.lines[0].get_marker() for b in bars}) == 3
+    xs = [tuple(b.lines[0].get_xdata()) for b in bars]
+    assert len(set(xs)) == 3  # equal values, different positions: no recipe hides another
