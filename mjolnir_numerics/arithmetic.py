@@ -38,6 +38,7 @@ modelled (their inputs are finite).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -284,8 +285,6 @@ _compiled: dict = {}
 def fused_chain_available(device) -> bool:
     """Whether :func:`chain_gemm` fuses its chain with ``torch.compile`` on ``device``: CUDA with Triton,
     unless ``MJOLNIR_COMPILE=0``. The eager path gives the same bits everywhere (the tests compare them)."""
-    import os
-
     if os.environ.get("MJOLNIR_COMPILE", "1") == "0" or torch.device(device).type != "cuda":
         return False
     try:
@@ -327,6 +326,9 @@ def chain_gemm(
 
     Returns:
         float32 ``(..., M, N)``.
+
+    Raises:
+        ValueError: ``model`` is an ideal model; a group of more than ``model.block`` indices (unfused path).
     """
     if model.exact_sum:
         raise ValueError(f"model: {model.name} is an ideal model; chain_gemm takes a hardware one")

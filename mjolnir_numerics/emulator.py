@@ -372,8 +372,6 @@ def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, w
     the ideal arithmetic (:func:`~mjolnir_numerics.emulator_stages.accumulate_pv`, ``mma`` None) or the
     hardware's (:func:`~mjolnir_numerics.emulator_stages.accumulate_pv_mma`)."""
     a, g, n, t = p_q.shape
-    if mma is not None and fused_chain_available(p_q.device):
-        return accumulate_pv_mma(o_a, p_q, v_src.operand(), mma[0], mma[2])
     if mma is not None:
         o_new = torch.empty_like(o_a)
         for a0, a1 in blocks:
@@ -392,14 +390,16 @@ def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, w
 
 
 def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
-    """On the fused path (CUDA, hardware MMA, P.V instructions over consecutive keys, as both walks issue
-    them): the window's V as the chain reads it, float32 ``(A, G, D, steps, K)``; else None."""
+    """On the fused path (CUDA, hardware MMA): the window's V as the chain reads it, float32 ``(A, G, D,
+    steps, K)`` (keys in the instructions' order; both walks issue consecutive keys); else None."""
     if mma is None or not fused_chain_available(v_src.device):
         return None
     steps, k = mma[2].shape
-    if not torch.equal(mma[2].reshape(-1), torch.arange(steps * k)):
-        return None
-    return v_src.operand().transpose(-1, -2).float().unflatten(-1, (steps, k))
+    v = v_src.operand().transpose(-1, -2).float()
+    order = mma[2].reshape(-1)
+    if not torch.equal(order, torch.arange(steps * k)):
+        v = v.index_select(-1, order.to(v.device))
+    return v.unflatten(-1, (steps, k))
 
 
 def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, rescale: bool, extra_bits, min_exponent, emin):

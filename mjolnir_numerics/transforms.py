@@ -46,8 +46,11 @@ TRANSFORMS = ("none", "hadamard16", "hadamard32", "hadamard_d", "smooth_k")
 
 
 def hadamard_matrix(n: int, dtype=torch.float64, device=None) -> torch.Tensor:
-    """The normalised Sylvester Hadamard matrix of order ``n`` (a power of two): ``(n, n)``, entries
-    ``+-1 / sqrt(n)``, symmetric, ``H @ H = I``."""
+    """The normalised Sylvester Hadamard matrix of order ``n`` (a power of two): ``(n, n)`` of ``dtype``,
+    entries ``+-1 / sqrt(n)``, symmetric, ``H @ H = I``.
+
+    Raises:
+        ValueError: ``n`` is not an int power of two."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1 or n & (n - 1):
         raise ValueError(f"n: expected a power of two >= 1, got {n!r}")
     h = torch.ones((1, 1), dtype=torch.float64)
@@ -75,6 +78,10 @@ def rotate(x: torch.Tensor, block=16) -> torch.Tensor:
 
     Returns:
         ``x``'s dtype and shape: computed in float64, rounded once.
+
+    Raises:
+        ValueError: ``x`` not a floating-point tensor; ``block`` not 16, 32 or ``"d"``, not dividing d, or
+            (``"d"``) d not a power of two.
     """
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() < 1:
         raise ValueError("x: expected a floating-point tensor (..., d)")
@@ -105,6 +112,9 @@ def smoothing_factors(q: torch.Tensor, k: torch.Tensor, alpha: float = 0.5) -> t
 
     Returns:
         float32 ``(h_k, d)`` powers of two (1 for a channel that is zero in K or in Q).
+
+    Raises:
+        ValueError: shapes other than these, or ``alpha`` outside [0, 1].
     """
     if q.dim() != 3 or k.dim() != 3 or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
         raise ValueError(
@@ -123,7 +133,10 @@ def smoothing_factors(q: torch.Tensor, k: torch.Tensor, alpha: float = 0.5) -> t
 def apply_smoothing(q: torch.Tensor, k: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q * s, k / s)`` with the factors of :func:`smoothing_factors` broadcast over each kv head's
     query heads: ``q (..., h_q, d)``, ``k (..., h_k, d)``, ``s (h_k, d)`` powers of two. Exact (no rounding)
-    while the results stay in the dtype's normal range."""
+    while the results stay in the dtype's normal range.
+
+    Raises:
+        ValueError: ``s``'s shape does not match ``q`` and ``k``."""
     h_k, d = s.shape
     if q.shape[-1] != d or k.shape[-2:] != (h_k, d) or q.shape[-2] % h_k:
         raise ValueError(f"s: shape {tuple(s.shape)} does not match q {tuple(q.shape)} and k {tuple(k.shape)}")

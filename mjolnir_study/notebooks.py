@@ -96,7 +96,7 @@ def refresh(
             ipynb = script.with_suffix(".ipynb")
             jupytext.write(nb, ipynb, fmt="ipynb")
             seconds = (datetime.datetime.now(datetime.timezone.utc) - t0).total_seconds()
-            log(f"{ipynb.relative_to(script.parents[1]) if len(script.parents) > 1 else ipynb}: {seconds:.0f} s")
+            log(f"{ipynb.parent.name}/{ipynb.name}: {seconds:.0f} s")
             written.append(ipynb)
     finally:
         if old is None:

@@ -265,9 +265,14 @@ def decision_table(df: pd.DataFrame, csv_path: str | Path = HOPPER_CSV) -> pd.Da
     return pd.DataFrame(rows)
 
 
+def _num(x) -> float:
+    """A CSV cell as a float: NaN for an empty cell (a row from a run, before the CSV) or None."""
+    return math.nan if x is None or x == "" else float(x)
+
+
 def _with_ci(value: float, lo: float, hi: float, spec: str) -> str:
     """``"v [lo, hi]"`` (the interval left out where it is NaN or empty)."""
-    lo, hi = (float("nan") if x is None or x == "" else float(x) for x in (lo, hi))
+    lo, hi = _num(lo), _num(hi)
     if math.isnan(lo) or math.isnan(hi):
         return format(float(value), spec)
     return f"{format(value, spec)} [{format(lo, spec)}, {format(hi, spec)}]"
@@ -351,9 +356,16 @@ TRANSFORM_LABELS = {
 
 
 def _transform_verdict(lo, hi) -> str:
-    if lo == "" or hi == "" or pd.isna(lo) or pd.isna(hi):
+    lo, hi = _num(lo), _num(hi)
+    if math.isnan(lo) or math.isnan(hi):
         return "no interval"
-    return "helps" if float(hi) < 1 else "hurts" if float(lo) > 1 else "not resolved"
+    return "helps" if hi < 1 else "hurts" if lo > 1 else "not resolved"
+
+
+def _by_data_and_format(t: pd.DataFrame):
+    """``((data, fmt), rows)`` groups of ``t``, by data then in :data:`FORMAT_ORDER`."""
+    order = {f: i for i, f in enumerate(FORMAT_ORDER)}
+    return sorted(t.groupby(["data", "fmt"]), key=lambda kv: (kv[0][0], order.get(kv[0][1], len(order))))
 
 
 def transforms_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -363,9 +375,8 @@ def transforms_table(df: pd.DataFrame) -> pd.DataFrame:
     t = df[df.part == "transforms"]
     if not len(t):
         return t
-    order = {f: i for i, f in enumerate(("e4m3", "e3m2", "e2m3", "nvfp4", "e2m1"))}
     out = []
-    for (data, fmt), g in sorted(t.groupby(["data", "fmt"]), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9))):
+    for (data, fmt), g in _by_data_and_format(t):
         row = {"data": data, "fmt": fmt}
         none = g[g["transform"] == "none"]
         if len(none):
@@ -388,9 +399,8 @@ def scales_table(df: pd.DataFrame) -> pd.DataFrame:
     t = df[df.part == "scales"]
     if not len(t) or "scales" not in t.columns:
         return t.iloc[:0]
-    order = {f: i for i, f in enumerate(("e4m3", "e3m2", "e2m3", "nvfp4", "e2m1"))}
     out = []
-    for (data, fmt), g in sorted(t.groupby(["data", "fmt"]), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9))):
+    for (data, fmt), g in _by_data_and_format(t):
         row = {"data": data, "fmt": fmt}
         for mode in ("dynamic", "static", "unit"):
             sub = g[g["scales"] == mode]
@@ -553,8 +563,7 @@ def _interval_of(sub: pd.DataFrame, metric: str) -> tuple[float, float, float]:
     v = float(r[metric])
     if metric != "rel_l2" or "rel_l2_lo" not in sub.columns:
         return v, math.nan, math.nan
-    lo, hi = (float("nan") if x == "" or x is None else float(x) for x in (r.rel_l2_lo, r.rel_l2_hi))
-    return v, lo, hi
+    return v, _num(r.rel_l2_lo), _num(r.rel_l2_hi)
 
 
 def _errorbar(ax, xs, points, **kw):

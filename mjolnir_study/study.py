@@ -592,9 +592,10 @@ def _rel_l2_interval(units) -> tuple:
         return "", ""
 
 
-def _metrics_row(cell: Cell, inp: _Inputs, o, lse, seconds: float, arithmetic: str = "ideal") -> dict:
+def _metrics_row(cell: Cell, inp: _Inputs, o, lse, seconds: float, arithmetic: str = "ideal", units=None) -> dict:
+    """The row of one measurement; ``units``: :func:`_units` of ``o`` when the caller has them already."""
     m = error_metrics(cell.fmt, o, inp.o_ref, lse, inp.lse_ref)
-    lo, hi = _rel_l2_interval(_units(o, inp.o_ref))
+    lo, hi = _rel_l2_interval(units if units is not None else _units(o, inp.o_ref))
     d = inp.q.shape[-1]
     fmt = get_format(cell.fmt)
     return {
@@ -710,9 +711,9 @@ def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device,
             o, lse = emulate_decode(q_in, cache, **call, knobs=knobs)
             if back is not None:  # O of rotated V, rotated back (float64, rounded once to float32)
                 o = rotate(o.float(), back)
-            rows.append(_metrics_row(c, inp, o, lse, time.perf_counter() - t0 + build_s))
+            units = _units(o, inp.o_ref)
+            rows.append(_metrics_row(c, inp, o, lse, time.perf_counter() - t0 + build_s, units=units))
             if c.part == "transforms":  # paired with the same format's untransformed run, row by row
-                units = _units(o, inp.o_ref)
                 if transform == "none":
                     plain[(fmt, gran, recipe)] = units
                 elif (fmt, gran, recipe) in plain:
