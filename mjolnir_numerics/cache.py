@@ -330,6 +330,10 @@ class PagedKVCache:
         rounding (``code * scale * 2^-3``, the format's own dequantization up to the descale)."""
         pool, scales = self._pool(which)
         idx = pages.long().to(pool.device).reshape(-1)
+        if idx.device.type == "cpu" and idx.numel() > 1:  # pages shared by sequences (a prefix cache): decode once
+            uniq, inverse = torch.unique(idx, return_inverse=True)  # (on CUDA, unique would wait for the device)
+            if uniq.numel() < idx.numel():
+                return self._page_values(which, uniq, kernel_view)[inverse].view(*pages.shape, *pool.shape[1:-1], -1)
         out = torch.empty((idx.numel(), *pool.shape[1:-1], self.head_dim), dtype=torch.float32, device=pool.device)
         step = max(1, _PAGE_VALUES_CHUNK // max(1, math.prod(out.shape[1:])))  # pages per chunk
         for i in range(0, idx.numel(), step):  # chunked: the temporaries stay a few MiB

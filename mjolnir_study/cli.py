@@ -37,6 +37,7 @@ __all__ = ["CLIError", "build_parser", "check_device", "check_out", "default_out
 # wall (18 s CPU); the default 2 min 49 s - 3 min 50 s wall (2 min 29 s CPU), 2-3 min of it end to end.
 QUICK_TIME = "25 s"
 DEFAULT_TIME = "3 minutes"
+FULL_TIME = "8 minutes (estimated from the parts; not yet timed end to end)"
 MAX_THREADS = max(1, os.cpu_count() or 1)  # more torch threads than cores only oversubscribes (99999 ran out of memory)
 SEED_MAX = 2**63 - 1  # the synthetic seeds add up to ~1e6 to it; torch generators take < 2**64
 
@@ -61,7 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Run the accuracy-vs-format study (about {DEFAULT_TIME} on a 2-core CPU; --quick about "
         f"{QUICK_TIME}) and write study.csv, report.md and figures/ into the output folder.",
     )
-    s.add_argument("--quick", action="store_true", help=f"the small CI grid (about {QUICK_TIME} on a 2-core CPU)")
+    size = s.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help=f"the small CI grid (about {QUICK_TIME} on a 2-core CPU)")
+    size.add_argument(
+        "--full",
+        action="store_true",
+        help=f"more data: 2,032 end-to-end tokens from 16 windows with every configuration, 4 sequences per "
+        f"context point (about {FULL_TIME} on a 2-core CPU)",
+    )
     s.add_argument("--device", default="cpu", help="torch device for the emulator, references and model (cpu, cuda)")
     s.add_argument(
         "--out",
@@ -262,7 +270,9 @@ def run_study_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from . import report
     from .study import StudyConfig, read_csv, run_study, write_csv
 
-    preset = StudyConfig.quick if args.quick else StudyConfig.default
+    preset = (
+        StudyConfig.quick if args.quick else StudyConfig.full if getattr(args, "full", False) else StudyConfig.default
+    )
     try:
         config = preset(device=device, seed=args.seed, real_model=not args.no_real_model, cpu_threads=args.threads)
     except ValueError as e:

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from mjolnir_numerics.cache import PagedKVCache
+from mjolnir_numerics.checks import check_int
 from mjolnir_numerics.emulator import EmulatorKnobs, emulate_decode
 from mjolnir_numerics.scales import quantize_q
 
@@ -332,95 +333,128 @@ class E2ERow:
     nll_tokens: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
 
 
+def window_starts(n_corpus: int, n_tokens: int, windows: int, offset: int = 0) -> list[int]:
+    """First token of each of ``windows`` windows of ``n_tokens`` spread evenly over tokens ``offset ..
+    n_corpus`` of the held-out split (the first at ``offset``, the last ending at the corpus's end when
+    there are several); they overlap only if the corpus is too short to hold them side by side."""
+    check_int("windows", windows, low=1)
+    room = n_corpus - offset - n_tokens
+    if room < 0:
+        raise ValueError(f"n_tokens: {offset} + {n_tokens} exceeds the {n_corpus} held-out tokens")
+    if windows == 1:
+        return [offset]
+    return [offset + room * i // (windows - 1) for i in range(windows)]
+
+
 def end_to_end(
     configs: Sequence[dict],
     n_tokens: int = 256,
     prefill: int = 128,
     *,
+    windows: int = 1,
     model: Optional[SmolLM2] = None,
     offset: int = 0,
     progress=None,
 ) -> tuple[list[E2ERow], dict]:
     """Next-token KL divergence and top-1 agreement of quantized-cache decode vs the unquantized model.
 
-    One window of ``n_tokens`` held-out tokens (from ``offset``): the first ``prefill`` are the prompt
-    (exact attention, unquantized K/V), every later position is a decode step whose attention runs
-    through :func:`~mjolnir_numerics.emulator.emulate_decode` on the quantized cache (in every layer;
-    see :func:`emulated_attention`). The predictions made at decode positions are scored.
+    ``windows`` windows of ``n_tokens`` held-out tokens, spread over the held-out text from ``offset``
+    (:func:`window_starts`; the texts of different pydoc topics), each with its own prompt: the first
+    ``prefill`` tokens run once with exact attention over unquantized K/V (:meth:`SmolLM2.prefill`), every
+    later position is a decode step whose attention runs through
+    :func:`~mjolnir_numerics.emulator.emulate_decode` on the quantized cache in every layer (see
+    :func:`emulated_attention`). The predictions made at decode positions are scored: ``windows *
+    (n_tokens - prefill - 1)`` tokens.
 
     Args:
         configs: dicts with keys ``fmt``, ``granularity`` (default per_head), ``q_dtype`` (default e4m3),
             ``recipe`` (default amax), ``knobs`` (default None: the kernel's).
-        n_tokens: window length; ``prefill``: prompt length (``0 <= prefill < n_tokens - 1``).
+        n_tokens: window length; ``prefill``: prompt length (``0 < prefill < n_tokens - 1``).
+        windows: how many windows (>= 1).
         model: the loaded model (default :meth:`SmolLM2.load`).
-        progress: optional callable ``progress(n)`` called after each forward pass.
+        progress: optional callable ``progress(n)`` called after each forward pass (``windows *
+            (len(configs) + 1)`` of them).
 
     Returns:
-        ``(rows, info)``: one :class:`E2ERow` per config, and ``info`` with ``ppl_ref`` (on the scored
-        tokens), ``ppl_ref_window`` (all tokens of the window), ``ref_seconds``, ``n_tokens`` and
-        ``nll_ref_tokens`` (float64 per scored token, the unquantized model's).
+        ``(rows, info)``: one :class:`E2ERow` per config (its per-token tensors in window order), and
+        ``info`` with ``ppl_ref`` (on the scored tokens), ``ppl_ref_window`` (every predicted token of the
+        windows), ``ref_seconds``, ``n_tokens``, ``window``, ``prefill``, ``windows``, ``window_starts``
+        and ``nll_ref_tokens`` (float64 per scored token, the unquantized model's).
     """
     from mjolnir_numerics.formats import get_format
 
-    if not 0 <= prefill < n_tokens - 1:
-        raise ValueError(f"prefill: {prefill} must lie in [0, n_tokens - 1 = {n_tokens - 1})")
+    if not 0 < prefill < n_tokens - 1:
+        raise ValueError(f"prefill: {prefill} must lie in [1, n_tokens - 1 = {n_tokens - 1})")
     model = model or SmolLM2.load()
-    tokens = heldout_tokens(model, n_tokens, offset)
-    target = tokens[prefill + 1 :].to(model.device)
-    t0 = time.perf_counter()
-    ref_all = F.log_softmax(model.forward(tokens).double(), -1)[:-1]
-    ref_seconds = time.perf_counter() - t0
-    ppl_window = math.exp(float(-ref_all.gather(-1, tokens[1:, None].to(ref_all.device)).mean()))
-    ref = ref_all[prefill:]
-    count = target.numel()
-    ppl_ref = math.exp(float(-ref.gather(-1, target[:, None]).mean()))
-    if progress:
-        progress(1)
-    rows = []
+    corpus = model.tokenize(corpus_text("heldout"))
+    starts = window_starts(corpus.numel(), n_tokens, windows, offset)
+    labels, hooks = [], []
     for cfg in configs:
-        fmt = cfg["fmt"]
-        gran = cfg.get("granularity", "per_head")
+        recipe, gran = cfg.get("recipe", "amax"), cfg.get("granularity", "per_head")
         q_dtype = cfg.get("q_dtype", "e4m3")
-        recipe = cfg.get("recipe", "amax")
-        hook = emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=cfg.get("knobs"), prefill=prefill)
+        labels.append(f"{cfg['fmt']}{'' if recipe == 'amax' else ':' + recipe}/{gran}/q={q_dtype}")
+        hooks.append(emulated_attention(cfg["fmt"], gran, q_dtype, recipe=recipe, knobs=cfg.get("knobs")))
+    ref_seconds, seconds = 0.0, [0.0] * len(configs)
+    nll_ref, nll_window = [], []
+    kl, agree, nll = ([[] for _ in configs] for _ in range(3))
+    for start in starts:
+        tokens = corpus[start : start + n_tokens]
+        target = tokens[prefill + 1 :].to(model.device)
         t0 = time.perf_counter()
-        lp = F.log_softmax(model.forward(tokens, hook).double(), -1)[:-1][prefill:]
-        kl = (ref.exp() * (ref - lp)).sum(-1)
-        agree_t = (lp.argmax(-1) == ref.argmax(-1)).double()
-        nll_t = -lp.gather(-1, target[:, None])[:, 0]
-        agree = int(agree_t.sum())
-        nll = float(nll_t.sum())
-        label = f"{fmt}{'' if recipe == 'amax' else ':' + recipe}/{gran}/q={q_dtype}"
-        rows.append(
-            E2ERow(
-                label,
-                fmt,
-                gran,
-                q_dtype,
-                recipe,
-                get_format(fmt).bits_per_value,
-                float(kl.mean()),
-                float(kl.max()),
-                agree / count,
-                math.exp(nll / count),
-                ppl_ref,
-                count,
-                time.perf_counter() - t0,
-                kl.cpu(),
-                agree_t.cpu(),
-                nll_t.cpu(),
-            )
-        )
+        prompt = model.prefill(tokens[:prefill])
+        ref = F.log_softmax(model.extend(prompt, tokens[prefill:]).double(), -1)[:-1]
+        ref_seconds += time.perf_counter() - t0
+        prompt_lp = F.log_softmax(prompt.logits.double(), -1)  # row i predicts token i + 1
+        nll_window.append(-prompt_lp.gather(-1, tokens[1 : prefill + 1, None].to(ref.device))[:, 0])
+        nll_ref.append(-ref.gather(-1, target[:, None])[:, 0])
+        nll_window.append(nll_ref[-1])
         if progress:
             progress(1)
+        for j, hook in enumerate(hooks):
+            t0 = time.perf_counter()
+            lp = F.log_softmax(model.extend(prompt, tokens[prefill:], hook).double(), -1)[:-1]
+            kl[j].append((ref.exp() * (ref - lp)).sum(-1))
+            agree[j].append((lp.argmax(-1) == ref.argmax(-1)).double())
+            nll[j].append(-lp.gather(-1, target[:, None])[:, 0])
+            seconds[j] += time.perf_counter() - t0
+            if progress:
+                progress(1)
+    nll_ref_t = torch.cat(nll_ref).cpu()
+    count = nll_ref_t.numel()
+    ppl_ref = math.exp(float(nll_ref_t.mean()))
+    rows = []
+    for j, cfg in enumerate(configs):
+        kl_t, agree_t, nll_t = (torch.cat(x[j]).cpu() for x in (kl, agree, nll))
+        rows.append(
+            E2ERow(
+                labels[j],
+                cfg["fmt"],
+                cfg.get("granularity", "per_head"),
+                cfg.get("q_dtype", "e4m3"),
+                cfg.get("recipe", "amax"),
+                get_format(cfg["fmt"]).bits_per_value,
+                float(kl_t.mean()),
+                float(kl_t.max()),
+                float(agree_t.mean()),
+                math.exp(float(nll_t.mean())),
+                ppl_ref,
+                count,
+                seconds[j],
+                kl_t,
+                agree_t,
+                nll_t,
+            )
+        )
     info = {
         "ppl_ref": ppl_ref,
-        "ppl_ref_window": ppl_window,
+        "ppl_ref_window": math.exp(float(torch.cat(nll_window).mean())),
         "ref_seconds": ref_seconds,
         "n_tokens": count,
-        "nll_ref_tokens": (-ref.gather(-1, target[:, None])[:, 0]).cpu(),
+        "nll_ref_tokens": nll_ref_t,
         "window": n_tokens,
         "prefill": prefill,
+        "windows": windows,
+        "window_starts": starts,
     }
     return rows, info
 

@@ -1119,9 +1119,12 @@ def write_report(
     if len(e):
         e2 = info.get("e2e", {})
         L.append(
-            f"Held-out text (`pydoc_data.topics`, every 5th topic), one window of {e2.get('window')} tokens: the "
-            f"first {e2.get('prefill')} are the prompt (exact attention), the remaining positions decode through "
-            f"`emulate_decode` in all 30 layers over a cache quantized with descales from the window's amax. "
+            f"Held-out text (Python 3.11's `pydoc_data.topics`, frozen in the package; every 5th topic), "
+            f"{e2.get('windows', 1)} window(s) of {e2.get('window')} tokens spread over it (first tokens "
+            f"{', '.join(str(x) for x in e2.get('window_starts', [0]))}), each with its own prompt: the "
+            f"first {e2.get('prefill')} tokens run once with exact attention, the remaining positions decode "
+            f"through `emulate_decode` in all 30 layers over a cache quantized with descales from the window's "
+            "amax. "
             f"Scored: {e2.get('n_tokens')} next-token predictions, against the unquantized model (exact "
             f"attention). Perplexity of the scored tokens: {e2.get('ppl_ref', float('nan')):.2f} unquantized. "
             "Brackets: 95 % intervals from a moving-block bootstrap over the scored tokens (blocks of "

