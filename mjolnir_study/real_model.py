@@ -258,41 +258,31 @@ def emulated_attention(
     recipe: str = "amax",
     knobs: Optional[EmulatorKnobs] = None,
     page_size: int = 64,
-    prefill: int = 0,
 ):
     """An :data:`~mjolnir_study.smollm2.Attention` hook running decode attention through the spec.
 
-    Query positions ``< prefill`` are the prompt: they attend exactly (in the model's dtype) over the
-    unquantized K/V, as a prefill kernel would. Every later position ``i`` is one decode step: decode sequence
-    ``i - prefill`` (``q_len = 1``) whose cache is the causal prefix ``0 .. i``, quantized to ``fmt``.
-    The prefix caches share pages, as a prefix cache does: the window is quantized once and every
-    sequence's block-table row points at the same pages with ``seq_len = i + 1`` (one descale per
-    tensor / kv head from the window's amax). Q/K/V enter the cache and the Q path rounded once to float32
-    (the cache's input dtype); the hook returns ``(Tq, h_q, d)`` in q's dtype (the kernel's bf16 output,
-    widened, at decode positions).
+    Every query position ``i`` is one decode step: decode sequence ``i - offset`` (``q_len = 1``; ``offset``
+    = keys - queries, the prompt of :meth:`~mjolnir_study.smollm2.SmolLM2.extend`) whose cache is the causal
+    prefix ``0 .. i``, quantized to ``fmt``. The prefix caches share pages, as a prefix cache does: the K/V
+    are quantized once and every sequence's block-table row points at the same pages with ``seq_len = i +
+    1`` (one descale per tensor / kv head from the K/V's amax). Q/K/V enter the cache and the Q path rounded
+    once to float32 (the cache's input dtype); the hook returns ``(Tq, h_q, d)`` in q's dtype (the kernel's
+    bf16 output, widened). For an exact prompt, run it with :meth:`~mjolnir_study.smollm2.SmolLM2.prefill`
+    and pass this hook to ``extend``.
     """
-    from .smollm2 import exact_attention
 
     def hook(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         tq, tk, h_k = q.shape[0], k.shape[0], k.shape[1]
-        offset = tk - tq  # position of query row 0
-        n_pre = min(max(prefill - offset, 0), tq)  # query rows that are prompt positions
-        parts = []
-        if n_pre:
-            parts.append(exact_attention(layer, q[:n_pre], k[: offset + n_pre], v[: offset + n_pre]))
-        n_dec = tq - n_pre
-        if n_dec:
-            full = build_cache([k.float()], [v.float()], fmt, granularity, recipe=recipe, page_size=page_size)
-            bt = full.block_table[:1].expand(n_dec, -1).contiguous()
-            lens = torch.arange(offset + n_pre + 1, tk + 1, dtype=torch.int32, device=bt.device)
-            kd, vd = full.k_descale, full.v_descale
-            if kd.dim() == 2:  # per_seq_head: the one sequence's descale, for every prefix
-                kd, vd = kd.expand(n_dec, -1).contiguous(), vd.expand(n_dec, -1).contiguous()
-            cache = dataclasses.replace(full, block_table=bt, seq_lens=lens, k_descale=kd, v_descale=vd)
-            q_in, qd = prepare_q(q[n_pre:].float(), q_dtype, n_dec, h_k)
-            o, _ = emulate_decode(q_in, cache, q_descale=qd, knobs=knobs, allow_unsupported=True)
-            parts.append(o.to(q.device, q.dtype))
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        full = build_cache([k.float()], [v.float()], fmt, granularity, recipe=recipe, page_size=page_size)
+        bt = full.block_table[:1].expand(tq, -1).contiguous()
+        lens = torch.arange(tk - tq + 1, tk + 1, dtype=torch.int32, device=bt.device)
+        kd, vd = full.k_descale, full.v_descale
+        if kd.dim() == 2:  # per_seq_head: the one sequence's descale, for every prefix
+            kd, vd = kd.expand(tq, -1).contiguous(), vd.expand(tq, -1).contiguous()
+        cache = dataclasses.replace(full, block_table=bt, seq_lens=lens, k_descale=kd, v_descale=vd)
+        q_in, qd = prepare_q(q.float(), q_dtype, tq, h_k)
+        o, _ = emulate_decode(q_in, cache, q_descale=qd, knobs=knobs, allow_unsupported=True)
+        return o.to(q.device, q.dtype)
 
     return hook
 
@@ -388,12 +378,13 @@ def end_to_end(
     model = model or SmolLM2.load()
     corpus = model.tokenize(corpus_text("heldout"))
     starts = window_starts(corpus.numel(), n_tokens, windows, offset)
-    labels, hooks = [], []
-    for cfg in configs:
-        recipe, gran = cfg.get("recipe", "amax"), cfg.get("granularity", "per_head")
-        q_dtype = cfg.get("q_dtype", "e4m3")
-        labels.append(f"{cfg['fmt']}{'' if recipe == 'amax' else ':' + recipe}/{gran}/q={q_dtype}")
-        hooks.append(emulated_attention(cfg["fmt"], gran, q_dtype, recipe=recipe, knobs=cfg.get("knobs")))
+    parsed = [
+        (c["fmt"], c.get("granularity", "per_head"), c.get("q_dtype", "e4m3"), c.get("recipe", "amax")) for c in configs
+    ]
+    hooks = [
+        emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=c.get("knobs"))
+        for (fmt, gran, q_dtype, recipe), c in zip(parsed, configs)
+    ]
     ref_seconds, seconds = 0.0, [0.0] * len(configs)
     nll_ref, nll_window = [], []
     kl, agree, nll = ([[] for _ in configs] for _ in range(3))
@@ -423,16 +414,16 @@ def end_to_end(
     count = nll_ref_t.numel()
     ppl_ref = math.exp(float(nll_ref_t.mean()))
     rows = []
-    for j, cfg in enumerate(configs):
+    for j, (fmt, gran, q_dtype, recipe) in enumerate(parsed):
         kl_t, agree_t, nll_t = (torch.cat(x[j]).cpu() for x in (kl, agree, nll))
         rows.append(
             E2ERow(
-                labels[j],
-                cfg["fmt"],
-                cfg.get("granularity", "per_head"),
-                cfg.get("q_dtype", "e4m3"),
-                cfg.get("recipe", "amax"),
-                get_format(cfg["fmt"]).bits_per_value,
+                f"{fmt}{'' if recipe == 'amax' else ':' + recipe}/{gran}/q={q_dtype}",
+                fmt,
+                gran,
+                q_dtype,
+                recipe,
+                get_format(fmt).bits_per_value,
                 float(kl_t.mean()),
                 float(kl_t.max()),
                 float(agree_t.mean()),
