@@ -38,10 +38,11 @@ modelled (their inputs are finite).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
+
+from .fused import available, compiled
 
 __all__ = [
     "MmaModel", "MMA_MODELS", "OPERAND_FORMATS", "WALKS", "block_fma", "ideal_block", "round_toward_zero_f32",
@@ -279,33 +280,9 @@ def _chain_formula(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extra_bits
     return c
 
 
-_compiled: dict = {}
-
-
-def fused_chain_available(device) -> bool:
-    """Whether :func:`chain_gemm` fuses its chain with ``torch.compile`` on ``device``: CUDA with Triton,
-    unless ``MJOLNIR_COMPILE=0``. The eager path gives the same bits everywhere (the tests compare them)."""
-    if os.environ.get("MJOLNIR_COMPILE", "1") == "0" or torch.device(device).type != "cuda":
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _fused(fn):
-    """``fn`` compiled once per process (shapes dynamic; every call of the spec's many problem shapes and
-    formats reuses a handful of graphs, so the recompile limits are raised from torch's default of 8)."""
-    if fn not in _compiled:
-        compiled = torch.compile(fn, dynamic=True, fullgraph=True)
-
-        def call(*args):
-            with torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=8192):
-                return compiled(*args)
-
-        _compiled[fn] = call
-    return _compiled[fn]
+# The compile helper is shared with the fused helpers; these names are the emulator's.
+fused_chain_available = available
+_fused = compiled
 
 
 def chain_gemm(

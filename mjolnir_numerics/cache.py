@@ -32,11 +32,14 @@ from typing import Optional, Sequence, Union
 import torch
 
 from .capability import PAGE_SIZES
-from .checks import ArgumentTypeError, check_bool, check_choice, check_device, check_int, check_scale_fits, check_tensor
+from .checks import (
+    ArgumentTypeError, check_bool, check_choice, check_device, check_float, check_int, check_scale_fits, check_tensor,
+)  # fmt: skip
 from .formats import E2M1, E4M3, AnyFormat, BlockScaledFormat, Format, get_format
-from .nvfp4 import KERNEL_SHIFT, NVFP4_SMALLEST, nvfp4_quantize
+from . import fused
+from .nvfp4 import DEFAULT_SCALE_FLOOR, KERNEL_SHIFT, NVFP4_SMALLEST, encode_unchecked
 from .packing import pack, packed_size, unpack
-from .quantize import quantize
+from .quantize import _round_to_odd_lut, quantize
 from .scales import GRANULARITIES, compute_descale
 
 __all__ = ["LAYOUTS", "PAGE_SIZES", "PagedKVCache", "check_descale", "descale_table"]
@@ -267,6 +270,11 @@ class PagedKVCache:
                     f"nvfp4_options: {sorted(unknown)} are not encoder options of the cache; allowed "
                     f"{', '.join(NVFP4_CACHE_OPTIONS)} (the global scale follows from the descale)"
                 )
+            opts = self.nvfp4_options or {}
+            check_bool("nvfp4_options['four_over_six']", opts.get("four_over_six", False))
+            floor = opts.get("scale_floor", DEFAULT_SCALE_FLOOR)
+            if floor is not None:
+                check_float("nvfp4_options['scale_floor']", floor, positive=True, allow_zero=False)
         elif self.nvfp4_options:
             raise ValueError(f"nvfp4_options: only the nvfp4 format takes them, not {fmt.name}")
         elif self.k_scales is not None or self.v_scales is not None:
@@ -389,16 +397,26 @@ class PagedKVCache:
         return out[0], out[1]
 
     # -- writing ------------------------------------------------------------------------------
-    def _encode_rows(self, x: torch.Tensor, descale: torch.Tensor):
-        """Quantize rows ``x (n, h_k, d)`` (real units) with per-row descales ``(n, h_k)``: bytes and scales."""
+    def _row_descale(self, which: str, seq_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        """The descale of each new row, float32 broadcastable to ``(n_tokens, h_k, 1)`` (no wait for the device)."""
+        d = (self.k_descale if which == "k" else self.v_descale).to(self.device)
+        if d.dim() == 2:
+            return d[seq_ids.to(self.device).long()].unsqueeze(-1)
+        return d.reshape(1, -1, 1)
+
+    def _encode_rows(self, x: torch.Tensor, descale: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Rows ``x (n, h_k, d)`` (real units) under descales broadcastable to ``(n, h_k, 1)``, as the pools
+        store them: bytes ``(n, h_k, row)`` and NVFP4 scale codes ``(n, h_k, d / 16)`` (else None), uint8.
+        One fused kernel on CUDA (:mod:`mjolnir_numerics.fused`)."""
         if self.is_block_scaled:
-            g = descale * KERNEL_SHIFT  # the NVFP4 global scale behind the kernel descale 8 * g
-            t = nvfp4_quantize(x, self.fmt.group, global_value=g.unsqueeze(-1), **(self.nvfp4_options or {}))
-            return t.packed_codes(), t.scales.view(torch.float8_e4m3fn)
-        codes = quantize(x.float() / descale.unsqueeze(-1), self.fmt)
-        if self.fmt.bits == 8:
-            return codes.view(torch.float8_e4m3fn), None
-        return pack(codes, self.fmt.bits), None
+            g = descale * KERNEL_SHIFT  # the NVFP4 global scale behind the kernel descale 8 g
+            opts = self.nvfp4_options or {}
+            floor, four_six = opts.get("scale_floor", DEFAULT_SCALE_FLOOR), opts.get("four_over_six", False)
+            return encode_unchecked(x.float(), g, self.fmt.group, floor, four_six, packed=True)
+        if fused.available(x.device):
+            lut = _round_to_odd_lut(self.fmt, x.device)
+            return fused.compiled(fused.encode_elements)(x, descale, lut, self.fmt.bits), None
+        return pack(quantize(x.float() / descale, self.fmt), self.fmt.bits, check=False), None
 
     def write(
         self,
@@ -407,6 +425,8 @@ class PagedKVCache:
         slot_mapping: torch.Tensor,
         seq_ids: Optional[torch.Tensor] = None,
         allow_nonfinite: bool = False,
+        *,
+        check: bool = True,
     ) -> None:
         """Store new tokens at the given slots, as vLLM's ``reshape_and_cache`` does (in place).
 
@@ -421,26 +441,58 @@ class PagedKVCache:
                 per-(sequence, kv head) descales.
             allow_nonfinite: store inf/NaN (saturating / NaN codes, as the hardware converts them)
                 instead of raising; element formats only.
+            check: check the values too (finite K/V, slots in range and distinct, sequence ids in range,
+                descales that fit the data); each needs the device's answer. ``False`` is the serving loop's
+                write: no wait for the device, so it can be captured in a CUDA graph; the caller then
+                guarantees those (an out-of-range slot is a device-side error, a duplicate slot keeps one
+                of its rows, a non-finite value stores as the hardware converts it). Shapes and dtypes are
+                always checked.
 
-        A write is all or nothing: every argument is checked and every row encoded before any byte of
-        the pools changes, so a refused write leaves the cache as it was.
+        On CUDA each of K and V is encoded by one fused kernel (the same bits as the CPU) and scattered by
+        one ``index_put_``. A checked write is all or nothing: every argument is checked and every row
+        encoded before any byte of the pools changes, so a refused write leaves the cache as it was.
         """
         check_bool("allow_nonfinite", allow_nonfinite)
+        check_bool("check", check)
         if allow_nonfinite and self.is_block_scaled:
             raise ValueError(f"allow_nonfinite: {self.fmt.name} block scales come from amax and need finite K/V")
         for name, t in (("k", k), ("v", v)):
             check_tensor(name, t, kind="float", dim=3)
             if tuple(t.shape[1:]) != (self.heads_k, self.head_dim):
                 raise ValueError(f"{name}: expected (n_tokens, {self.heads_k}, {self.head_dim}), got {tuple(t.shape)}")
-            if not allow_nonfinite and not torch.isfinite(t).all():
-                raise ValueError(f"{name}: holds inf or NaN (pass allow_nonfinite=True to store them)")
         n = k.shape[0]
         if v.shape[0] != n:
             raise ValueError(f"v: has {v.shape[0]} tokens, k has {n}")
         check_tensor("slot_mapping", slot_mapping, kind="int", dim=1)
         if slot_mapping.shape[0] != n:
             raise ValueError(f"slot_mapping: expected ({n},) to match k and v, got {tuple(slot_mapping.shape)}")
-        slots = slot_mapping.long().to(self.device)
+        per_seq = self.k_descale.dim() == 2 or self.v_descale.dim() == 2
+        if per_seq and seq_ids is None:
+            raise ValueError("seq_ids: per-(sequence, kv head) descales need the sequence of every token")
+        if seq_ids is not None:
+            check_tensor("seq_ids", seq_ids, kind="int", dim=1)
+            if seq_ids.shape[0] != n:
+                raise ValueError(f"seq_ids: expected ({n},) to match k and v, got {tuple(seq_ids.shape)}")
+        k, v = k.to(self.device), v.to(self.device)
+        slots = slot_mapping.to(self.device).long()
+        if check:
+            self._check_write(k, v, slots, seq_ids, allow_nonfinite)
+        encoded = [
+            (which, *self._encode_rows(x, self._row_descale(which, seq_ids))) for which, x in (("k", k), ("v", v))
+        ]
+        page, off = slots // self.page_size, slots % self.page_size  # all-or-nothing: every row encoded first
+        for which, data, sc in encoded:
+            pool, scales = self._pool(which)
+            pool.view(torch.uint8)[page, off] = data
+            if scales is not None:
+                scales.view(torch.uint8)[page, off] = sc
+
+    def _check_write(self, k, v, slots: torch.Tensor, seq_ids: Optional[torch.Tensor], allow_nonfinite: bool) -> None:
+        """The value checks of a checked :meth:`write` (each asks the device)."""
+        n = slots.shape[0]
+        for name, t in (("k", k), ("v", v)):
+            if not allow_nonfinite and not torch.isfinite(t).all():
+                raise ValueError(f"{name}: holds inf or NaN (pass allow_nonfinite=True to store them)")
         n_slots = self.num_pages * self.page_size
         if n and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
             raise ValueError(
@@ -449,35 +501,17 @@ class PagedKVCache:
         if n and int(torch.unique(slots).numel()) != n:
             values, counts = torch.unique(slots, return_counts=True)
             raise ValueError(f"slot_mapping: slot {int(values[counts > 1][0])} appears more than once")
-        per_seq = self.k_descale.dim() == 2 or self.v_descale.dim() == 2
-        if per_seq and seq_ids is None:
-            raise ValueError("seq_ids: per-(sequence, kv head) descales need the sequence of every token")
         if seq_ids is not None:
-            check_tensor("seq_ids", seq_ids, kind="int", dim=1)
-            if seq_ids.shape[0] != n:
-                raise ValueError(f"seq_ids: expected ({n},) to match k and v, got {tuple(seq_ids.shape)}")
-            rows = seq_ids.long().to(self.device)
+            rows = seq_ids.to(self.device).long()
             if n and (int(rows.min()) < 0 or int(rows.max()) >= self.num_seqs):
                 raise ValueError(f"seq_ids: must be in 0..{self.num_seqs - 1}")
-        if not per_seq:
-            rows = torch.zeros(n, dtype=torch.long, device=self.device)
-        page, off = slots // self.page_size, slots % self.page_size
         if self.is_block_scaled:  # the stored descale is 8 g; values are code * scale * g
             top, smallest, unit = E2M1.max_normal * E4M3.max_normal, NVFP4_SMALLEST, KERNEL_SHIFT
         else:
             top, smallest, unit = self.fmt.max_normal, self.fmt.min_subnormal, 1.0
         for which, x in (("k", k), ("v", v)):
-            d = self.descale_table(which).to(self.device)[rows] * unit
-            check_scale_fits(f"{which}_descale", x.to(self.device).float(), d[:, :, None], top, smallest)
-        encoded = []  # all-or-nothing: every row of K and V is encoded before any byte of the pools changes
-        for which, x in (("k", k), ("v", v)):
-            d = self.descale_table(which).to(self.device)[rows]
-            encoded.append((which, *self._encode_rows(x.to(self.device), d)))
-        for which, data, sc in encoded:
-            pool, scales = self._pool(which)
-            pool.view(torch.uint8)[page, off] = data.view(torch.uint8)
-            if scales is not None:
-                scales.view(torch.uint8)[page, off] = sc.view(torch.uint8)
+            d = self._row_descale(which, seq_ids) * unit
+            check_scale_fits(f"{which}_descale", x.float(), d, top, smallest)
 
     # -- building -----------------------------------------------------------------------------
     @classmethod

@@ -15,19 +15,23 @@ and those kernel values are returned.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional, Union
 
 import torch
 
-from .formats import E2M1, E4M3, NVFP4
+from . import fused
 from .checks import check_bool, check_float, check_int, check_scale_fits, check_tensor
+from .formats import E2M1, E4M3, NVFP4
 from .packing import pack
-from .quantize import dequantize, quantize
+from .quantize import _round_to_odd_lut, dequantize
 
 __all__ = ["NVFP4Tensor", "nvfp4_quantize", "GLOBAL_SCALE_CONVENTIONS", "KERNEL_SHIFT"]
 
 # The convert stage's power-of-two shift: kernel value = e4m3(code * scale * KERNEL_SHIFT), descale g / KERNEL_SHIFT.
 KERNEL_SHIFT = 0.125
+
+DEFAULT_SCALE_FLOOR = 2.0**-9  # ModelOpt's block-scale floor: the smallest e4m3 subnormal
 
 NVFP4_SMALLEST = E2M1.min_subnormal * E4M3.min_subnormal  # the smallest nonzero |value| / g (0.5 * 2^-9)
 
@@ -46,48 +50,107 @@ class NVFP4Tensor:
         codes: uint8 ``(..., d)``, one e2m1 code per element (pack with ``pack(codes, 4)``).
         scales: uint8 ``(..., d // group)``, e4m3 codes of the block scales.
         global_scale: float32 tensor broadcastable to ``(..., 1)``: the decode multiplier ``g``.
-        values: float32 ``(..., d)``, the dequantized values ``code * scale * g``.
-        kernel_values: float32 ``(..., d)``, what the Thor convert stage feeds the fp8 MMA:
-            ``e4m3(code * scale * 2^-3)``, every one a finite e4m3 value of magnitude <= 336.
-        kernel_descale: float32 tensor like ``global_scale``: the descale the kernel takes, ``g * 8``.
         group: elements per block scale (16).
+
+    The decoded tensors are computed on first use (one fused kernel on CUDA) and kept:
+    :attr:`values` ``code * scale * g`` and :attr:`kernel_values`, what the Thor convert stage feeds the fp8
+    MMA.
     """
 
     codes: torch.Tensor
     scales: torch.Tensor
     global_scale: torch.Tensor
-    values: torch.Tensor
-    kernel_values: torch.Tensor
-    kernel_descale: torch.Tensor
     group: int = NVFP4.group
+
+    @cached_property
+    def _decoded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        e4m3_lut, _, e4m3_values, e2m1_values = _tables(self.codes.device)
+        decode = fused.compiled(fused.nvfp4_decode) if fused.available(self.codes.device) else fused.nvfp4_decode
+        return decode(
+            self.codes, self.scales, self.global_scale, self.group, e4m3_lut, e4m3_values, e2m1_values, KERNEL_SHIFT
+        )
+
+    @property
+    def values(self) -> torch.Tensor:
+        """float32 ``(..., d)``: the dequantized values ``code * scale * g``."""
+        return self._decoded[0]
+
+    @property
+    def kernel_values(self) -> torch.Tensor:
+        """float32 ``(..., d)``: ``e4m3(code * scale * 2^-3)``, every one a finite e4m3 value of magnitude
+        <= 336 (the convert stage's output)."""
+        return self._decoded[1]
+
+    @property
+    def kernel_descale(self) -> torch.Tensor:
+        """float32, like :attr:`global_scale`: the descale the kernel takes, ``g * 8``."""
+        return self.global_scale / KERNEL_SHIFT
 
     def packed_codes(self) -> torch.Tensor:
         """The codes packed two per byte, ``(..., d // 2)`` uint8 (element 2i in the low nibble)."""
-        return pack(self.codes, E2M1.bits)
+        return pack(self.codes, E2M1.bits, check=False)  # e2m1 codes by construction
 
     def scale_values(self) -> torch.Tensor:
         """The block scales as float32 values, ``(..., d // group)``."""
         return dequantize(self.scales, E4M3)
 
 
-def _block_scale_codes(
-    block_amax: torch.Tensor, divisor: float, g: torch.Tensor, floor: Optional[float]
-) -> torch.Tensor:
-    # divide by a tensor: CUDA divides by a Python scalar as a multiply by its rounded reciprocal
-    scaled = (block_amax / torch.tensor(divisor, dtype=torch.float32, device=block_amax.device)) / g
-    if floor is not None:
-        scaled = torch.clamp(scaled, min=floor)
-    return quantize(scaled, E4M3)
+def _tables(device) -> tuple[torch.Tensor, ...]:
+    """The encoder's and decoder's tables on ``device``: the e4m3 and e2m1 round-to-odd tables (uint8) and the
+    e4m3 and e2m1 code values (float32)."""
+    return _round_to_odd_lut(E4M3, device), _round_to_odd_lut(E2M1, device), E4M3.values(device), E2M1.values(device)
 
 
-def _encode(xg: torch.Tensor, scale_codes: torch.Tensor, g: torch.Tensor):
-    """codes and dequantized values of blocks ``xg (..., nb, group)`` under the given block scales."""
-    s = dequantize(scale_codes, E4M3).unsqueeze(-1)
-    total = s * g.unsqueeze(-1)
-    ratio = torch.where(total > 0, xg / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(xg))
-    codes = quantize(ratio, E2M1)
-    values = dequantize(codes, E2M1) * s * g.unsqueeze(-1)
-    return codes, values
+_CONSTANTS: dict = {}
+
+
+def _constant(value: float, device) -> torch.Tensor:
+    """A float32 scalar tensor on ``device``, made once (no host-to-device copy inside a CUDA graph capture)."""
+    key = (value, str(device))
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.tensor(value, dtype=torch.float32, device=device)
+    return _CONSTANTS[key]
+
+
+def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int, divisor: float):
+    """Codes and block-scale codes of ``x (..., d)`` float32 (:func:`~mjolnir_numerics.fused.nvfp4_encode`)."""
+    e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
+    floor_t = None if floor is None else _constant(floor, x.device)
+    encode = fused.compiled(fused.nvfp4_encode) if fused.available(x.device) else fused.nvfp4_encode
+    return encode(x, g, floor_t, group, divisor, e4m3_lut, e2m1_lut, e4m3_values)
+
+
+def encode_unchecked(
+    x: torch.Tensor,
+    g: torch.Tensor,
+    group: int,
+    scale_floor: Optional[float],
+    four_over_six: bool,
+    packed: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoder behind :func:`nvfp4_quantize`, without its checks (no wait for the device): codes
+    ``(..., d)`` (``packed``: two per byte, ``(..., d // 2)``) and block-scale codes ``(..., d // group)``,
+    uint8, of finite float32 ``x (..., d)`` under global scales ``g`` broadcastable to ``(..., 1)``."""
+    if not four_over_six:
+        e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
+        floor = None if scale_floor is None else _constant(scale_floor, x.device)
+        encode = fused.nvfp4_encode_packed if packed else fused.nvfp4_encode
+        if fused.available(x.device):
+            encode = fused.compiled(encode)
+        return encode(x, g, floor, group, E2M1.max_normal, e4m3_lut, e2m1_lut, e4m3_values)
+    codes, scale_codes = _encode(x, g, scale_floor, group, E2M1.max_normal)
+    codes4, scale4 = _encode(x, g, scale_floor, group, 4.0)
+    blocks = (x.shape[-1] // group, group)
+    xg = x.unflatten(-1, blocks)
+
+    def block_sse(c, sc):
+        values = NVFP4Tensor(c, sc, g, group).values.unflatten(-1, blocks)
+        return ((values - xg) ** 2).sum(-1)
+
+    better = block_sse(codes4, scale4) < block_sse(codes, scale_codes)  # ties keep amax / 6
+    scale_codes = torch.where(better, scale4, scale_codes)
+    codes = torch.where(better.unsqueeze(-1), codes4.unflatten(-1, blocks), codes.unflatten(-1, blocks)).flatten(-2)
+    return (pack(codes, E2M1.bits, check=False) if packed else codes), scale_codes
 
 
 def nvfp4_quantize(
@@ -96,7 +159,7 @@ def nvfp4_quantize(
     *,
     global_scale: str = "amax",
     global_value: Union[float, torch.Tensor, None] = None,
-    scale_floor: Optional[float] = 2.0**-9,
+    scale_floor: Optional[float] = DEFAULT_SCALE_FLOOR,
     four_over_six: bool = False,
 ) -> NVFP4Tensor:
     """Quantize ``x`` to NVFP4.
@@ -134,7 +197,8 @@ def nvfp4_quantize(
     if x.dim() == 0 or x.shape[-1] % group:
         raise ValueError(f"x: last dim {tuple(x.shape)[-1:] or '()'} must be a multiple of group={group}")
     x = x.float()
-    if not torch.isfinite(x).all():
+    amax = x.abs().amax() if x.numel() else torch.zeros((), device=x.device)  # NaN and inf propagate
+    if not bool(torch.isfinite(amax)):
         raise ValueError("x: holds inf or NaN; NVFP4 scales are computed from amax and need finite values")
     if global_scale not in GLOBAL_SCALE_CONVENTIONS:
         raise ValueError(
@@ -143,10 +207,9 @@ def nvfp4_quantize(
     if scale_floor is not None and check_float("scale_floor", scale_floor, positive=True, allow_zero=False) <= 0:
         raise ValueError(f"scale_floor: expected a positive finite float or None, got {scale_floor!r}")
 
-    lead, d = x.shape[:-1], x.shape[-1]
+    lead = x.shape[:-1]
     if global_value is None:
-        amax = x.abs().amax() if x.numel() else torch.zeros((), device=x.device)
-        g = amax / torch.tensor(GLOBAL_SCALE_CONVENTIONS[global_scale], dtype=torch.float32, device=x.device)
+        g = amax / _constant(GLOBAL_SCALE_CONVENTIONS[global_scale], x.device)
         g = torch.where(g > 0, g, torch.ones_like(g))  # an all-zero tensor: any g encodes it exactly
     else:
         if isinstance(global_value, torch.Tensor):
@@ -162,26 +225,5 @@ def nvfp4_quantize(
 
     if global_value is not None:
         check_scale_fits("global_value", x, g, E2M1.max_normal * E4M3.max_normal, NVFP4_SMALLEST)
-    xg = x.reshape(*lead, d // group, group)
-    block_amax = xg.abs().amax(dim=-1)
-    scale_codes = _block_scale_codes(block_amax, E2M1.max_normal, g, scale_floor)
-    codes, values = _encode(xg, scale_codes, g)
-    if four_over_six:
-        scale4 = _block_scale_codes(block_amax, 4.0, g, scale_floor)
-        codes4, values4 = _encode(xg, scale4, g)
-        better = ((values4 - xg) ** 2).sum(-1) < ((values - xg) ** 2).sum(-1)
-        scale_codes = torch.where(better, scale4, scale_codes)
-        codes = torch.where(better.unsqueeze(-1), codes4, codes)
-        values = torch.where(better.unsqueeze(-1), values4, values)
-
-    scale_vals = dequantize(scale_codes, E4M3).unsqueeze(-1)
-    kernel_values = dequantize(quantize(dequantize(codes, E2M1) * scale_vals * KERNEL_SHIFT, E4M3), E4M3)
-    return NVFP4Tensor(
-        codes=codes.reshape(*lead, d),
-        scales=scale_codes,
-        global_scale=g,
-        values=values.reshape(*lead, d),
-        kernel_values=kernel_values.reshape(*lead, d),
-        kernel_descale=g / KERNEL_SHIFT,
-        group=group,
-    )
+    codes, scale_codes = encode_unchecked(x, g, group, scale_floor, four_over_six)
+    return NVFP4Tensor(codes=codes, scales=scale_codes, global_scale=g, group=group)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_choice, check_int
+from . import fused
+from .checks import check_bool, check_choice, check_int
 
 __all__ = ["pack", "unpack", "packed_size", "SUPPORTED_BITS"]
 
@@ -40,12 +41,15 @@ def packed_size(d: int, bits: int) -> int:
     return d // per * nbytes
 
 
-def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+def pack(codes: torch.Tensor, bits: int, *, check: bool = True) -> torch.Tensor:
     """Pack codes ``(..., d)`` into bytes ``(..., d * bits / 8)``.
 
     Args:
         codes: integer tensor (uint8 usually), each value in ``0 .. 2**bits - 1``.
         bits: 8, 6 or 4.
+        check: refuse codes outside ``0 .. 2**bits - 1`` (one wait for the device on CUDA, where the range
+            test shares the packing's kernel). ``False`` skips it for a serving loop that must not wait:
+            the caller guarantees valid codes (an invalid one spills into its neighbours' bits).
 
     Returns:
         uint8 tensor ``(..., d * bits // 8)`` on the same device.
@@ -55,6 +59,7 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
             dim that does not fill whole bytes.
     """
     bits = _check_bits(bits)
+    check_bool("check", check)
     if not isinstance(codes, torch.Tensor) or codes.is_floating_point() or codes.dtype == torch.bool:
         raise ValueError(f"codes: expected an integer tensor, got {getattr(codes, 'dtype', type(codes))}")
     if codes.dim() == 0:
@@ -65,11 +70,15 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
             f"codes: last dim {d} does not fill whole bytes at {bits} bits; it must be a multiple of {_GROUP[bits][0]}"
         )
     nbytes = packed_size(d, bits)
-    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1 << bits):
-        raise ValueError(
-            f"codes: values must be in 0..{(1 << bits) - 1} for {bits}-bit packing, "
-            f"got range [{int(codes.min())}, {int(codes.max())}]"
-        )
+    if fused.available(codes.device) and codes.numel():
+        if not check:
+            return fused.compiled(fused.pack_codes)(codes, bits)
+        packed, bad = fused.compiled(fused.pack_checked)(codes, bits)
+        if bool(bad):
+            _refuse_range(codes, bits)
+        return packed
+    if check and codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1 << bits):
+        _refuse_range(codes, bits)
     lead = codes.shape[:-1]
     if bits == 8:
         return codes.to(torch.uint8).clone()
@@ -81,6 +90,13 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     word = c[..., 0] | (c[..., 1] << 6) | (c[..., 2] << 12) | (c[..., 3] << 18)  # 24-bit little-endian word
     out = torch.stack([word & 0xFF, (word >> 8) & 0xFF, word >> 16], dim=-1)
     return out.reshape(*lead, nbytes).to(torch.uint8)
+
+
+def _refuse_range(codes: torch.Tensor, bits: int):
+    raise ValueError(
+        f"codes: values must be in 0..{(1 << bits) - 1} for {bits}-bit packing, "
+        f"got range [{int(codes.min())}, {int(codes.max())}]"
+    )
 
 
 def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:

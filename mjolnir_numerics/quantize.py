@@ -21,6 +21,7 @@ from typing import Union
 
 import torch
 
+from . import fused
 from .formats import AnyFormat, Format, get_element_format
 
 __all__ = ["quantize", "dequantize", "round_to_format"]
@@ -32,18 +33,23 @@ _SOURCE_LAYOUT = {
 }
 
 
-def _check_float_input(x: torch.Tensor, argument: str) -> torch.Tensor:
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_float_dtype(x: torch.Tensor, argument: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{argument}: expected a torch.Tensor of floats, got {type(x).__name__}")
     if not x.is_floating_point():
         raise ValueError(
             f"{argument}: expected a floating-point tensor (float32, float64, float16 or bfloat16), got {x.dtype}"
         )
-    if x.dtype in (torch.float16, torch.bfloat16):
-        return x.float()  # exact widening
-    if x.dtype not in _SOURCE_LAYOUT:
+    if x.dtype not in _SOURCE_LAYOUT and x.dtype not in _HALF_DTYPES:
         raise ValueError(f"{argument}: dtype {x.dtype} is not supported; use float32, float64, float16 or bfloat16")
-    return x
+
+
+def _check_float_input(x: torch.Tensor, argument: str) -> torch.Tensor:
+    _check_float_dtype(x, argument)
+    return x.float() if x.dtype in _HALF_DTYPES else x  # exact widening
 
 
 def _exact_codes(x: torch.Tensor, f: Format) -> torch.Tensor:
@@ -111,8 +117,14 @@ def quantize(x: torch.Tensor, fmt: Union[str, Format]) -> torch.Tensor:
 
     Raises:
         ValueError: ``x`` is not a floating-point tensor, or ``fmt`` is unknown or block-scaled.
+
+    On CUDA a float32 / float16 / bfloat16 ``x`` takes one fused kernel (:mod:`mjolnir_numerics.fused`,
+    the same formula and bits); its first call compiles it.
     """
     f = get_element_format(fmt)
+    _check_float_dtype(x, "x")
+    if x.dtype != torch.float64 and fused.available(x.device):  # one kernel, the same formula and bits
+        return fused.compiled(fused.quantize_f32)(x, _round_to_odd_lut(f, x.device))
     x = _check_float_input(x, "x")
     if x.dtype == torch.float64:
         return _exact_codes(x, f)

@@ -1,0 +1,154 @@
+"""Fused CUDA paths of the helpers users import: quantize, pack, the NVFP4 encoder and the cache writer.
+
+Each function here is the spec's own formula written as one graph that ``torch.compile`` turns into one
+or two kernels on CUDA (Triton), instead of the dozen eager passes over memory of the reference path.
+They give the reference functions' bits because they are built only from operations every backend
+computes alike:
+
+* integer arithmetic on the inputs' bits (the round-to-odd index of :func:`quantize_f32`, packing);
+* table lookups, ``abs``, ``max``, comparisons and selects (exact);
+* float32 products of two values (correctly rounded everywhere; no sum follows a product, so nothing can
+  be contracted into an FMA), and scaling by a power of two;
+* float32 division as ``float32(float64(a) / float64(b))`` (:func:`div_rn`): the float64 quotient of two
+  float32 values, rounded once more to float32, is the correctly rounded float32 quotient (53 >= 2 * 24 + 2:
+  the second rounding of +, -, *, / and sqrt is then innocuous; S. A. Figueroa, "When is double rounding
+  innocuous?", SIGNUM 1995). Triton lowers a float32 ``/`` to the approximate ``div.full.f32``; the
+  float64 one is IEEE.
+
+The helpers call them where :func:`available` says (CUDA with Triton, unless ``MJOLNIR_COMPILE=0``); on the
+CPU the reference path runs. The tests run these formulas eagerly on the CPU against the reference, and
+compiled on the GPU (every float32 bit pattern for the element formats).
+
+The first call of each function on a device compiles it (seconds; torch's inductor cache keeps the result
+for later processes).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = [
+    "available",
+    "compiled",
+    "div_rn",
+    "quantize_f32",
+    "pack_codes",
+    "pack_checked",
+    "encode_elements",
+    "nvfp4_encode",
+    "nvfp4_encode_packed",
+    "nvfp4_decode",
+]
+
+_compiled: dict = {}
+
+
+def available(device) -> bool:
+    """Whether the fused paths run on ``device``: CUDA with Triton, unless ``MJOLNIR_COMPILE=0``. The
+    reference path gives the same bits everywhere (the tests compare them)."""
+    if os.environ.get("MJOLNIR_COMPILE", "1") == "0" or torch.device(device).type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def compiled(fn):
+    """``fn`` compiled once per process (shapes dynamic; the spec's many problem shapes and formats reuse a
+    handful of graphs, so the recompile limits are raised from torch's default of 8)."""
+    if fn not in _compiled:
+        graph = torch.compile(fn, dynamic=True, fullgraph=True)
+
+        def call(*args):
+            with torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=8192):
+                return graph(*args)
+
+        _compiled[fn] = call
+    return _compiled[fn]
+
+
+def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded float32 quotient ``a / b`` of float32 tensors (see the module docstring)."""
+    return (a.double() / b.double()).float()
+
+
+def quantize_f32(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    """Codes of float32 ``x`` through the round-to-odd table ``lut`` (uint8 ``(65536,)``, the quantizer's
+    own): ``lut[round_to_odd_bf16_bits(x)]``, one integer formula per element (float16 / bfloat16 are
+    widened exactly first). Same shape, uint8."""
+    b = x.float().contiguous().view(torch.int32)
+    t = ((((b & 0xFFFF) + 0xFFFF) | b) >> 16) & 0xFFFF  # bit 16 set iff any low bit was: the sticky bit
+    return lut[t]
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """:func:`~mjolnir_numerics.packing.pack` of valid codes ``(..., d)`` (no range check): uint8 bytes."""
+    if bits == 8:
+        return codes.to(torch.uint8).clone()  # never the input itself
+    c = codes.to(torch.int32)
+    if bits == 4:
+        c = c.unflatten(-1, (c.shape[-1] // 2, 2))
+        return (c[..., 0] | (c[..., 1] << 4)).to(torch.uint8)
+    c = c.unflatten(-1, (c.shape[-1] // 4, 4))
+    word = c[..., 0] | (c[..., 1] << 6) | (c[..., 2] << 12) | (c[..., 3] << 18)  # 24-bit little-endian word
+    return torch.stack([word & 0xFF, (word >> 8) & 0xFF, word >> 16], dim=-1).flatten(-2).to(torch.uint8)
+
+
+def pack_checked(codes: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pack_codes` and, from the same pass, whether any code is outside ``0 .. 2**bits - 1`` (a bool
+    tensor: the caller decides when to ask the device)."""
+    c = codes.long()  # uint8 would compare 256 as 0; int64 holds every integer dtype's values
+    bad = ((c < 0) | (c >= (1 << bits))).any()
+    return pack_codes(codes, bits), bad
+
+
+def encode_elements(x: torch.Tensor, descale: torch.Tensor, lut: torch.Tensor, bits: int) -> torch.Tensor:
+    """What the cache writer stores for element formats: ``pack(quantize(x.float() / descale))``.
+
+    ``x`` float ``(..., d)``, ``descale`` float32 broadcastable to ``x.shape[:-1] + (1,)``; returns uint8
+    ``(..., d * bits / 8)``.
+    """
+    return pack_codes(quantize_f32(div_rn(x.float(), descale), lut), bits)
+
+
+def nvfp4_encode(x, g, floor, group: int, divisor: float, e4m3_lut, e2m1_lut, e4m3_values):
+    """NVFP4 codes of float32 ``x (..., d)`` under global scales ``g`` (float32, broadcastable to
+    ``x.shape[:-1] + (1,)``) with block scales ``e4m3(max(amax(block) / divisor / g, floor))``: the
+    encoder of ``nvfp4_quantize`` (``divisor`` 6; ``four_over_six`` also tries 4).
+
+    Args:
+        floor: the block-scale floor (a float32 tensor of shape ``()``), or None for no floor.
+        e4m3_lut, e2m1_lut: the quantizers' round-to-odd tables; e4m3_values: the e4m3 code values.
+
+    Returns:
+        ``(codes (..., d), scale codes (..., d // group))`` uint8.
+    """
+    xg = x.unflatten(-1, (x.shape[-1] // group, group))
+    scaled = div_rn(div_rn(xg.abs().amax(-1), torch.full_like(g, divisor)), g)
+    if floor is not None:
+        scaled = torch.maximum(scaled, floor)
+    scale_codes = quantize_f32(scaled, e4m3_lut)
+    total = e4m3_values[scale_codes.long()].unsqueeze(-1) * g.unsqueeze(-1)
+    ratio = torch.where(total > 0, div_rn(xg, torch.where(total > 0, total, 1.0)), 0.0)
+    return quantize_f32(ratio, e2m1_lut).flatten(-2), scale_codes
+
+
+def nvfp4_encode_packed(x, g, floor, group: int, divisor: float, e4m3_lut, e2m1_lut, e4m3_values):
+    """:func:`nvfp4_encode` with the codes packed two per byte, ``(..., d // 2)`` (the cache writer's rows)."""
+    codes, scale_codes = nvfp4_encode(x, g, floor, group, divisor, e4m3_lut, e2m1_lut, e4m3_values)
+    return pack_codes(codes, 4), scale_codes
+
+
+def nvfp4_decode(codes, scale_codes, g, group: int, e4m3_lut, e4m3_values, e2m1_values, shift: float):
+    """An NVFP4 tensor's dequantized values ``code * scale * g`` and the convert stage's kernel values
+    ``e4m3(code * scale * shift)``, float32 ``(..., d)`` each, from codes ``(..., d)``, scale codes
+    ``(..., d // group)`` and ``g`` broadcastable to ``codes.shape[:-1] + (1,)``."""
+    c = e2m1_values[codes.long()].unflatten(-1, (codes.shape[-1] // group, group))
+    s = e4m3_values[scale_codes.long()].unsqueeze(-1)
+    values = (c * s * g.unsqueeze(-1)).flatten(-2)
+    kernel = e4m3_values[quantize_f32(c * s * shift, e4m3_lut).long()].flatten(-2)
+    return values, kernel

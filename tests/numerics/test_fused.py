@@ -1,0 +1,226 @@
+"""The fused helper paths give the reference's bits.
+
+On the CPU the fused formulas run eagerly against the reference functions (the formulas are right); on a
+GPU the helpers themselves run compiled (the compiler keeps the bits): every float32 bit pattern for the
+element quantizers, every code for packing, the NVFP4 recipes, every format and layout for the cache
+writer, and a decode-step write captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from mjolnir_numerics import fused
+from mjolnir_numerics.cache import LAYOUTS, PagedKVCache
+from mjolnir_numerics.formats import E2M1, E2M3, E3M2, E4M3, FORMATS
+from mjolnir_numerics.nvfp4 import nvfp4_quantize
+from mjolnir_numerics.packing import pack
+from mjolnir_numerics.quantize import _exact_codes, _round_to_odd_lut, quantize
+
+from conftest import cuda_only
+
+ELEMENT_FORMATS = (E4M3, E3M2, E2M3, E2M1)
+NVFP4_RECIPES = (
+    {},
+    {"four_over_six": True},
+    {"scale_floor": None},
+    {"scale_floor": 2.0**-6},
+    {"global_scale": "flashinfer"},
+)
+
+
+def _probe_bits(n_random: int, seed: int = 0) -> torch.Tensor:
+    """float32 patterns: every bfloat16 pattern with each low half that matters for rounding (0, 1, the
+    half-way 0x8000 and its neighbours, all ones), then random patterns. int32 ``(m,)``."""
+    high = torch.arange(1 << 16, dtype=torch.int64) << 16
+    lows = torch.tensor([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=torch.int64)
+    grid = (high[:, None] | lows[None, :]).reshape(-1)
+    rand = torch.randint(0, 1 << 32, (n_random,), generator=torch.Generator().manual_seed(seed))
+    p = torch.cat([grid, rand])
+    return torch.where(p >= 1 << 31, p - (1 << 32), p).to(torch.int32)  # the same 32 bits as int32
+
+
+def _rows(n: int, heads: int, d: int, seed: int, spread: float = 6.0) -> torch.Tensor:
+    """Rows with magnitudes over ``spread`` binades either side of 1 and exact zeros."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, heads, d, generator=gen) * torch.exp2(
+        torch.empty(n, heads, d).uniform_(-spread, spread, generator=gen)
+    )
+    x[torch.rand(n, heads, d, generator=gen) < 0.02] = 0.0
+    return x
+
+
+# -- the formulas, eagerly, against the reference (CPU) ----------------------------------------------
+def test_probe_bits_cover_both_signs_and_the_rounding_cases():
+    bits = _probe_bits(0)
+    assert bits.numel() == 6 << 16 and torch.unique(bits).numel() == bits.numel()
+    assert (bits < 0).any() and (bits > 0).any()
+
+
+@pytest.mark.parametrize("fmt", ELEMENT_FORMATS, ids=lambda f: f.name)
+def test_quantize_formula_is_the_direct_rounding(fmt):
+    x = _probe_bits(1 << 18).view(torch.float32)
+    got = fused.quantize_f32(x, _round_to_odd_lut(fmt, "cpu"))
+    assert torch.equal(got, _exact_codes(x, fmt))
+    halves = x[:4096].to(torch.bfloat16)
+    assert torch.equal(fused.quantize_f32(halves, _round_to_odd_lut(fmt, "cpu")), _exact_codes(halves.float(), fmt))
+
+
+def test_div_rn_is_float32_division():
+    gen = torch.Generator().manual_seed(3)
+    a = _probe_bits(1 << 18, seed=1).view(torch.float32)
+    b = torch.randint(1, 0x7F800000, a.shape, generator=gen, dtype=torch.int32).view(torch.float32)  # positive, finite
+    want, got = a / b, fused.div_rn(a, b)
+    same = (want.view(torch.int32) == got.view(torch.int32)) | (torch.isnan(want) & torch.isnan(got))
+    assert bool(same.all()), f"{int((~same).sum())} quotients differ, e.g. {a[~same][:3]} / {b[~same][:3]}"
+    assert (want.abs() < 2.0**-126).any() and torch.isinf(want).any()  # subnormal and overflowing quotients tried
+
+
+@pytest.mark.parametrize("bits", [8, 6, 4])
+def test_pack_formula_is_pack(bits):
+    codes = torch.randint(0, 1 << bits, (5, 3, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(bits))
+    assert torch.equal(fused.pack_codes(codes, bits), pack(codes, bits))
+    packed, bad = fused.pack_checked(codes, bits)
+    assert torch.equal(packed, pack(codes, bits)) and not bool(bad)
+    assert bool(fused.pack_checked(codes.int() - 1, bits)[1]) and bool(fused.pack_checked(codes.int() + 256, bits)[1])
+
+
+@pytest.mark.parametrize("fmt", ELEMENT_FORMATS, ids=lambda f: f.name)
+def test_element_row_encoding_is_quantize_then_pack(fmt):
+    x = _rows(64, 4, 32, seed=7)
+    x[0, 0, :4] = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e30])
+    descale = torch.tensor([0.5, 3.0, 1e-3, 7.0]).reshape(1, 4, 1)
+    want = pack(quantize(x / descale, fmt), fmt.bits)
+    assert torch.equal(fused.encode_elements(x, descale, _round_to_odd_lut(fmt, "cpu"), fmt.bits), want)
+
+
+def _nvfp4_oracle(x: torch.Tensor, g: torch.Tensor, floor):
+    """NVFP4's default recipe in float32 eager arithmetic, step by step (the recipe as published)."""
+    xg = x.reshape(*x.shape[:-1], -1, 16)
+    scaled = (xg.abs().amax(-1) / torch.tensor(6.0)) / g
+    if floor is not None:
+        scaled = torch.clamp(scaled, min=floor)
+    scales = quantize(scaled, E4M3)
+    total = E4M3.values()[scales.long()].unsqueeze(-1) * g.unsqueeze(-1)
+    ratio = torch.where(total > 0, xg / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(xg))
+    return quantize(ratio, E2M1).reshape(x.shape), scales
+
+
+@pytest.mark.parametrize("floor", [2.0**-9, 2.0**-6, None])
+def test_nvfp4_encoder_is_the_published_recipe(floor):
+    x = _rows(32, 4, 64, seed=11, spread=10.0).reshape(128, 64)
+    x[3] = 0.0
+    x[5, :16] = 1e-38  # a block whose scale hits the floor (or underflows without one)
+    g = (torch.rand(128, 1, generator=torch.Generator().manual_seed(2)) + 0.5) * x.abs().amax() / 2688
+    want_codes, want_scales = _nvfp4_oracle(x, g, floor)
+    t = nvfp4_quantize(x, global_value=g, scale_floor=floor)
+    assert torch.equal(t.codes, want_codes) and torch.equal(t.scales, want_scales)
+
+
+# -- compiled on the GPU -------------------------------------------------------------------------------
+@cuda_only
+@pytest.mark.parametrize("fmt", ELEMENT_FORMATS, ids=lambda f: f.name)
+def test_cuda_quantize_is_exact_on_every_float32(fmt):
+    """All 2^32 float32 bit patterns, in chunks: the fused kernel against the direct integer rounding."""
+    assert fused.available("cuda"), "the fused path must be on for this test to mean anything"
+    chunk = 1 << 28
+    for start in range(-(1 << 31), 1 << 31, chunk):
+        x = torch.arange(start, start + chunk, dtype=torch.int64, device="cuda").to(torch.int32).view(torch.float32)
+        got, want = quantize(x, fmt), _exact_codes(x, fmt)
+        assert torch.equal(got, want), f"{fmt.name}: bit patterns from {start:#x} differ"
+
+
+@cuda_only
+def test_cuda_quantize_of_half_inputs_is_the_cpu_one():
+    x = _probe_bits(0).view(torch.float32)
+    for dtype in (torch.float16, torch.bfloat16):
+        h = x.to(dtype)
+        for fmt in ELEMENT_FORMATS:
+            assert torch.equal(quantize(h.cuda(), fmt).cpu(), quantize(h, fmt)), f"{fmt.name} from {dtype}"
+
+
+@cuda_only
+@pytest.mark.parametrize("bits", [8, 6, 4])
+def test_cuda_pack_is_the_cpu_pack_on_every_code(bits):
+    n = 1 << bits
+    pairs = torch.cartesian_prod(torch.arange(n), torch.arange(n)).reshape(-1, 4)  # every code in every position
+    codes = torch.cat([pairs, torch.randint(0, n, (1 << 18, 4))]).to(torch.uint8)
+    assert torch.equal(pack(codes.cuda(), bits).cpu(), pack(codes, bits))
+    assert torch.equal(pack(codes.cuda(), bits, check=False).cpu(), pack(codes, bits))
+    with pytest.raises(ValueError, match=r"^codes: values must be in"):
+        pack(codes.cuda().int() + n, bits)
+
+
+@cuda_only
+def test_cuda_nvfp4_is_the_cpu_nvfp4():
+    x = _rows(64, 8, 128, seed=13, spread=12.0)
+    x[1] = 0.0
+    for kw in NVFP4_RECIPES:
+        a, b = nvfp4_quantize(x, **kw), nvfp4_quantize(x.cuda(), **kw)
+        for name in ("codes", "scales", "global_scale", "values", "kernel_values"):
+            assert torch.equal(getattr(a, name), getattr(b, name).cpu()), f"{name} differs on CUDA with {kw}"
+    g = x.abs().amax(-1, keepdim=True) / 2688 * 1.3
+    g[1] = 1.0
+    a, b = nvfp4_quantize(x, global_value=g), nvfp4_quantize(x.cuda(), global_value=g.cuda())
+    assert torch.equal(a.codes, b.codes.cpu()) and torch.equal(a.scales, b.scales.cpu())
+
+
+def _pool_bytes(cache: PagedKVCache) -> list[torch.Tensor]:
+    return [t.view(torch.uint8).cpu() for t in cache.storage]
+
+
+def _caches(fmt: str, layout: str, granularity: str, device: str) -> PagedKVCache:
+    gen = torch.Generator().manual_seed(5)
+    k = [torch.randn(40, 8, 128, generator=gen) * 3 for _ in range(4)]
+    v = [torch.randn(40, 8, 128, generator=gen) for _ in range(4)]
+    return PagedKVCache.from_float(k, v, fmt, page_size=16, layout=layout, granularity=granularity, device=device)
+
+
+def _decode_step(cache: PagedKVCache, n: int, seed: int):
+    """New K/V rows for ``n`` tokens of a decode step, their free slots (the spare pages) and sequences."""
+    gen = torch.Generator().manual_seed(seed)
+    k, v = torch.randn(n, 8, 128, generator=gen) * 3, torch.randn(n, 8, 128, generator=gen)
+    used = set(cache.block_table[:, :3].reshape(-1).tolist())
+    free = [p for p in range(cache.num_pages) if p not in used]
+    slots = torch.tensor([free[i % len(free)] * 16 + i // len(free) for i in range(n)])
+    return k, v, slots, torch.arange(n) % cache.num_seqs
+
+
+@cuda_only
+@pytest.mark.parametrize("fmt,layout", list(itertools.product(FORMATS, LAYOUTS)))
+def test_cuda_decode_write_in_a_cuda_graph_stores_the_spec_bytes(fmt, layout):
+    """A decode-step write captured in a CUDA graph (no host synchronisation may happen inside), replayed
+    with new tokens: the pools hold exactly the bytes of the eager CPU writer's."""
+    granularity = "per_seq_head" if layout == "hnd" else "per_head"
+    cpu, gpu = _caches(fmt, layout, granularity, "cpu"), _caches(fmt, layout, granularity, "cuda")
+    k, v, slots, seqs = _decode_step(cpu, 32, seed=1)
+    static = [t.cuda() for t in (k, v, slots, seqs)]
+    gpu.write(*static[:3], seq_ids=static[3], check=False)  # warm-up: compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gpu.write(*static[:3], seq_ids=static[3], check=False)
+    k2, v2, _, _ = _decode_step(cpu, 32, seed=2)
+    static[0].copy_(k2)
+    static[1].copy_(v2)
+    graph.replay()
+    cpu.write(k2, v2, slots, seq_ids=seqs)
+    for a, b in zip(_pool_bytes(cpu), _pool_bytes(gpu)):
+        assert torch.equal(a, b), f"{fmt} {layout}: the replayed write differs from the CPU writer's"
+
+
+@cuda_only
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_cuda_checked_write_is_the_cpu_write_and_refuses_like_it(fmt):
+    cpu, gpu = _caches(fmt, "nhd", "per_tensor", "cpu"), _caches(fmt, "nhd", "per_tensor", "cuda")
+    k, v, slots, _ = _decode_step(cpu, 256, seed=3)
+    cpu.write(k, v, slots)
+    gpu.write(k.cuda(), v.cuda(), slots.cuda())
+    assert all(torch.equal(a, b) for a, b in zip(_pool_bytes(cpu), _pool_bytes(gpu)))
+    before = _pool_bytes(gpu)
+    with pytest.raises(ValueError, match=r"^slot_mapping: slot"):
+        gpu.write(k[:2].cuda(), v[:2].cuda(), slots[:1].repeat(2).cuda())
+    assert all(torch.equal(a, b) for a, b in zip(before, _pool_bytes(gpu)))
