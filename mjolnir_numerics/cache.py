@@ -415,7 +415,7 @@ class PagedKVCache:
             return encode_unchecked(x.float(), g, self.fmt.group, floor, four_six, packed=True)
         if fused.available(x.device):
             lut = _round_to_odd_lut(self.fmt, x.device)
-            return fused.compiled(fused.encode_elements)(x, descale, lut, self.fmt.bits), None
+            return fused.compiled(fused.encode_elements, bits=self.fmt.bits)(x, descale, lut), None
         return pack(quantize(x.float() / descale, self.fmt), self.fmt.bits, check=False), None
 
     def write(

@@ -57,18 +57,29 @@ def available(device) -> bool:
     return True
 
 
-def compiled(fn):
-    """``fn`` compiled once per process (shapes dynamic; the spec's many problem shapes and formats reuse a
-    handful of graphs, so the recompile limits are raised from torch's default of 8)."""
-    if fn not in _compiled:
-        graph = torch.compile(fn, dynamic=True, fullgraph=True)
+def compiled(fn, **static):
+    """``fn`` compiled once per process and per value of its ``static`` keyword arguments (constants of the
+    graph: bit widths, group sizes); the positional arguments' shapes are dynamic. The spec's many problem
+    shapes and formats reuse a handful of graphs, so the recompile limits are raised from torch's 8."""
+    key = (fn, tuple(sorted(static.items())))
+    if key not in _compiled:
+
+        def bound(*args):
+            return fn(*args, **static)
+
+        graph = torch.compile(bound, dynamic=True, fullgraph=True)
+
+        # specialize_int: the static integers stay constants of the graph (torch 2.11 traces them as symbols)
+        limits = dict(
+            recompile_limit=512, accumulated_recompile_limit=8192, **({"specialize_int": True} if static else {})
+        )
 
         def call(*args):
-            with torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=8192):
+            with torch._dynamo.config.patch(**limits):
                 return graph(*args)
 
-        _compiled[fn] = call
-    return _compiled[fn]
+        _compiled[key] = call
+    return _compiled[key]
 
 
 def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -85,7 +96,7 @@ def quantize_f32(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
     return lut[t]
 
 
-def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
     """:func:`~mjolnir_numerics.packing.pack` of valid codes ``(..., d)`` (no range check): uint8 bytes."""
     if bits == 8:
         return codes.to(torch.uint8).clone()  # never the input itself
@@ -98,24 +109,23 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.stack([word & 0xFF, (word >> 8) & 0xFF, word >> 16], dim=-1).flatten(-2).to(torch.uint8)
 
 
-def pack_checked(codes: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_checked(codes: torch.Tensor, *, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pack_codes` and, from the same pass, whether any code is outside ``0 .. 2**bits - 1`` (a bool
     tensor: the caller decides when to ask the device)."""
-    c = codes.long()  # uint8 would compare 256 as 0; int64 holds every integer dtype's values
-    bad = ((c < 0) | (c >= (1 << bits))).any()
-    return pack_codes(codes, bits), bad
+    bad = ((codes.long() >> bits) != 0).any()  # negative codes too (int64 holds every integer dtype's values)
+    return pack_codes(codes, bits=bits), bad
 
 
-def encode_elements(x: torch.Tensor, descale: torch.Tensor, lut: torch.Tensor, bits: int) -> torch.Tensor:
+def encode_elements(x: torch.Tensor, descale: torch.Tensor, lut: torch.Tensor, *, bits: int) -> torch.Tensor:
     """What the cache writer stores for element formats: ``pack(quantize(x.float() / descale))``.
 
     ``x`` float ``(..., d)``, ``descale`` float32 broadcastable to ``x.shape[:-1] + (1,)``; returns uint8
     ``(..., d * bits / 8)``.
     """
-    return pack_codes(quantize_f32(div_rn(x.float(), descale), lut), bits)
+    return pack_codes(quantize_f32(div_rn(x.float(), descale), lut), bits=bits)
 
 
-def nvfp4_encode(x, g, floor, group: int, divisor: float, e4m3_lut, e2m1_lut, e4m3_values):
+def nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, divisor: float):
     """NVFP4 codes of float32 ``x (..., d)`` under global scales ``g`` (float32, broadcastable to
     ``x.shape[:-1] + (1,)``) with block scales ``e4m3(max(amax(block) / divisor / g, floor))``: the
     encoder of ``nvfp4_quantize`` (``divisor`` 6; ``four_over_six`` also tries 4).
@@ -137,13 +147,13 @@ def nvfp4_encode(x, g, floor, group: int, divisor: float, e4m3_lut, e2m1_lut, e4
     return quantize_f32(ratio, e2m1_lut).flatten(-2), scale_codes
 
 
-def nvfp4_encode_packed(x, g, floor, group: int, divisor: float, e4m3_lut, e2m1_lut, e4m3_values):
+def nvfp4_encode_packed(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, divisor: float):
     """:func:`nvfp4_encode` with the codes packed two per byte, ``(..., d // 2)`` (the cache writer's rows)."""
-    codes, scale_codes = nvfp4_encode(x, g, floor, group, divisor, e4m3_lut, e2m1_lut, e4m3_values)
-    return pack_codes(codes, 4), scale_codes
+    codes, scale_codes = nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, group=group, divisor=divisor)
+    return pack_codes(codes, bits=4), scale_codes
 
 
-def nvfp4_decode(codes, scale_codes, g, group: int, e4m3_lut, e4m3_values, e2m1_values, shift: float):
+def nvfp4_decode(codes, scale_codes, g, e4m3_lut, e4m3_values, e2m1_values, *, group: int, shift: float):
     """An NVFP4 tensor's dequantized values ``code * scale * g`` and the convert stage's kernel values
     ``e4m3(code * scale * shift)``, float32 ``(..., d)`` each, from codes ``(..., d)``, scale codes
     ``(..., d // group)`` and ``g`` broadcastable to ``codes.shape[:-1] + (1,)``."""

@@ -14,6 +14,7 @@ and those kernel values are returned.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional, Union
@@ -65,10 +66,14 @@ class NVFP4Tensor:
     @cached_property
     def _decoded(self) -> tuple[torch.Tensor, torch.Tensor]:
         e4m3_lut, _, e4m3_values, e2m1_values = _tables(self.codes.device)
-        decode = fused.compiled(fused.nvfp4_decode) if fused.available(self.codes.device) else fused.nvfp4_decode
-        return decode(
-            self.codes, self.scales, self.global_scale, self.group, e4m3_lut, e4m3_values, e2m1_values, KERNEL_SHIFT
+        static = dict(group=self.group, shift=KERNEL_SHIFT)
+        decode = fused.nvfp4_decode
+        decode = (
+            fused.compiled(decode, **static)
+            if fused.available(self.codes.device)
+            else functools.partial(decode, **static)
         )
+        return decode(self.codes, self.scales, self.global_scale, e4m3_lut, e4m3_values, e2m1_values)
 
     @property
     def values(self) -> torch.Tensor:
@@ -116,8 +121,10 @@ def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int
     """Codes and block-scale codes of ``x (..., d)`` float32 (:func:`~mjolnir_numerics.fused.nvfp4_encode`)."""
     e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
     floor_t = None if floor is None else _constant(floor, x.device)
-    encode = fused.compiled(fused.nvfp4_encode) if fused.available(x.device) else fused.nvfp4_encode
-    return encode(x, g, floor_t, group, divisor, e4m3_lut, e2m1_lut, e4m3_values)
+    static = dict(group=group, divisor=divisor)
+    encode = fused.nvfp4_encode
+    encode = fused.compiled(encode, **static) if fused.available(x.device) else functools.partial(encode, **static)
+    return encode(x, g, floor_t, e4m3_lut, e2m1_lut, e4m3_values)
 
 
 def encode_unchecked(
@@ -135,9 +142,9 @@ def encode_unchecked(
         e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
         floor = None if scale_floor is None else _constant(scale_floor, x.device)
         encode = fused.nvfp4_encode_packed if packed else fused.nvfp4_encode
-        if fused.available(x.device):
-            encode = fused.compiled(encode)
-        return encode(x, g, floor, group, E2M1.max_normal, e4m3_lut, e2m1_lut, e4m3_values)
+        static = dict(group=group, divisor=E2M1.max_normal)
+        encode = fused.compiled(encode, **static) if fused.available(x.device) else functools.partial(encode, **static)
+        return encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values)
     codes, scale_codes = _encode(x, g, scale_floor, group, E2M1.max_normal)
     codes4, scale4 = _encode(x, g, scale_floor, group, 4.0)
     blocks = (x.shape[-1] // group, group)

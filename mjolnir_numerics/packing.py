@@ -72,8 +72,8 @@ def pack(codes: torch.Tensor, bits: int, *, check: bool = True) -> torch.Tensor:
     nbytes = packed_size(d, bits)
     if fused.available(codes.device) and codes.numel():
         if not check:
-            return fused.compiled(fused.pack_codes)(codes, bits)
-        packed, bad = fused.compiled(fused.pack_checked)(codes, bits)
+            return fused.compiled(fused.pack_codes, bits=bits)(codes)
+        packed, bad = fused.compiled(fused.pack_checked, bits=bits)(codes)
         if bool(bad):
             _refuse_range(codes, bits)
         return packed

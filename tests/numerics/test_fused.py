@@ -82,10 +82,12 @@ def test_div_rn_is_float32_division():
 @pytest.mark.parametrize("bits", [8, 6, 4])
 def test_pack_formula_is_pack(bits):
     codes = torch.randint(0, 1 << bits, (5, 3, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(bits))
-    assert torch.equal(fused.pack_codes(codes, bits), pack(codes, bits))
-    packed, bad = fused.pack_checked(codes, bits)
+    assert torch.equal(fused.pack_codes(codes, bits=bits), pack(codes, bits))
+    packed, bad = fused.pack_checked(codes, bits=bits)
     assert torch.equal(packed, pack(codes, bits)) and not bool(bad)
-    assert bool(fused.pack_checked(codes.int() - 1, bits)[1]) and bool(fused.pack_checked(codes.int() + 256, bits)[1])
+    assert bool(fused.pack_checked(codes.int() - 1, bits=bits)[1]) and bool(
+        fused.pack_checked(codes.int() + 256, bits=bits)[1]
+    )
 
 
 @pytest.mark.parametrize("fmt", ELEMENT_FORMATS, ids=lambda f: f.name)
@@ -94,7 +96,7 @@ def test_element_row_encoding_is_quantize_then_pack(fmt):
     x[0, 0, :4] = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e30])
     descale = torch.tensor([0.5, 3.0, 1e-3, 7.0]).reshape(1, 4, 1)
     want = pack(quantize(x / descale, fmt), fmt.bits)
-    assert torch.equal(fused.encode_elements(x, descale, _round_to_odd_lut(fmt, "cpu"), fmt.bits), want)
+    assert torch.equal(fused.encode_elements(x, descale, _round_to_odd_lut(fmt, "cpu"), bits=fmt.bits), want)
 
 
 def _nvfp4_oracle(x: torch.Tensor, g: torch.Tensor, floor):
