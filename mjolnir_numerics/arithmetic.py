@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fused import available, compiled
+from .fused import available, compiled_many
 
 __all__ = [
     "MmaModel", "MMA_MODELS", "OPERAND_FORMATS", "WALKS", "block_fma", "ideal_block", "round_toward_zero_f32",
@@ -282,7 +282,7 @@ def _chain_formula(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extra_bits
 
 # The compile helper is shared with the fused helpers; these names are the emulator's.
 fused_chain_available = available
-_fused = compiled
+_fused = compiled_many
 
 
 def chain_gemm(

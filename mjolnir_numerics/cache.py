@@ -149,6 +149,20 @@ def _gather_bytes(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return pool.view(torch.float8_e4m3fn)[idx].view(torch.uint8)
 
 
+def _scatter_rows(pool: torch.Tensor, page: torch.Tensor, off: torch.Tensor, rows: torch.Tensor) -> None:
+    """``pool[page, off] = rows`` for a one-byte pool ``(pages, PS, h_k, row)`` (any layout view) and uint8
+    ``rows (n, h_k, row)``, moved as the widest words the row's bytes and alignment allow (a byte-wise
+    index_put_ costs several times the same bytes in 8-byte words)."""
+    raw = pool.view(torch.uint8)
+    row = raw.shape[-1]
+    for word, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
+        aligned = (raw.storage_offset() % size == 0) and all(st % size == 0 for st in raw.stride()[:-1])
+        if row % size == 0 and aligned:
+            raw.view(word)[page, off] = rows.view(word)
+            return
+    raw[page, off] = rows
+
+
 def _decode(codes: torch.Tensor, fmt: Format, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """float32 values of valid uint8 codes (what ``dequantize`` returns, without its range check:
     callers pass whole bytes of an 8-bit format or unpacked codes): int32 indices into the table.
@@ -412,7 +426,7 @@ class PagedKVCache:
             g = descale * KERNEL_SHIFT  # the NVFP4 global scale behind the kernel descale 8 g
             opts = self.nvfp4_options or {}
             floor, four_six = opts.get("scale_floor", DEFAULT_SCALE_FLOOR), opts.get("four_over_six", False)
-            return encode_unchecked(x.float(), g, self.fmt.group, floor, four_six, packed=True)
+            return encode_unchecked(x, g, self.fmt.group, floor, four_six, packed=True)
         if fused.available(x.device):
             lut = _round_to_odd_lut(self.fmt, x.device)
             return fused.compiled(fused.encode_elements, bits=self.fmt.bits)(x, descale, lut), None
@@ -483,9 +497,9 @@ class PagedKVCache:
         page, off = slots // self.page_size, slots % self.page_size  # all-or-nothing: every row encoded first
         for which, data, sc in encoded:
             pool, scales = self._pool(which)
-            pool.view(torch.uint8)[page, off] = data
+            _scatter_rows(pool, page, off, data)
             if scales is not None:
-                scales.view(torch.uint8)[page, off] = sc
+                _scatter_rows(scales, page, off, sc)
 
     def _check_write(self, k, v, slots: torch.Tensor, seq_ids: Optional[torch.Tensor], allow_nonfinite: bool) -> None:
         """The value checks of a checked :meth:`write` (each asks the device)."""

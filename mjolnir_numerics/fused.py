@@ -25,6 +25,7 @@ for later processes).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -58,24 +59,25 @@ def available(device) -> bool:
 
 
 def compiled(fn, **static):
-    """``fn`` compiled once per process and per value of its ``static`` keyword arguments (constants of the
-    graph: bit widths, group sizes); the positional arguments' shapes are dynamic. The spec's many problem
-    shapes and formats reuse a handful of graphs, so the recompile limits are raised from torch's 8."""
+    """``fn`` compiled once per process, with shapes dynamic, and per value of its ``static`` keyword
+    arguments (bit widths, group sizes: the graph branches on them, so each value gets its own graph).
+    Returned as compiled: a helper's call is a few microseconds of work, less than a configuration patch
+    around it would cost."""
     key = (fn, tuple(sorted(static.items())))
     if key not in _compiled:
+        _compiled[key] = torch.compile(functools.partial(fn, **static) if static else fn, dynamic=True, fullgraph=True)
+    return _compiled[key]
 
-        def bound(*args):
-            return fn(*args, **static)
 
-        graph = torch.compile(bound, dynamic=True, fullgraph=True)
-
-        # specialize_int: the static integers stay constants of the graph (torch 2.11 traces them as symbols)
-        limits = dict(
-            recompile_limit=512, accumulated_recompile_limit=8192, **({"specialize_int": True} if static else {})
-        )
+def compiled_many(fn):
+    """``fn`` compiled once per process for many problem shapes and formats (the emulator's graphs): the
+    recompile limits are raised from torch's default of 8 around each call."""
+    key = (fn, "many")
+    if key not in _compiled:
+        graph = torch.compile(fn, dynamic=True, fullgraph=True)
 
         def call(*args):
-            with torch._dynamo.config.patch(**limits):
+            with torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=8192):
                 return graph(*args)
 
         _compiled[key] = call
@@ -112,7 +114,9 @@ def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
 def pack_checked(codes: torch.Tensor, *, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pack_codes` and, from the same pass, whether any code is outside ``0 .. 2**bits - 1`` (a bool
     tensor: the caller decides when to ask the device)."""
-    bad = ((codes.long() >> bits) != 0).any()  # negative codes too (int64 holds every integer dtype's values)
+    limit = 256 if bits == 8 else 64 if bits == 6 else 16  # literals: a width traced as a symbol stays exact
+    c = codes.long()  # every integer dtype's values (uint8 would compare 256 as 0)
+    bad = ((c < 0) | (c >= limit)).any()
     return pack_codes(codes, bits=bits), bad
 
 
@@ -126,7 +130,7 @@ def encode_elements(x: torch.Tensor, descale: torch.Tensor, lut: torch.Tensor, *
 
 
 def nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, divisor: float):
-    """NVFP4 codes of float32 ``x (..., d)`` under global scales ``g`` (float32, broadcastable to
+    """NVFP4 codes of ``x (..., d)`` (float32, or float16 / bfloat16 widened exactly) under global scales ``g`` (float32, broadcastable to
     ``x.shape[:-1] + (1,)``) with block scales ``e4m3(max(amax(block) / divisor / g, floor))``: the
     encoder of ``nvfp4_quantize`` (``divisor`` 6; ``four_over_six`` also tries 4).
 
@@ -137,7 +141,7 @@ def nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, di
     Returns:
         ``(codes (..., d), scale codes (..., d // group))`` uint8.
     """
-    xg = x.unflatten(-1, (x.shape[-1] // group, group))
+    xg = x.float().unflatten(-1, (x.shape[-1] // group, group))
     scaled = div_rn(div_rn(xg.abs().amax(-1), torch.full_like(g, divisor)), g)
     if floor is not None:
         scaled = torch.maximum(scaled, floor)

@@ -73,7 +73,12 @@ class NVFP4Tensor:
             if fused.available(self.codes.device)
             else functools.partial(decode, **static)
         )
-        return decode(self.codes, self.scales, self.global_scale, e4m3_lut, e4m3_values, e2m1_values)
+        d, nb = self.codes.shape[-1], self.scales.shape[-1]
+        g = torch.broadcast_to(self.global_scale, (*self.codes.shape[:-1], 1)).reshape(-1, 1)
+        values, kernel = decode(
+            self.codes.reshape(-1, d), self.scales.reshape(-1, nb), g, e4m3_lut, e4m3_values, e2m1_values
+        )
+        return values.view(self.codes.shape), kernel.view(self.codes.shape)
 
     @property
     def values(self) -> torch.Tensor:
@@ -137,7 +142,7 @@ def encode_unchecked(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The encoder behind :func:`nvfp4_quantize`, without its checks (no wait for the device): codes
     ``(..., d)`` (``packed``: two per byte, ``(..., d // 2)``) and block-scale codes ``(..., d // group)``,
-    uint8, of finite float32 ``x (..., d)`` under global scales ``g`` broadcastable to ``(..., 1)``."""
+    uint8, of finite ``x (..., d)`` (float32, float16 or bfloat16) under global scales ``g`` broadcastable to ``(..., 1)``."""
     if not four_over_six:
         e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
         floor = None if scale_floor is None else _constant(scale_floor, x.device)
@@ -148,7 +153,7 @@ def encode_unchecked(
     codes, scale_codes = _encode(x, g, scale_floor, group, E2M1.max_normal)
     codes4, scale4 = _encode(x, g, scale_floor, group, 4.0)
     blocks = (x.shape[-1] // group, group)
-    xg = x.unflatten(-1, blocks)
+    xg = x.float().unflatten(-1, blocks)
 
     def block_sse(c, sc):
         values = NVFP4Tensor(c, sc, g, group).values.unflatten(-1, blocks)
@@ -232,5 +237,7 @@ def nvfp4_quantize(
 
     if global_value is not None:
         check_scale_fits("global_value", x, g, E2M1.max_normal * E4M3.max_normal, NVFP4_SMALLEST)
-    codes, scale_codes = encode_unchecked(x, g, group, scale_floor, four_over_six)
+    d = x.shape[-1]  # rows flattened: one graph for any rank
+    codes, scale_codes = encode_unchecked(x.reshape(-1, d), g.reshape(-1, 1), group, scale_floor, four_over_six)
+    codes, scale_codes = codes.view(x.shape), scale_codes.view(*lead, d // group)
     return NVFP4Tensor(codes=codes, scales=scale_codes, global_scale=g, group=group)

@@ -70,13 +70,14 @@ def pack(codes: torch.Tensor, bits: int, *, check: bool = True) -> torch.Tensor:
             f"codes: last dim {d} does not fill whole bytes at {bits} bits; it must be a multiple of {_GROUP[bits][0]}"
         )
     nbytes = packed_size(d, bits)
-    if fused.available(codes.device) and codes.numel():
+    if fused.available(codes.device) and codes.numel():  # one kernel; rows flattened: one graph for any rank
+        rows = codes.reshape(-1, d)
         if not check:
-            return fused.compiled(fused.pack_codes, bits=bits)(codes)
-        packed, bad = fused.compiled(fused.pack_checked, bits=bits)(codes)
+            return fused.compiled(fused.pack_codes, bits=bits)(rows).view(*codes.shape[:-1], nbytes)
+        packed, bad = fused.compiled(fused.pack_checked, bits=bits)(rows)
         if bool(bad):
             _refuse_range(codes, bits)
-        return packed
+        return packed.view(*codes.shape[:-1], nbytes)
     if check and codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1 << bits):
         _refuse_range(codes, bits)
     lead = codes.shape[:-1]

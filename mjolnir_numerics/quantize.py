@@ -124,7 +124,7 @@ def quantize(x: torch.Tensor, fmt: Union[str, Format]) -> torch.Tensor:
     f = get_element_format(fmt)
     _check_float_dtype(x, "x")
     if x.dtype != torch.float64 and fused.available(x.device):  # one kernel, the same formula and bits
-        return fused.compiled(fused.quantize_f32)(x, _round_to_odd_lut(f, x.device))
+        return fused.compiled(fused.quantize_f32)(x.reshape(-1), _round_to_odd_lut(f, x.device)).view(x.shape)
     x = _check_float_input(x, "x")
     if x.dtype == torch.float64:
         return _exact_codes(x, f)
