@@ -33,7 +33,8 @@ import torch
 
 from .capability import PAGE_SIZES
 from .checks import (
-    ArgumentTypeError, check_bool, check_choice, check_device, check_float, check_int, check_scale_fits, check_tensor,
+    ArgumentTypeError, check_bool, check_choice, check_device, check_float, check_int, check_tensor, refuse_scale,
+    scale_fit_counts,
 )  # fmt: skip
 from .formats import E2M1, E4M3, AnyFormat, BlockScaledFormat, Format, get_format
 from . import fused
@@ -502,30 +503,43 @@ class PagedKVCache:
                 _scatter_rows(scales, page, off, sc)
 
     def _check_write(self, k, v, slots: torch.Tensor, seq_ids: Optional[torch.Tensor], allow_nonfinite: bool) -> None:
-        """The value checks of a checked :meth:`write` (each asks the device)."""
+        """The value checks of a checked :meth:`write`: every statistic computed on the device, then one wait
+        for all of them; a failing check is then described from the data."""
         n = slots.shape[0]
-        for name, t in (("k", k), ("v", v)):
-            if not allow_nonfinite and not torch.isfinite(t).all():
-                raise ValueError(f"{name}: holds inf or NaN (pass allow_nonfinite=True to store them)")
+        if n == 0:
+            return
         n_slots = self.num_pages * self.page_size
-        if n and (int(slots.min()) < 0 or int(slots.max()) >= n_slots):
-            raise ValueError(
-                f"slot_mapping: slots must be in 0..{n_slots - 1}, got range [{int(slots.min())}, {int(slots.max())}]"
-            )
-        if n and int(torch.unique(slots).numel()) != n:
-            values, counts = torch.unique(slots, return_counts=True)
-            raise ValueError(f"slot_mapping: slot {int(values[counts > 1][0])} appears more than once")
-        if seq_ids is not None:
-            rows = seq_ids.to(self.device).long()
-            if n and (int(rows.min()) < 0 or int(rows.max()) >= self.num_seqs):
-                raise ValueError(f"seq_ids: must be in 0..{self.num_seqs - 1}")
+        ordered = slots.sort().values
+        rows = None if seq_ids is None else seq_ids.to(self.device).long()
         if self.is_block_scaled:  # the stored descale is 8 g; values are code * scale * g
             top, smallest, unit = E2M1.max_normal * E4M3.max_normal, NVFP4_SMALLEST, KERNEL_SHIFT
         else:
             top, smallest, unit = self.fmt.max_normal, self.fmt.min_subnormal, 1.0
-        for which, x in (("k", k), ("v", v)):
-            d = self._row_descale(which, seq_ids) * unit
-            check_scale_fits(f"{which}_descale", x.float(), d, top, smallest)
+        descales = {which: self._row_descale(which, seq_ids) * unit for which in ("k", "v")}
+        rows_in_range = torch.ones((), dtype=torch.bool, device=self.device)
+        if rows is not None:
+            rows_in_range = (rows.min() >= 0) & (rows.max() < self.num_seqs)
+        stats = [
+            torch.isfinite(k).all(), torch.isfinite(v).all(), ordered[0] >= 0, ordered[-1] < n_slots,
+            (ordered[1:] != ordered[:-1]).all(), rows_in_range,
+        ]  # fmt: skip
+        fits = [scale_fit_counts(x.float(), descales[which], top, smallest) for which, x in (("k", k), ("v", v))]
+        host = torch.cat([torch.stack(stats).long(), *fits]).tolist()  # the one wait
+        k_finite, v_finite, low_ok, high_ok, distinct, rows_ok = (bool(h) for h in host[:6])
+        for name, finite in (("k", k_finite), ("v", v_finite)):
+            if not allow_nonfinite and not finite:
+                raise ValueError(f"{name}: holds inf or NaN (pass allow_nonfinite=True to store them)")
+        if not (low_ok and high_ok):
+            raise ValueError(
+                f"slot_mapping: slots must be in 0..{n_slots - 1}, got range [{int(ordered[0])}, {int(ordered[-1])}]"
+            )
+        if not distinct:
+            values, counts = torch.unique(slots, return_counts=True)
+            raise ValueError(f"slot_mapping: slot {int(values[counts > 1][0])} appears more than once")
+        if not rows_ok:
+            raise ValueError(f"seq_ids: must be in 0..{self.num_seqs - 1}")
+        for i, (which, x) in enumerate((("k", k), ("v", v))):
+            refuse_scale(f"{which}_descale", x.float(), descales[which], top, host[6 + 3 * i : 9 + 3 * i])
 
     # -- building -----------------------------------------------------------------------------
     @classmethod

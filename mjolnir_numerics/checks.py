@@ -28,6 +28,8 @@ __all__ = [
     "check_tensor",
     "check_device",
     "check_scale_fits",
+    "scale_fit_counts",
+    "refuse_scale",
     "check_f32",
     "OneLineArgumentParser",
     "int_arg",
@@ -127,26 +129,37 @@ def check_device(name: str, device: Any) -> torch.device:
         raise ValueError(f"{name}: {device!r} is not a device name such as 'cpu', 'cuda' or 'cuda:1'") from None
 
 
+def scale_fit_counts(x: torch.Tensor, descale: torch.Tensor, top: float, smallest: float) -> torch.Tensor:
+    """What :func:`check_scale_fits` decides on, on ``x``'s device and without waiting for it: int64 ``(3,)``
+    holding the number of nonzero values of ``x``, how many of them saturate (``|x| / descale > top``), and
+    1 if every one rounds to 0 (``|x| / descale <= smallest / 2``), else 0."""
+    nz = x != 0
+    r = x.abs() / descale
+    return torch.stack([nz.sum(), (r > top).sum(), ((r <= smallest / 2) | ~nz).all().long()])
+
+
+def refuse_scale(name: str, x: torch.Tensor, descale: torch.Tensor, top: float, counts) -> None:
+    """Raise the ValueError of :func:`check_scale_fits` for the host values of :func:`scale_fit_counts`, if
+    they say the descale is far off the data."""
+    n, saturated, all_zero = (int(c) for c in counts)
+    if n == 0 or not (2 * saturated > n or all_zero):
+        return
+    amax = float(x.abs().max())
+    d = float(descale.max()) if descale.numel() else float("nan")
+    what = f"{100 * saturated / n:.0f} % of the nonzero values would saturate" if saturated else "all round to 0"
+    raise ValueError(
+        f"{name}: {d:.4g} is far off the data (amax {amax:.4g}): {what}; a descale near amax / {top:g} = "
+        f"{amax / top:.4g} keeps them"
+    )
+
+
 def check_scale_fits(name: str, x: torch.Tensor, descale: torch.Tensor, top: float, smallest: float) -> None:
     """Refuse a descale far off the data: one under which more than half of the nonzero values of ``x``
     saturate (``|x| / descale`` above the format's ``top``), or every one rounds to 0 (at most half its
     ``smallest`` positive value). A few values saturating, and small values flushing to 0 under a scale set
     by outliers, are the formats' defined behaviour (what the studies measure); these two are units
-    mistakes."""
-    nz = x != 0
-    n = int(nz.sum())
-    if n == 0:
-        return
-    r = x.abs()[nz] / descale.expand_as(x)[nz]
-    saturated = int((r > top).sum())
-    if 2 * saturated > n or bool((r <= smallest / 2).all()):
-        amax = float(x.abs().max())
-        d = float(descale.max()) if descale.numel() else float("nan")
-        what = f"{100 * saturated / n:.0f} % of the nonzero values would saturate" if saturated else "all round to 0"
-        raise ValueError(
-            f"{name}: {d:.4g} is far off the data (amax {amax:.4g}): {what}; a descale near amax / {top:g} = "
-            f"{amax / top:.4g} keeps them"
-        )
+    mistakes. ``descale`` broadcasts against ``x``."""
+    refuse_scale(name, x, descale, top, scale_fit_counts(x, descale, top, smallest).tolist())
 
 
 def check_f32(name: str, value: Any, positive: bool = False) -> float:

@@ -130,9 +130,10 @@ def encode_elements(x: torch.Tensor, descale: torch.Tensor, lut: torch.Tensor, *
 
 
 def nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, divisor: float):
-    """NVFP4 codes of ``x (..., d)`` (float32, or float16 / bfloat16 widened exactly) under global scales ``g`` (float32, broadcastable to
-    ``x.shape[:-1] + (1,)``) with block scales ``e4m3(max(amax(block) / divisor / g, floor))``: the
-    encoder of ``nvfp4_quantize`` (``divisor`` 6; ``four_over_six`` also tries 4).
+    """NVFP4 codes of ``x (..., d)`` (float32, or float16 / bfloat16 widened exactly) under global scales
+    ``g`` (float32, broadcastable to ``x.shape[:-1] + (1,)``) with block scales
+    ``e4m3(max(amax(block) / divisor / g, floor))``: the encoder of ``nvfp4_quantize`` (``divisor`` 6;
+    ``four_over_six`` also tries 4).
 
     Args:
         floor: the block-scale floor (a float32 tensor of shape ``()``), or None for no floor.

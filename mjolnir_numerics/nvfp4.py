@@ -142,7 +142,8 @@ def encode_unchecked(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The encoder behind :func:`nvfp4_quantize`, without its checks (no wait for the device): codes
     ``(..., d)`` (``packed``: two per byte, ``(..., d // 2)``) and block-scale codes ``(..., d // group)``,
-    uint8, of finite ``x (..., d)`` (float32, float16 or bfloat16) under global scales ``g`` broadcastable to ``(..., 1)``."""
+    uint8, of finite ``x (..., d)`` (float32, float16 or bfloat16) under global scales ``g`` broadcastable to
+    ``(..., 1)``."""
     if not four_over_six:
         e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
         floor = None if scale_floor is None else _constant(scale_floor, x.device)
