@@ -424,10 +424,10 @@ class PagedKVCache:
         store them: bytes ``(n, h_k, row)`` and NVFP4 scale codes ``(n, h_k, d / 16)`` (else None), uint8.
         One fused kernel on CUDA (:mod:`mjolnir_numerics.fused`)."""
         if self.is_block_scaled:
-            g = descale * KERNEL_SHIFT  # the NVFP4 global scale behind the kernel descale 8 g
             opts = self.nvfp4_options or {}
             floor, four_six = opts.get("scale_floor", DEFAULT_SCALE_FLOOR), opts.get("four_over_six", False)
-            return encode_unchecked(x, g, self.fmt.group, floor, four_six, packed=True)
+            # the NVFP4 global scale behind the kernel descale 8 g
+            return encode_unchecked(x, descale, self.fmt.group, floor, four_six, packed=True, g_scale=KERNEL_SHIFT)
         if fused.available(x.device):
             lut = _round_to_odd_lut(self.fmt, x.device)
             return fused.compiled(fused.encode_elements, bits=self.fmt.bits)(x, descale, lut), None

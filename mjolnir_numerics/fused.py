@@ -152,8 +152,11 @@ def nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, di
     return quantize_f32(ratio, e2m1_lut).flatten(-2), scale_codes
 
 
-def nvfp4_encode_packed(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, divisor: float):
-    """:func:`nvfp4_encode` with the codes packed two per byte, ``(..., d // 2)`` (the cache writer's rows)."""
+def nvfp4_encode_packed(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, divisor: float, g_scale: float):
+    """:func:`nvfp4_encode` under the global scales ``g * g_scale`` (a power of two: exact) with the codes
+    packed two per byte, ``(..., d // 2)``: the cache writer's rows from its kernel descales (``g_scale``
+    1/8)."""
+    g = g * g_scale
     codes, scale_codes = nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, group=group, divisor=divisor)
     return pack_codes(codes, bits=4), scale_codes
 

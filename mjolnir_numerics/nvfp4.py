@@ -139,18 +139,23 @@ def encode_unchecked(
     scale_floor: Optional[float],
     four_over_six: bool,
     packed: bool = False,
+    g_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The encoder behind :func:`nvfp4_quantize`, without its checks (no wait for the device): codes
     ``(..., d)`` (``packed``: two per byte, ``(..., d // 2)``) and block-scale codes ``(..., d // group)``,
-    uint8, of finite ``x (..., d)`` (float32, float16 or bfloat16) under global scales ``g`` broadcastable to
-    ``(..., 1)``."""
-    if not four_over_six:
+    uint8, of finite ``x (..., d)`` (float32, float16 or bfloat16) under global scales ``g * g_scale``
+    (``g`` broadcastable to ``(..., 1)``, ``g_scale`` a power of two)."""
+    if not four_over_six and packed:  # the cache writer's rows: one graph from its descales
         e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
         floor = None if scale_floor is None else _constant(scale_floor, x.device)
-        encode = fused.nvfp4_encode_packed if packed else fused.nvfp4_encode
-        static = dict(group=group, divisor=E2M1.max_normal)
+        static = dict(group=group, divisor=E2M1.max_normal, g_scale=g_scale)
+        encode = fused.nvfp4_encode_packed
         encode = fused.compiled(encode, **static) if fused.available(x.device) else functools.partial(encode, **static)
         return encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values)
+    if g_scale != 1.0:
+        g = g * g_scale
+    if not four_over_six:
+        return _encode(x, g, scale_floor, group, E2M1.max_normal)
     codes, scale_codes = _encode(x, g, scale_floor, group, E2M1.max_normal)
     codes4, scale4 = _encode(x, g, scale_floor, group, 4.0)
     blocks = (x.shape[-1] // group, group)
