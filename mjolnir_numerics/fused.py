@@ -36,7 +36,6 @@ __all__ = [
     "div_rn",
     "quantize_f32",
     "pack_codes",
-    "pack_checked",
     "encode_elements",
     "nvfp4_encode",
     "nvfp4_encode_packed",
@@ -123,15 +122,6 @@ def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
     c = c.unflatten(-1, (c.shape[-1] // 4, 4))
     word = c[..., 0] | (c[..., 1] << 6) | (c[..., 2] << 12) | (c[..., 3] << 18)  # 24-bit little-endian word
     return torch.stack([word & 0xFF, (word >> 8) & 0xFF, word >> 16], dim=-1).flatten(-2).to(torch.uint8)
-
-
-def pack_checked(codes: torch.Tensor, *, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`pack_codes` and, from the same pass, whether any code is outside ``0 .. 2**bits - 1`` (a bool
-    tensor: the caller decides when to ask the device)."""
-    limit = 256 if bits == 8 else 64 if bits == 6 else 16  # literals: a width traced as a symbol stays exact
-    c = codes.long()  # every integer dtype's values (uint8 would compare 256 as 0)
-    bad = ((c < 0) | (c >= limit)).any()
-    return pack_codes(codes, bits=bits), bad
 
 
 def encode_elements(x: torch.Tensor, descale: torch.Tensor, lut: torch.Tensor, *, bits: int) -> torch.Tensor:

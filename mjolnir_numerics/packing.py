@@ -47,8 +47,8 @@ def pack(codes: torch.Tensor, bits: int, *, check: bool = True) -> torch.Tensor:
     Args:
         codes: integer tensor (uint8 usually), each value in ``0 .. 2**bits - 1``.
         bits: 8, 6 or 4.
-        check: refuse codes outside ``0 .. 2**bits - 1`` (one wait for the device on CUDA, where the range
-            test shares the packing's kernel). ``False`` skips it for a serving loop that must not wait:
+        check: refuse codes outside ``0 .. 2**bits - 1`` (one pass over the codes and one wait for the
+            device on CUDA). ``False`` skips it for a serving loop that must not wait:
             the caller guarantees valid codes (an invalid one spills into its neighbours' bits).
 
     Returns:
@@ -71,12 +71,11 @@ def pack(codes: torch.Tensor, bits: int, *, check: bool = True) -> torch.Tensor:
         )
     nbytes = packed_size(d, bits)
     if fused.available(codes.device) and codes.numel():  # one kernel; rows flattened: one graph for any rank
-        rows = codes.reshape(-1, d)
-        if not check:
-            return fused.compiled(fused.pack_codes, bits=bits)(rows).view(*codes.shape[:-1], nbytes)
-        packed, bad = fused.compiled(fused.pack_checked, bits=bits)(rows)
-        if bool(bad):
-            _refuse_range(codes, bits)
+        if check:
+            lo, hi = torch.aminmax(codes)  # one pass and one wait (a compiled any() measured 10x slower)
+            if int(lo) < 0 or int(hi) >= 1 << bits:
+                _refuse_range(codes, bits)
+        packed = fused.compiled(fused.pack_codes, bits=bits)(codes.reshape(-1, d))
         return packed.view(*codes.shape[:-1], nbytes)
     if check and codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1 << bits):
         _refuse_range(codes, bits)

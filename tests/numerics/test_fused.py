@@ -83,11 +83,6 @@ def test_div_rn_is_float32_division():
 def test_pack_formula_is_pack(bits):
     codes = torch.randint(0, 1 << bits, (5, 3, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(bits))
     assert torch.equal(fused.pack_codes(codes, bits=bits), pack(codes, bits))
-    packed, bad = fused.pack_checked(codes, bits=bits)
-    assert torch.equal(packed, pack(codes, bits)) and not bool(bad)
-    assert bool(fused.pack_checked(codes.int() - 1, bits=bits)[1]) and bool(
-        fused.pack_checked(codes.int() + 256, bits=bits)[1]
-    )
 
 
 @pytest.mark.parametrize("fmt", ELEMENT_FORMATS, ids=lambda f: f.name)
