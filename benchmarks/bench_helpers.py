@@ -36,7 +36,6 @@ from mjolnir_numerics import PagedKVCache, nvfp4_quantize, pack, quantize
 
 QUANTIZE_GOAL, PACK_GOAL, NVFP4_GOAL, WRITE_GOAL, PREFILL_GOAL = 2.0, 2.0, 3.0, 2.0, 0.5
 FORMATS = ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4")
-BITS = {"e4m3": 8, "e3m2": 6, "e2m3": 6, "e2m1": 4, "nvfp4": 4}
 
 
 def _time_us(fn, iters: int, inner: int) -> float:

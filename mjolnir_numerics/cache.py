@@ -152,8 +152,8 @@ def _gather_bytes(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 def _scatter_rows(pool: torch.Tensor, page: torch.Tensor, off: torch.Tensor, rows: torch.Tensor) -> None:
     """``pool[page, off] = rows`` for a one-byte pool ``(pages, PS, h_k, row)`` (any layout view) and uint8
-    ``rows (n, h_k, row)``, moved as the widest words the row's bytes and alignment allow (a byte-wise
-    index_put_ costs several times the same bytes in 8-byte words)."""
+    ``rows (n, h_k, row)``, moved as the widest words the row's bytes and alignment allow (fewer, wider
+    elements for ``index_put_``; the same bytes land either way)."""
     raw = pool.view(torch.uint8)
     row = raw.shape[-1]
     for word, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):

@@ -33,6 +33,7 @@ import torch
 __all__ = [
     "available",
     "compiled",
+    "for_device",
     "div_rn",
     "quantize_f32",
     "pack_codes",
@@ -80,6 +81,12 @@ def compiled(fn, **static):
         _raise_recompile_limits()
         _compiled[key] = torch.compile(functools.partial(fn, **static) if static else fn, dynamic=True, fullgraph=True)
     return _compiled[key]
+
+
+def for_device(fn, device, **static):
+    """``fn`` with its ``static`` keyword arguments bound: :func:`compiled` where :func:`available` says
+    (CUDA), the eager formula elsewhere (the same bits)."""
+    return compiled(fn, **static) if available(device) else functools.partial(fn, **static)
 
 
 def compiled_many(fn):

@@ -14,7 +14,6 @@ and those kernel values are returned.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional, Union
@@ -66,13 +65,7 @@ class NVFP4Tensor:
     @cached_property
     def _decoded(self) -> tuple[torch.Tensor, torch.Tensor]:
         e4m3_lut, _, e4m3_values, e2m1_values = _tables(self.codes.device)
-        static = dict(group=self.group, shift=KERNEL_SHIFT)
-        decode = fused.nvfp4_decode
-        decode = (
-            fused.compiled(decode, **static)
-            if fused.available(self.codes.device)
-            else functools.partial(decode, **static)
-        )
+        decode = fused.for_device(fused.nvfp4_decode, self.codes.device, group=self.group, shift=KERNEL_SHIFT)
         d, nb = self.codes.shape[-1], self.scales.shape[-1]
         g = torch.broadcast_to(self.global_scale, (*self.codes.shape[:-1], 1)).reshape(-1, 1)
         values, kernel = decode(
@@ -122,13 +115,13 @@ def _constant(value: float, device) -> torch.Tensor:
     return _CONSTANTS[key]
 
 
-def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int, divisor: float):
-    """Codes and block-scale codes of ``x (..., d)`` float32 (:func:`~mjolnir_numerics.fused.nvfp4_encode`)."""
+def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int, divisor: float, **packed):
+    """Codes and block-scale codes of ``x (..., d)`` (:func:`~mjolnir_numerics.fused.nvfp4_encode`; with
+    ``g_scale=...``, the packed codes of :func:`~mjolnir_numerics.fused.nvfp4_encode_packed`)."""
     e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
     floor_t = None if floor is None else _constant(floor, x.device)
-    static = dict(group=group, divisor=divisor)
-    encode = fused.nvfp4_encode
-    encode = fused.compiled(encode, **static) if fused.available(x.device) else functools.partial(encode, **static)
+    fn = fused.nvfp4_encode_packed if packed else fused.nvfp4_encode
+    encode = fused.for_device(fn, x.device, group=group, divisor=divisor, **packed)
     return encode(x, g, floor_t, e4m3_lut, e2m1_lut, e4m3_values)
 
 
@@ -146,12 +139,7 @@ def encode_unchecked(
     uint8, of finite ``x (..., d)`` (float32, float16 or bfloat16) under global scales ``g * g_scale``
     (``g`` broadcastable to ``(..., 1)``, ``g_scale`` a power of two)."""
     if not four_over_six and packed:  # the cache writer's rows: one graph from its descales
-        e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
-        floor = None if scale_floor is None else _constant(scale_floor, x.device)
-        static = dict(group=group, divisor=E2M1.max_normal, g_scale=g_scale)
-        encode = fused.nvfp4_encode_packed
-        encode = fused.compiled(encode, **static) if fused.available(x.device) else functools.partial(encode, **static)
-        return encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values)
+        return _encode(x, g, scale_floor, group, E2M1.max_normal, g_scale=g_scale)
     if g_scale != 1.0:
         g = g * g_scale
     if not four_over_six:
