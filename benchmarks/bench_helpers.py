@@ -19,7 +19,8 @@ is first checked bit for bit against the CPU reference on a slice of its input.
     python -m benchmarks.bench_helpers                 # on a GPU; --csv FILE for the rows
     python -m benchmarks.bench_helpers --n 1048576 --iters 3
 
-Exits 1 when a goal is missed.
+``MJOLNIR_KERNELS=0`` measures the compiled formulas instead of the helper kernels (the header says which
+path ran). Exits 1 when a goal is missed.
 """
 
 from __future__ import annotations
@@ -187,7 +188,10 @@ def main(argv=None) -> int:
             "bench_helpers: needs a CUDA GPU (the fast paths are CUDA's; the CPU runs the reference)", file=sys.stderr
         )
         return 2
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    from mjolnir_numerics import fused
+
+    path = "helper kernels (mjolnir_kernel.helpers)" if fused.helper_kernels("cuda") else "compiled formulas"
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; quantize / pack / NVFP4 path: {path}")
     table = rows(args.n, args.iters, args.inner)
     print(f"{'row':44s} {'us':>9s}  {'against':>22s} {'ratio':>7s}  goal")
     failed = 0

@@ -419,6 +419,35 @@ class PagedKVCache:
             return d[seq_ids.to(self.device).long()].unsqueeze(-1)
         return d.reshape(1, -1, 1)
 
+    def _write_kernels(self):
+        """``mjolnir_kernel.helpers`` where its one-launch writer takes this cache's rows, else None."""
+        kernels = fused.helper_kernels(self.device)
+        if kernels is None or (self.nvfp4_options or {}).get("four_over_six", False):
+            return None
+        bits = 4 if self.is_block_scaled else self.fmt.bits
+        if any(kernels.write_unsupported(*self._pool(w), self.head_dim, bits) for w in ("k", "v")):
+            return None
+        return kernels
+
+    def _write_kernel(self, which: str, x: torch.Tensor, slots: torch.Tensor, seq_ids) -> None:
+        """Encode and store rows ``x (n, h_k, d)`` of ``which`` at ``slots`` in one launch (the bits of
+        :meth:`_encode_rows` and the scatter)."""
+        pool, scales = self._pool(which)
+        descale = (self.k_descale if which == "k" else self.v_descale).to(self.device)
+        seq = None if seq_ids is None else seq_ids.to(self.device)
+        if self.is_block_scaled:
+            floor = (self.nvfp4_options or {}).get("scale_floor", DEFAULT_SCALE_FLOOR)
+            e4m3_lut, e2m1_lut = _round_to_odd_lut(E4M3, self.device), _round_to_odd_lut(E2M1, self.device)
+            fused.helper_kernels(self.device).write_rows(
+                x, slots, seq, descale, pool, scales, bits=4, page_size=self.page_size, lut=e4m3_lut,
+                nvfp4_tables=(e2m1_lut, E4M3.values(self.device)), floor=floor, g_scale=KERNEL_SHIFT,
+            )  # fmt: skip
+        else:
+            fused.helper_kernels(self.device).write_rows(
+                x, slots, seq, descale, pool, None, bits=self.fmt.bits, page_size=self.page_size,
+                lut=_round_to_odd_lut(self.fmt, self.device),
+            )  # fmt: skip
+
     def _encode_rows(self, x: torch.Tensor, descale: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Rows ``x (n, h_k, d)`` (real units) under descales broadcastable to ``(n, h_k, 1)``, as the pools
         store them: bytes ``(n, h_k, row)`` and NVFP4 scale codes ``(n, h_k, d / 16)`` (else None), uint8.
@@ -463,9 +492,10 @@ class PagedKVCache:
                 of its rows, a non-finite value stores as the hardware converts it). Shapes and dtypes are
                 always checked.
 
-        On CUDA each of K and V is encoded by one fused kernel (the same bits as the CPU) and scattered by
-        one ``index_put_``. A checked write is all or nothing: every argument is checked and every row
-        encoded before any byte of the pools changes, so a refused write leaves the cache as it was.
+        On CUDA each of K and V is encoded and stored by one kernel launch (``mjolnir_kernel.helpers`` where
+        the CuTe DSL is installed; else one compiled encoder and one ``index_put_``), with the CPU's bits. A
+        checked write is all or nothing: every argument is checked before any byte of the pools changes (and
+        nothing after the checks can fail), so a refused write leaves the cache as it was.
         """
         check_bool("allow_nonfinite", allow_nonfinite)
         check_bool("check", check)
@@ -492,6 +522,10 @@ class PagedKVCache:
         slots = slot_mapping.to(self.device).long()
         if check:
             self._check_write(k, v, slots, seq_ids, allow_nonfinite)
+        if self._write_kernels() is not None:  # one launch per K and V: encode and store (CUDA)
+            for which, x in (("k", k), ("v", v)):
+                self._write_kernel(which, x, slots, seq_ids)
+            return
         encoded = [
             (which, *self._encode_rows(x, self._row_descale(which, seq_ids))) for which, x in (("k", k), ("v", v))
         ]

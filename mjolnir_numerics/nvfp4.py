@@ -14,6 +14,7 @@ and those kernel values are returned.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional, Union
@@ -119,6 +120,16 @@ def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int
     """Codes and block-scale codes of ``x (..., d)`` (:func:`~mjolnir_numerics.fused.nvfp4_encode`; with
     ``g_scale=...``, the packed codes of :func:`~mjolnir_numerics.fused.nvfp4_encode_packed`)."""
     e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
+    kernels = fused.helper_kernels(x.device)
+    if kernels is not None and group == 16:  # the directly launched kernel (CUDA, CuTe DSL)
+        lead, d = x.shape[:-1], x.shape[-1]
+        rows = math.prod(lead)
+        g_rows = torch.broadcast_to(g.float(), (*lead, 1)).reshape(rows, 1)
+        codes, scale_codes = kernels.nvfp4_encode(
+            x.reshape(rows, d), g_rows, floor, e4m3_lut, e2m1_lut, e4m3_values, divisor=divisor,
+            packed=bool(packed), g_scale=packed.get("g_scale", 1.0),
+        )  # fmt: skip
+        return codes.view(*lead, -1), scale_codes.view(*lead, -1)
     floor_t = None if floor is None else _constant(floor, x.device)
     fn = fused.nvfp4_encode_packed if packed else fused.nvfp4_encode
     encode = fused.for_device(fn, x.device, group=group, divisor=divisor, **packed)

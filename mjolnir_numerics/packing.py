@@ -77,7 +77,7 @@ def pack(codes: torch.Tensor, bits: int, *, check: bool = True) -> torch.Tensor:
         if lo < 0 or hi >= 1 << bits:
             _refuse_range(codes, bits)
     rows = codes.reshape(math.prod(codes.shape[:-1]), d)  # one graph for any rank (one kernel on CUDA)
-    return fused.for_device(fused.pack_codes, codes.device, bits=bits)(rows).view(*codes.shape[:-1], nbytes)
+    return fused.pack_rows(rows, bits=bits).view(*codes.shape[:-1], nbytes)
 
 
 def _refuse_range(codes: torch.Tensor, bits: int):

@@ -118,13 +118,13 @@ def quantize(x: torch.Tensor, fmt: Union[str, Format]) -> torch.Tensor:
     Raises:
         ValueError: ``x`` is not a floating-point tensor, or ``fmt`` is unknown or block-scaled.
 
-    On CUDA a float32 / float16 / bfloat16 ``x`` takes one fused kernel (:mod:`mjolnir_numerics.fused`,
-    the same formula and bits); its first call compiles it.
+    On CUDA a float32 / float16 / bfloat16 ``x`` takes one fused kernel (:func:`mjolnir_numerics.fused.
+    quantize_codes`: the same formula and bits); its first call compiles it.
     """
     f = get_element_format(fmt)
     _check_float_dtype(x, "x")
     if x.dtype != torch.float64 and fused.available(x.device):  # one kernel, the same formula and bits
-        return fused.compiled(fused.quantize_f32)(x.reshape(-1), _round_to_odd_lut(f, x.device)).view(x.shape)
+        return fused.quantize_codes(x, _round_to_odd_lut(f, x.device))
     x = _check_float_input(x, "x")
     if x.dtype == torch.float64:
         return _exact_codes(x, f)

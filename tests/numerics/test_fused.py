@@ -9,6 +9,7 @@ writer, and a decode-step write captured in a CUDA graph.
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -117,11 +118,28 @@ def test_nvfp4_encoder_is_the_published_recipe(floor):
     assert torch.equal(t.codes, want_codes) and torch.equal(t.scales, want_scales)
 
 
-# -- compiled on the GPU -------------------------------------------------------------------------------
+# -- on the GPU: the directly launched kernels and the compiled formulas ----------------------------
+@pytest.fixture(params=["kernel", "compiled"])
+def cuda_path(request, monkeypatch):
+    """Run a CUDA test through the helper kernels (mjolnir_kernel.helpers) and through the compiled
+    formulas (``MJOLNIR_KERNELS=0``), asserting that the path asked for is the one the helpers take."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if request.param == "compiled":
+        monkeypatch.setenv("MJOLNIR_KERNELS", "0")
+        assert fused.helper_kernels("cuda") is None and fused.available("cuda")
+    elif fused.helper_kernels("cuda") is None:
+        from mjolnir_kernel.compile import cutlass_available
+
+        pytest.skip(f"the helper kernels do not run here: {cutlass_available() or 'compute capability < 9.0'}")
+    return request.param
+
+
 @cuda_only
 @pytest.mark.parametrize("fmt", ELEMENT_FORMATS, ids=lambda f: f.name)
 def test_cuda_quantize_is_exact_on_every_float32(fmt):
-    """All 2^32 float32 bit patterns, in chunks: the fused kernel against the direct integer rounding."""
+    """All 2^32 float32 bit patterns, in chunks: the helpers' CUDA path (the helper kernel where it runs)
+    against the direct integer rounding."""
     assert fused.available("cuda"), "the fused path must be on for this test to mean anything"
     chunk = 1 << 28
     for start in range(-(1 << 31), 1 << 31, chunk):
@@ -131,7 +149,7 @@ def test_cuda_quantize_is_exact_on_every_float32(fmt):
 
 
 @cuda_only
-def test_cuda_quantize_of_half_inputs_is_the_cpu_one():
+def test_cuda_quantize_of_half_inputs_is_the_cpu_one(cuda_path):
     x = _probe_bits(0).view(torch.float32)
     for dtype in (torch.float16, torch.bfloat16):
         h = x.to(dtype)
@@ -141,7 +159,7 @@ def test_cuda_quantize_of_half_inputs_is_the_cpu_one():
 
 @cuda_only
 @pytest.mark.parametrize("bits", [8, 6, 4])
-def test_cuda_pack_is_the_cpu_pack_on_every_code(bits):
+def test_cuda_pack_is_the_cpu_pack_on_every_code(bits, cuda_path):
     n = 1 << bits
     pairs = torch.cartesian_prod(torch.arange(n), torch.arange(n)).reshape(-1, 4)  # every code in every position
     codes = torch.cat([pairs, torch.randint(0, n, (1 << 18, 4))]).to(torch.uint8)
@@ -152,7 +170,7 @@ def test_cuda_pack_is_the_cpu_pack_on_every_code(bits):
 
 
 @cuda_only
-def test_cuda_nvfp4_is_the_cpu_nvfp4():
+def test_cuda_nvfp4_is_the_cpu_nvfp4(cuda_path):
     x = _rows(64, 8, 128, seed=13, spread=12.0)
     x[1] = 0.0
     for kw in NVFP4_RECIPES:
@@ -163,6 +181,35 @@ def test_cuda_nvfp4_is_the_cpu_nvfp4():
     g[1] = 1.0
     a, b = nvfp4_quantize(x, global_value=g), nvfp4_quantize(x.cuda(), global_value=g.cuda())
     assert torch.equal(a.codes, b.codes.cpu()) and torch.equal(a.scales, b.scales.cpu())
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 1023, 4097])
+def test_cuda_quantize_tails_and_unaligned_inputs(n, cuda_path):
+    """Sizes that leave a partial vector, and inputs that start off a 16-byte boundary."""
+    x = _probe_bits(4096, seed=n).view(torch.float32)
+    for fmt in ELEMENT_FORMATS:
+        for t in (x[:n], x[1 : 1 + n], x[3 : 3 + n]):
+            assert torch.equal(quantize(t.cuda(), fmt).cpu(), quantize(t, fmt)), f"{fmt.name}, {n} values"
+
+
+@pytest.mark.parametrize("bits,rows,d", [(4, 3, 2), (4, 7, 6), (4, 5, 34), (6, 3, 4), (6, 5, 12), (6, 9, 132)])
+def test_cuda_pack_tails_and_unaligned_codes(bits, rows, d, cuda_path):
+    """Row counts and widths that leave a partial group of 16 codes, and codes off a 16-byte boundary."""
+    flat = torch.randint(0, 1 << bits, (rows * d + 3,), generator=torch.Generator().manual_seed(d)).to(torch.uint8)
+    for offset in (0, 1, 3):
+        codes = flat[offset : offset + rows * d].view(rows, d)
+        assert torch.equal(pack(codes.cuda(), bits, check=False).cpu(), pack(codes, bits)), (bits, rows, d, offset)
+
+
+@pytest.mark.parametrize("shape", [(1, 16), (3, 5, 32), (7, 48)])
+def test_cuda_nvfp4_odd_shapes_and_broadcast_scales(shape, cuda_path):
+    """Few blocks (a partial thread block), any rank, one global value and per-row global values."""
+    x = _rows(1, 1, math.prod(shape), seed=len(shape), spread=10.0).view(shape)
+    g = x.abs().amax(-1, keepdim=True) / 2688
+    for kw in ({}, {"global_value": 0.01}, {"global_value": g}, {"scale_floor": None}):
+        gpu_kw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        a, b = nvfp4_quantize(x, **kw), nvfp4_quantize(x.cuda(), **gpu_kw)
+        assert torch.equal(a.codes, b.codes.cpu()) and torch.equal(a.scales, b.scales.cpu()), (shape, kw)
 
 
 def _pool_bytes(cache: PagedKVCache) -> list[torch.Tensor]:
@@ -188,7 +235,7 @@ def _decode_step(cache: PagedKVCache, n: int, seed: int):
 
 @cuda_only
 @pytest.mark.parametrize("fmt,layout", list(itertools.product(FORMATS, LAYOUTS)))
-def test_cuda_decode_write_in_a_cuda_graph_stores_the_spec_bytes(fmt, layout):
+def test_cuda_decode_write_in_a_cuda_graph_stores_the_spec_bytes(fmt, layout, cuda_path):
     """A decode-step write captured in a CUDA graph (no host synchronisation may happen inside), replayed
     with new tokens: the pools hold exactly the bytes of the eager CPU writer's."""
     granularity = "per_seq_head" if layout == "hnd" else "per_head"
@@ -211,7 +258,7 @@ def test_cuda_decode_write_in_a_cuda_graph_stores_the_spec_bytes(fmt, layout):
 
 @cuda_only
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_cuda_checked_write_is_the_cpu_write_and_refuses_like_it(fmt):
+def test_cuda_checked_write_is_the_cpu_write_and_refuses_like_it(fmt, cuda_path):
     cpu, gpu = _caches(fmt, "nhd", "per_tensor", "cpu"), _caches(fmt, "nhd", "per_tensor", "cuda")
     k, v, slots, _ = _decode_step(cpu, 48, seed=3)  # every spare slot
     cpu.write(k, v, slots)
@@ -221,3 +268,15 @@ def test_cuda_checked_write_is_the_cpu_write_and_refuses_like_it(fmt):
     with pytest.raises(ValueError, match=r"^slot_mapping: slot"):
         gpu.write(k[:2].cuda(), v[:2].cuda(), slots[:1].repeat(2).cuda())
     assert all(torch.equal(a, b) for a, b in zip(before, _pool_bytes(gpu)))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_cuda_write_of_bfloat16_rows_with_per_sequence_descales(fmt, cuda_path):
+    """bfloat16 K/V (read as they are by the one-launch writer) under per-(sequence, head) descales, every
+    spare slot of the cache: the CPU writer's bytes."""
+    cpu, gpu = _caches(fmt, "nhd", "per_seq_head", "cpu"), _caches(fmt, "nhd", "per_seq_head", "cuda")
+    k, v, slots, seqs = _decode_step(cpu, 48, seed=4)
+    k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+    cpu.write(k, v, slots, seq_ids=seqs)
+    gpu.write(k.cuda(), v.cuda(), slots.cuda(), seq_ids=seqs.cuda(), check=False)
+    assert all(torch.equal(a, b) for a, b in zip(_pool_bytes(cpu), _pool_bytes(gpu))), fmt

@@ -1,0 +1,318 @@
+"""Host side of the helper kernels (:mod:`mjolnir_kernel.helpers_kernel`): quantize, pack and the NVFP4
+encoder launched directly on CUDA tensors.
+
+``mjolnir_numerics`` calls these where :func:`available` says (a CUDA device and the CuTe DSL; the
+``MJOLNIR_KERNELS=0`` environment variable turns them off); they return the bits of the spec's formulas
+in ``mjolnir_numerics.fused`` (tests/kernel/test_helpers_gpu.py compares them on every float32 bit
+pattern and every code). Each kernel is compiled once per process, device architecture and variant (well
+under a second); a launch allocates its outputs, never waits for the device and can be captured in a CUDA
+graph.
+
+The functions take what the helpers have already checked (dtypes, shapes, finiteness) and raise
+ValueError on what the kernels cannot take (a size over 2^40, an input not 16-byte aligned after
+``contiguous()``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Optional
+
+import torch
+
+__all__ = ["available", "quantize_f32", "pack_codes", "nvfp4_encode"]
+
+MAX_ELEMENTS = 1 << 40
+_lock = threading.Lock()
+_compiled: dict = {}
+
+
+@functools.cache
+def _dsl_reason() -> Optional[str]:
+    from .compile import cutlass_available
+
+    return cutlass_available()
+
+
+def available(device) -> bool:
+    """Whether the helper kernels run on ``device``: CUDA with compute capability 9.0 or later and the CuTe
+    DSL importable, unless ``MJOLNIR_KERNELS=0``."""
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    if device.type != "cuda" or os.environ.get("MJOLNIR_KERNELS", "1") == "0":
+        return False
+    return _runs_on(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _runs_on(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9 and _dsl_reason() is None
+
+
+def _types():
+    import cutlass
+
+    return {"f32": cutlass.Float32, "u8": cutlass.Uint8}
+
+
+def _pointer(kind: str, address: int, align: int):
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+
+    return make_ptr(_types()[kind], address, cute.AddressSpace.gmem, assumed_align=align)
+
+
+@functools.cache
+def _tvm_ffi() -> bool:
+    """Whether kernels are compiled for TVM-FFI calls (``apache-tvm-ffi`` importable; ``MJOLNIR_TVM_FFI=0``
+    turns it off): a call then passes raw addresses through one C function, where the DSL's own calling
+    path converts every argument in Python (the H200 profile: tens of microseconds per call)."""
+    if os.environ.get("MJOLNIR_TVM_FFI", "1") == "0":
+        return False
+    try:
+        import tvm_ffi  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _Launcher:
+    """A compiled helper kernel and how to call it: ``launcher(tensors, scalars, device)`` passes each tensor's
+    address (as a typed pointer of the compile-time kind and alignment) and the current stream."""
+
+    def __init__(self, make, pointers: tuple, scalars: tuple, device):
+        import cuda.bindings.driver as cuda
+        import cutlass.cute as cute
+
+        self.pointers = pointers
+        self.ffi = _tvm_ffi()
+        args = [_pointer(kind, 1 << 20, align) for kind, align in pointers]
+        options = "--enable-tvm-ffi" if self.ffi else None
+        with torch.cuda.device(device):
+            self.fn = cute.compile(make(), *args, *scalars, cuda.CUstream(0), options=options)
+        # The TVM-FFI function itself: it takes raw addresses and the stream handle as ints, without the
+        # DSL wrapper's per-argument conversion in Python.
+        self.raw = self.fn.__tvm_ffi_object__() if self.ffi and hasattr(self.fn, "__tvm_ffi_object__") else None
+
+    def __call__(self, tensors: tuple, scalars: tuple, device) -> None:
+        stream = torch.cuda.current_stream(device).cuda_stream
+        if self.raw is not None:
+            self.raw(*[t.data_ptr() for t in tensors], *scalars, stream)
+            return
+        if self.ffi:
+            self.fn(*[t.data_ptr() for t in tensors], *scalars, stream)
+            return
+        import cuda.bindings.driver as cuda
+
+        ptrs = (_pointer(kind, t.data_ptr(), align) for (kind, align), t in zip(self.pointers, tensors))
+        self.fn(*ptrs, *scalars, cuda.CUstream(stream))
+
+
+def _kernel(key: tuple, make, pointers: tuple, scalars: tuple, device) -> _Launcher:
+    """The launcher of ``key`` for ``device``'s architecture (compiled on first use from ``make()`` with
+    placeholder pointers of the given (kind, alignment) and placeholder ``scalars``)."""
+    full = (key, device.index)
+    hit = _compiled.get(full)
+    if hit is not None:
+        return hit
+    with _lock:
+        if full not in _compiled:
+            _compiled[full] = _Launcher(make, pointers, scalars, device)
+        return _compiled[full]
+
+
+def _aligned(name: str, t: torch.Tensor, align: int) -> torch.Tensor:
+    t = t.contiguous()
+    if t.data_ptr() % align:
+        t = t.clone()  # a fresh allocation is aligned
+    if t.data_ptr() % align:
+        raise ValueError(f"{name}: the kernel needs a {align}-byte aligned tensor")
+    return t
+
+
+def _check_size(name: str, n: int) -> None:
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"{name}: {n} elements; the helper kernels take at most 2^40")
+
+
+def quantize_f32(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    """``fused.quantize_f32`` on CUDA: the codes of float32 ``x`` (any shape) through the round-to-odd table
+    ``lut`` (uint8 ``(65536,)`` on ``x``'s device). Returns uint8 of ``x``'s shape."""
+    from .helpers_kernel import QuantizeKernel
+
+    import cutlass
+
+    x = _aligned("x", x, 16)
+    _check_size("x", x.numel())
+    out = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    if x.numel() == 0:
+        return out
+    kernel = _kernel(("quantize",), QuantizeKernel, (("f32", 16), ("u8", 1), ("u8", 4)), (cutlass.Int64(1),), x.device)
+    kernel((x, lut, out), (x.numel(),), x.device)
+    return out
+
+
+def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
+    """``fused.pack_codes`` on CUDA for 4 and 6 bits: valid uint8 codes ``(..., d)`` (``d`` even for 4 bits,
+    a multiple of 4 for 6) -> uint8 ``(..., d * bits / 8)``."""
+    from .helpers_kernel import PackKernel
+
+    import cutlass
+
+    if codes.dtype != torch.uint8:
+        codes = codes.to(torch.uint8)
+    codes = _aligned("codes", codes, 16)
+    _check_size("codes", codes.numel())
+    d = codes.shape[-1]
+    out = torch.empty(*codes.shape[:-1], d * bits // 8, dtype=torch.uint8, device=codes.device)
+    if codes.numel() == 0:
+        return out
+    kernel = _kernel(
+        ("pack", bits), functools.partial(PackKernel, bits), (("u8", 16), ("u8", 8)), (cutlass.Int64(1),), codes.device
+    )
+    kernel((codes, out), (codes.numel(),), codes.device)
+    return out
+
+
+def nvfp4_encode(
+    x: torch.Tensor,
+    g: torch.Tensor,
+    floor: Optional[float],
+    e4m3_lut: torch.Tensor,
+    e2m1_lut: torch.Tensor,
+    e4m3_values: torch.Tensor,
+    *,
+    divisor: float,
+    packed: bool = False,
+    g_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fused.nvfp4_encode`` (``packed``: ``nvfp4_encode_packed`` with ``g_scale``) on CUDA, block 16.
+
+    Args:
+        x: float32 ``(rows, d)``, ``d`` a multiple of 16, finite.
+        g: float32 global scales, ``(rows, 1)`` or one value (``()``, ``(1,)`` or ``(1, 1)``).
+        floor: the block-scale floor, or None.
+        e4m3_lut, e2m1_lut: the quantizers' round-to-odd tables; e4m3_values: float32 ``(256,)``.
+
+    Returns:
+        codes uint8 ``(rows, d)`` (``packed``: ``(rows, d // 2)``) and scale codes uint8 ``(rows, d // 16)``.
+    """
+    from .helpers_kernel import NVFP4_GROUP, NVFP4EncodeKernel
+
+    import cutlass
+
+    rows, d = x.shape
+    x = _aligned("x", x.float(), 16)
+    _check_size("x", x.numel())
+    g = g.float()
+    if g.numel() == 1:
+        g, g_stride = g.reshape(1), 0
+    elif g.shape == (rows, 1):
+        g = g.reshape(rows)
+        g_stride = g.stride(0)
+    else:
+        raise ValueError(f"g: expected one value or shape ({rows}, 1), got {tuple(g.shape)}")
+    codes = torch.empty(rows, d // 2 if packed else d, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(rows, d // NVFP4_GROUP, dtype=torch.uint8, device=x.device)
+    n_blocks = x.numel() // NVFP4_GROUP
+    if n_blocks == 0:
+        return codes, scales
+    has_floor = floor is not None
+
+    def make():
+        return NVFP4EncodeKernel(packed, divisor, g_scale, has_floor)
+
+    pointers = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4), ("u8", 8 if packed else 16), ("u8", 1))
+    scalars = (cutlass.Int64(1), cutlass.Int64(1), cutlass.Int64(1), cutlass.Float32(1.0))
+    kernel = _kernel(("nvfp4", packed, float(divisor), float(g_scale), has_floor), make, pointers, scalars, x.device)
+    tensors = (x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales)
+    kernel(tensors, (n_blocks, d // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0), x.device)
+    return codes, scales
+
+
+_STORE_ALIGN = {8: 16, 6: 4, 4: 8}  # bytes: the widest store of a 16-value chunk's codes
+
+
+def _byte_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return tuple(s * t.element_size() for s in t.stride()[:3])
+
+
+def write_unsupported(pool: torch.Tensor, scales: Optional[torch.Tensor], head_dim: int, bits: int) -> Optional[str]:
+    """Why :func:`write_rows` cannot store rows into ``pool`` (a ``(pages, PS, h_k, row)`` view), or None:
+    ``head_dim`` must be a multiple of 16 and every row start aligned for the chunk stores."""
+    if head_dim % 16:
+        return f"head_dim {head_dim} is not a multiple of 16"
+    align = _STORE_ALIGN[bits]
+    if pool.stride(-1) != 1 or pool.data_ptr() % align or any(s % align for s in _byte_strides(pool)):
+        return f"pool rows are not {align}-byte aligned"
+    if scales is not None and scales.stride(-1) != 1:
+        return "the scale rows are not contiguous"
+    return None
+
+
+def write_rows(
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    seq_ids: Optional[torch.Tensor],
+    descale: torch.Tensor,
+    pool: torch.Tensor,
+    scales: Optional[torch.Tensor],
+    *,
+    bits: int,
+    page_size: int,
+    lut: torch.Tensor,
+    nvfp4_tables: Optional[tuple] = None,
+    floor: Optional[float] = None,
+    g_scale: float = 1.0,
+) -> None:
+    """The cache writer's encode-and-store of K or V in one launch (no host synchronisation).
+
+    Args:
+        x: ``(n, h_k, d)`` float rows in real units (float32 and bfloat16 are read directly; float16 is
+            widened first).
+        slots: int64 ``(n,)``; seq_ids: int64 ``(n,)``, needed for per-(sequence, head) descales.
+        descale: float32 ``()``, ``(h_k,)`` or ``(num_seqs, h_k)`` (NVFP4: the kernel descale ``8 g``).
+        pool: ``(pages, PS, h_k, row)`` byte view (:func:`write_unsupported` is None for it); scales: NVFP4's
+            ``(pages, PS, h_k, d / 16)`` scale view, else None.
+        bits: the format's bits; lut: its round-to-odd table (NVFP4: e4m3's); nvfp4_tables: NVFP4's (e2m1
+            round-to-odd table, e4m3 code values); floor: NVFP4's block-scale floor or None; g_scale: NVFP4's
+            global scale per unit of descale (a power of two).
+    """
+    from .helpers_kernel import CacheWriteKernel
+
+    import cutlass
+
+    n, heads, d = x.shape
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        x = x.float()
+    x = _aligned("x", x, 16)
+    if x.numel() == 0:
+        return
+    slots = slots.to(torch.int64).contiguous()
+    per_seq = descale.dim() == 2
+    if per_seq:
+        if seq_ids is None:
+            raise ValueError("seq_ids: per-(sequence, kv head) descales need the sequence of every token")
+        seq_ids = seq_ids.to(torch.int64).contiguous()
+        ds_seq, ds_head, num_seqs = descale.stride(0), descale.stride(1), descale.shape[0]
+    else:
+        seq_ids, ds_seq, ds_head, num_seqs = slots, 0, (descale.stride(0) if descale.numel() > 1 else 0), 1
+    nvfp4 = nvfp4_tables is not None
+    e2m1_lut, e4m3_values = nvfp4_tables if nvfp4 else (lut, lut)
+    scale_view = scales if scales is not None else pool
+    pool_strides, sc_strides = _byte_strides(pool), _byte_strides(scale_view)
+    bf16 = x.dtype == torch.bfloat16
+    has_floor = floor is not None
+
+    def make():
+        return CacheWriteKernel(bits, nvfp4, bf16, per_seq, has_floor, g_scale)
+
+    pointers = (("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4),
+                ("u8", _STORE_ALIGN[bits]), ("u8", 1))  # fmt: skip
+    scalars = (*[cutlass.Int64(1)] * 14, cutlass.Float32(1.0))
+    key = ("write", bits, nvfp4, bf16, per_seq, has_floor, float(g_scale))
+    kernel = _kernel(key, make, pointers, scalars, x.device)
+    tensors = (x, slots, seq_ids, descale, lut, e2m1_lut, e4m3_values, pool, scale_view)
+    sizes = (x.numel() // 16, heads, d // 16, page_size, pool.shape[0], num_seqs)
+    kernel(tensors, (*sizes, *pool_strides, *sc_strides, ds_seq, ds_head, float(floor) if has_floor else 0.0), x.device)

@@ -1,0 +1,436 @@
+"""Elementwise kernels behind the helpers users import on the GPU: quantize, pack and the NVFP4 encoder
+(CuTe DSL device code; the host side is :mod:`mjolnir_kernel.helpers`).
+
+Each kernel computes the formula of its ``mjolnir_numerics.fused`` counterpart, with the same exact
+operations, so its bits are the spec's:
+
+* quantize: ``lut[t]`` where ``t`` is the round-to-odd bfloat16 index of the float32 bits (integer
+  arithmetic) and ``lut`` the quantizer's 65536-entry table;
+* pack: the integer shifts and ors of ``fused.pack_codes``, 16 codes per thread;
+* NVFP4: one thread per 16-value block: ``amax`` (exact), the block scale ``e4m3(max(amax / divisor / g,
+  floor))`` by two correctly rounded divisions (``div.rn.f32``) and the e4m3 table, ``total = scale * g``
+  (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total`` (``div.rn.f32``).
+
+Every kernel reads and writes through 4- to 16-byte vector accesses; the host checks the alignment they
+need and that sizes fit, and the launch has no host synchronisation (so it can be captured in a CUDA
+graph).
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from .hopper.ptx import _asm, _f32, _i32, _struct, _unpack
+
+THREADS = 256
+NVFP4_GROUP = 16
+
+
+# -- memory and arithmetic instructions -----------------------------------------------------------
+def _addr(x, loc, ip):
+    return Int64(x).ir_value(loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_v4_b32(gmem_addr, *, loc=None, ip=None):
+    """A 16-byte read-only global load (16-byte aligned): four 32-bit words."""
+    res = _asm(_struct(4, T.i32()), [_addr(gmem_addr, loc, ip)], "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
+               "=r,=r,=r,=r,l")  # fmt: skip
+    return _unpack(res, 4, T.i32(), Int32)
+
+
+@dsl_user_op
+def ld_b32(gmem_addr, *, loc=None, ip=None):
+    """A 4-byte read-only global load."""
+    return Int32(_asm(T.i32(), [_addr(gmem_addr, loc, ip)], "ld.global.nc.b32 $0, [$1];", "=r,l"))
+
+
+@dsl_user_op
+def ld_u8(gmem_addr, *, loc=None, ip=None):
+    """A read-only global byte load, zero-extended."""
+    return Int32(_asm(T.i32(), [_addr(gmem_addr, loc, ip)], "ld.global.nc.u8 $0, [$1];", "=r,l"))
+
+
+@dsl_user_op
+def st_b8(gmem_addr, value, *, loc=None, ip=None):
+    """Store the low byte of ``value``."""
+    _asm(None, [_addr(gmem_addr, loc, ip), _i32(value, loc, ip)], "st.global.b8 [$0], $1;", "l,r", side_effects=True)
+
+
+@dsl_user_op
+def st_b32(gmem_addr, value, *, loc=None, ip=None):
+    _asm(None, [_addr(gmem_addr, loc, ip), _i32(value, loc, ip)], "st.global.b32 [$0], $1;", "l,r", side_effects=True)
+
+
+@dsl_user_op
+def st_v2_b32(gmem_addr, v0, v1, *, loc=None, ip=None):
+    _asm(None, [_addr(gmem_addr, loc, ip), _i32(v0, loc, ip), _i32(v1, loc, ip)], "st.global.v2.b32 [$0], {$1, $2};",
+         "l,r,r", side_effects=True)  # fmt: skip
+
+
+@dsl_user_op
+def st_v4_b32(gmem_addr, v0, v1, v2, v3, *, loc=None, ip=None):
+    _asm(None, [_addr(gmem_addr, loc, ip)] + [_i32(v, loc, ip) for v in (v0, v1, v2, v3)],
+         "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", side_effects=True)  # fmt: skip
+
+
+@dsl_user_op
+def div_rn(a, b, *, loc=None, ip=None) -> Float32:
+    """The correctly rounded float32 quotient (``div.rn.f32``, IEEE; the spec's ``fused.div_rn``)."""
+    return Float32(_asm(T.f32(), [_f32(a, loc, ip), _f32(b, loc, ip)], "div.rn.f32 $0, $1, $2;", "=f,f,f"))
+
+
+@dsl_user_op
+def mul_rn(a, b, *, loc=None, ip=None) -> Float32:
+    """``fp32(a * b)`` rounded on its own (never contracted into an fma)."""
+    return Float32(_asm(T.f32(), [_f32(a, loc, ip), _f32(b, loc, ip)], "mul.rn.f32 $0, $1, $2;", "=f,f,f"))
+
+
+@dsl_user_op
+def ld_b64(gmem_addr, *, loc=None, ip=None):
+    """An 8-byte read-only global load (an int64 slot or sequence id)."""
+    return Int64(_asm(T.i64(), [_addr(gmem_addr, loc, ip)], "ld.global.nc.b64 $0, [$1];", "=l,l"))
+
+
+@dsl_user_op
+def as_f32(bits, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm(T.f32(), [_i32(bits, loc, ip)], "mov.b32 $0, $1;", "=f,r"))
+
+
+@dsl_user_op
+def as_i32(x, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [_f32(x, loc, ip)], "mov.b32 $0, $1;", "=r,f"))
+
+
+@dsl_user_op
+def max_s32(a, b, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)], "max.s32 $0, $1, $2;", "=r,r,r"))
+
+
+@dsl_user_op
+def max_f32(a, b, *, loc=None, ip=None) -> Float32:
+    """``max(a, b)`` of non-NaN float32 (``torch.maximum`` there)."""
+    return Float32(_asm(T.f32(), [_f32(a, loc, ip), _f32(b, loc, ip)], "max.f32 $0, $1, $2;", "=f,f,f"))
+
+
+@dsl_user_op
+def positive_mask(x, *, loc=None, ip=None) -> Int32:
+    """All ones where float32 ``x > 0``, else 0."""
+    text = "{\n\t.reg .pred p;\n\tsetp.gt.f32 p, $1, 0f00000000;\n\tselp.b32 $0, -1, 0, p;\n\t}"
+    return Int32(_asm(T.i32(), [_f32(x, loc, ip)], text, "=r,f"))
+
+
+@dsl_user_op
+def positive_or_one(x, *, loc=None, ip=None) -> Float32:
+    """``x`` where float32 ``x > 0``, else 1 (a divisor that is never 0)."""
+    text = "{\n\t.reg .pred p;\n\tsetp.gt.f32 p, $1, 0f00000000;\n\tselp.f32 $0, $1, 0f3F800000, p;\n\t}"
+    return Float32(_asm(T.f32(), [_f32(x, loc, ip)], text, "=f,f"))
+
+
+@dsl_user_op
+def trap(*, loc=None, ip=None) -> None:
+    """Abort the kernel with a device-side error (a slot outside the pools: never a stray write)."""
+    _asm(None, [], "trap;", "", side_effects=True)
+
+
+@cute.jit
+def round_to_odd_index(bits: Int32) -> Int32:
+    """The bfloat16 bits of float32 ``bits`` rounded to odd (bit 0 of the result is the sticky bit of the
+    16 bits cut off): the index into a quantizer's round-to-odd table (``fused.quantize_f32``)."""
+    return ((((bits & 0xFFFF) + 0xFFFF) | bits) >> 16) & 0xFFFF
+
+
+@cute.jit
+def quantize_word(bits: Int32, lut: Int64) -> Int32:
+    """The code of one float32 (given as its bits) through the round-to-odd table at address ``lut``."""
+    return ld_u8(lut + Int64(round_to_odd_index(bits)))
+
+
+def _thread_index() -> Int64:
+    bidx, _, _ = cute.arch.block_idx()
+    tid, _, _ = cute.arch.thread_idx()
+    return Int64(bidx) * THREADS + Int64(tid)
+
+
+def _blocks(n, per_thread):
+    return cute.ceil_div(n, THREADS * per_thread)
+
+
+# -- quantize ---------------------------------------------------------------------------------------
+class QuantizeKernel:
+    """``out[i] = lut[round_to_odd_index(x[i])]`` for ``n`` float32 ``x`` (16-byte aligned), uint8 ``out``
+    (4-byte aligned): four values per thread (one 16-byte load, one 4-byte store)."""
+
+    VEC = 4
+
+    @cute.jit
+    def __call__(self, x: cute.Pointer, lut: cute.Pointer, out: cute.Pointer, n: Int64, stream: cuda.CUstream):
+        self.kernel(x, lut, out, n).launch(grid=[_blocks(n, self.VEC), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, x: cute.Pointer, lut: cute.Pointer, out: cute.Pointer, n: Int64):
+        i = _thread_index() * self.VEC
+        x0, lut0, out0 = x.toint(), lut.toint(), out.toint()
+        if i + self.VEC <= n:
+            w = ld_v4_b32(x0 + i * 4)
+            word = Int32(0)
+            for j in cutlass.range_constexpr(self.VEC):
+                word = word | (quantize_word(w[j], lut0) << (8 * j))
+            st_b32(out0 + i, word)
+        else:
+            for j in cutlass.range_constexpr(self.VEC):
+                if i + j < n:
+                    st_b8(out0 + i + j, quantize_word(ld_b32(x0 + (i + j) * 4), lut0))
+
+
+# -- pack ---------------------------------------------------------------------------------------------
+@cute.jit
+def pack4_word(w: Int32) -> Int32:
+    """Four codes (bytes of ``w``, lowest first) -> two bytes ``c0 | c1 << 4``, ``c2 | c3 << 4`` (low 16 bits)."""
+    lo = ((w & 0xFF) | (((w >> 8) & 0xFF) << 4)) & 0xFF
+    hi = (((w >> 16) & 0xFF) | (((w >> 24) & 0xFF) << 4)) & 0xFF
+    return lo | (hi << 8)
+
+
+@cute.jit
+def pack6_word(w: Int32) -> Int32:
+    """Four codes (bytes of ``w``, lowest first) -> the 24-bit little-endian word ``c0 | c1 << 6 | c2 << 12 |
+    c3 << 18`` (its three low bytes are what ``pack`` stores)."""
+    c = (w & 0xFF) | (((w >> 8) & 0xFF) << 6) | (((w >> 16) & 0xFF) << 12) | (((w >> 24) & 0xFF) << 18)
+    return c & 0xFFFFFF
+
+
+class PackKernel:
+    """``pack`` of ``n`` codes (uint8, 16-byte aligned; ``n`` a multiple of 4 for 6 bits, 2 for 4 bits) into
+    ``n * bits / 8`` bytes: 16 codes per thread (one 16-byte load; 12 or 8 bytes stored)."""
+
+    VEC = 16
+
+    def __init__(self, bits: int):
+        if bits not in (4, 6):
+            raise ValueError(f"bits: the pack kernel packs 4 or 6 bits, got {bits}")
+        self.bits = bits
+
+    @cute.jit
+    def __call__(self, codes: cute.Pointer, out: cute.Pointer, n: Int64, stream: cuda.CUstream):
+        self.kernel(codes, out, n).launch(grid=[_blocks(n, self.VEC), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, codes: cute.Pointer, out: cute.Pointer, n: Int64):
+        i = _thread_index() * self.VEC
+        src, dst = codes.toint(), out.toint() + i * self.bits // 8
+        if i + self.VEC <= n:
+            w = ld_v4_b32(src + i)
+            if cutlass.const_expr(self.bits == 4):
+                st_v2_b32(dst, pack4_word(w[0]) | (pack4_word(w[1]) << 16), pack4_word(w[2]) | (pack4_word(w[3]) << 16))
+            else:
+                p = []
+                for j in cutlass.range_constexpr(4):
+                    p.append(pack6_word(w[j]))
+                st_b32(dst, p[0] | (p[1] << 24))
+                st_b32(dst + 4, (p[1] >> 8) | (p[2] << 16))
+                st_b32(dst + 8, (p[2] >> 16) | (p[3] << 8))
+        else:  # the last thread's partial vector, one group of four codes at a time (n is even)
+            for g in cutlass.range_constexpr(self.VEC // 4):
+                j = i + 4 * g
+                if j < n:
+                    word = ld_u8(src + j) | (ld_u8(src + j + 1) << 8)
+                    if j + 2 < n:
+                        word = word | (ld_u8(src + j + 2) << 16) | (ld_u8(src + j + 3) << 24)
+                    if cutlass.const_expr(self.bits == 4):
+                        packed = pack4_word(word)
+                        st_b8(dst + 2 * g, packed)
+                        if j + 2 < n:
+                            st_b8(dst + 2 * g + 1, packed >> 8)
+                    else:  # n is a multiple of 4
+                        packed = pack6_word(word)
+                        for b in cutlass.range_constexpr(3):
+                            st_b8(dst + 3 * g + b, packed >> (8 * b))
+
+
+# -- 16-value blocks: the pieces the NVFP4 encoder and the cache writer share (straight-line code) -------
+GROUP = 16
+
+
+def load_block(addr, bf16: bool) -> list:
+    """The float32 bits of 16 consecutive float32 (64 bytes) or bfloat16 (32 bytes, widened exactly) values
+    at 16-byte aligned ``addr``."""
+    bits = []
+    if bf16:
+        for q in range(2):
+            for w in ld_v4_b32(addr + 16 * q):
+                bits.append(w << 16)
+                bits.append(w & -65536)  # 0xFFFF0000
+    else:
+        for q in range(4):
+            bits.extend(ld_v4_b32(addr + 16 * q))
+    return bits
+
+
+def block_codes(bits: list, divisor_value, lut) -> list:
+    """Element codes ``lut[round_to_odd(x / divisor)]`` (``fused.encode_elements``: one ``div.rn.f32``)."""
+    return [quantize_word(as_i32(div_rn(as_f32(b), divisor_value)), lut) for b in bits]
+
+
+def nvfp4_block(bits: list, g, floor, has_floor: bool, divisor: float, e4m3_lut, e2m1_lut, e4m3_values) -> tuple:
+    """``fused.nvfp4_encode`` of one block: (16 e2m1 codes, the e4m3 scale code); the block scale is at
+    least ``floor`` where ``has_floor``."""
+    amax = Int32(0)  # |x| compared as integers: exact for finite floats
+    for b in bits:
+        amax = max_s32(amax, b & 0x7FFFFFFF)
+    scaled = div_rn(div_rn(as_f32(amax), Float32(divisor)), g)
+    if has_floor:
+        scaled = max_f32(scaled, floor)
+    scale_code = quantize_word(as_i32(scaled), e4m3_lut)
+    total = mul_rn(as_f32(ld_b32(e4m3_values + Int64(scale_code) * 4)), g)
+    keep, divisor_value = positive_mask(total), positive_or_one(total)
+    codes = [quantize_word(as_i32(div_rn(as_f32(b), divisor_value)) & keep, e2m1_lut) for b in bits]
+    return codes, scale_code
+
+
+def store_block(addr, codes: list, bits: int) -> None:
+    """``fused.pack_codes`` of 16 valid codes stored at ``addr``: 16 bytes (8 bits; 16-byte aligned), 12
+    (6 bits; 4-byte aligned) or 8 (4 bits; 8-byte aligned)."""
+    if bits == 8:
+        words = [codes[4 * i] | (codes[4 * i + 1] << 8) | (codes[4 * i + 2] << 16) | (codes[4 * i + 3] << 24)
+                 for i in range(4)]  # fmt: skip
+        st_v4_b32(addr, *words)
+    elif bits == 6:
+        p = [codes[4 * i] | (codes[4 * i + 1] << 6) | (codes[4 * i + 2] << 12) | (codes[4 * i + 3] << 18)
+             for i in range(4)]  # fmt: skip
+        st_b32(addr, p[0] | (p[1] << 24))
+        st_b32(addr + 4, (p[1] >> 8) | (p[2] << 16))
+        st_b32(addr + 8, (p[2] >> 16) | (p[3] << 8))
+    else:
+        pairs = [codes[2 * i] | (codes[2 * i + 1] << 4) for i in range(8)]
+        st_v2_b32(addr, *[pairs[4 * i] | (pairs[4 * i + 1] << 8) | (pairs[4 * i + 2] << 16) | (pairs[4 * i + 3] << 24)
+                          for i in range(2)])  # fmt: skip
+
+
+# -- NVFP4 -------------------------------------------------------------------------------------------
+class NVFP4EncodeKernel:
+    """The NVFP4 encoder (``fused.nvfp4_encode`` / ``nvfp4_encode_packed``) of float32 values (16-byte
+    aligned) in rows of ``16 * blocks_per_row``, one 16-value block per thread.
+
+    Outputs: the codes, one per byte (``packed=False``, 16-byte aligned) or two per byte (``packed``, 8-byte
+    aligned), and one e4m3 scale code per block. Per-row global scales ``g[row * g_stride]`` (``g_stride``
+    0: one for all rows) times ``g_scale`` (a power of two: exact); with ``has_floor``, the block-scale floor
+    ``floor``.
+    """
+
+    def __init__(self, packed: bool, divisor: float, g_scale: float = 1.0, has_floor: bool = True):
+        self.packed, self.divisor, self.g_scale, self.has_floor = (
+            bool(packed),
+            float(divisor),
+            float(g_scale),
+            has_floor,
+        )
+
+    @cute.jit
+    def __call__(
+        self, x: cute.Pointer, g: cute.Pointer, e4m3_lut: cute.Pointer, e2m1_lut: cute.Pointer,
+        e4m3_values: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, n_blocks: Int64, blocks_per_row: Int64,
+        g_stride: Int64, floor: Float32, stream: cuda.CUstream,
+    ):  # fmt: skip
+        self.kernel(
+            x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales, n_blocks, blocks_per_row, g_stride, floor
+        ).launch(grid=[_blocks(n_blocks, 1), 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self, x: cute.Pointer, g: cute.Pointer, e4m3_lut: cute.Pointer, e2m1_lut: cute.Pointer,
+        e4m3_values: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, n_blocks: Int64, blocks_per_row: Int64,
+        g_stride: Int64, floor: Float32,
+    ):  # fmt: skip
+        blk = _thread_index()
+        if blk < n_blocks:
+            bits = load_block(x.toint() + blk * (GROUP * 4), False)
+            gv = as_f32(ld_b32(g.toint() + (blk // blocks_per_row) * g_stride * 4))
+            if cutlass.const_expr(self.g_scale != 1.0):
+                gv = mul_rn(gv, Float32(self.g_scale))
+            c, scale_code = nvfp4_block(
+                bits, gv, floor, self.has_floor, self.divisor, e4m3_lut.toint(), e2m1_lut.toint(),
+                e4m3_values.toint(),
+            )  # fmt: skip
+            st_b8(scales.toint() + blk, scale_code)
+            if cutlass.const_expr(self.packed):
+                store_block(codes.toint() + blk * 8, c, 4)
+            else:
+                store_block(codes.toint() + blk * 16, c, 8)
+
+
+# -- the cache writer ----------------------------------------------------------------------------------
+class CacheWriteKernel:
+    """``PagedKVCache.write`` of one of K / V in one launch: encode each new row and store it at its slot.
+
+    Rows ``x (n, h_k, d)`` (float32 or bfloat16, contiguous, ``d`` a multiple of 16), one 16-value chunk per
+    thread. Token ``t``'s row for head ``h`` goes to byte ``page * pool_page + off * pool_row + h * pool_head``
+    of the pool (``page, off = divmod(slots[t], page_size)``); its descale is
+    ``descale[seq_ids[t] * ds_seq + h * ds_head]`` (``per_seq``; else ``h * ds_head``). Element formats
+    store ``pack(lut[round_to_odd(x / descale)])`` (``fused.encode_elements``); NVFP4 stores the packed codes
+    and block scales of ``fused.nvfp4_encode_packed`` under ``g = descale * g_scale`` (scales at
+    ``page * sc_page + off * sc_row + h * sc_head``). A slot outside ``[0, page_size * num_pages)`` or a
+    sequence id outside ``[0, num_seqs)`` traps (a device-side error), so nothing is written out of bounds.
+    """
+
+    def __init__(self, bits: int, nvfp4: bool, bf16: bool, per_seq: bool, has_floor: bool, g_scale: float):
+        self.bits, self.nvfp4, self.bf16, self.per_seq = bits, bool(nvfp4), bool(bf16), bool(per_seq)
+        self.has_floor, self.g_scale = bool(has_floor), float(g_scale)
+
+    @cute.jit
+    def __call__(
+        self, x: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, descale: cute.Pointer, lut: cute.Pointer,
+        e2m1_lut: cute.Pointer, e4m3_values: cute.Pointer, pool: cute.Pointer, scales: cute.Pointer,
+        n_chunks: Int64, heads: Int64, chunks_per_row: Int64, page_size: Int64, num_pages: Int64, num_seqs: Int64,
+        pool_page: Int64, pool_row: Int64, pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64,
+        ds_seq: Int64, ds_head: Int64, floor: Float32, stream: cuda.CUstream,
+    ):  # fmt: skip
+        self.kernel(
+            x, slots, seq_ids, descale, lut, e2m1_lut, e4m3_values, pool, scales, n_chunks, heads, chunks_per_row,
+            page_size, num_pages, num_seqs, pool_page, pool_row, pool_head, sc_page, sc_row, sc_head, ds_seq,
+            ds_head, floor,
+        ).launch(grid=[_blocks(n_chunks, 1), 1, 1], block=[THREADS, 1, 1], stream=stream)  # fmt: skip
+
+    @cute.kernel
+    def kernel(
+        self, x: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, descale: cute.Pointer, lut: cute.Pointer,
+        e2m1_lut: cute.Pointer, e4m3_values: cute.Pointer, pool: cute.Pointer, scales: cute.Pointer,
+        n_chunks: Int64, heads: Int64, chunks_per_row: Int64, page_size: Int64, num_pages: Int64, num_seqs: Int64,
+        pool_page: Int64, pool_row: Int64, pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64,
+        ds_seq: Int64, ds_head: Int64, floor: Float32,
+    ):  # fmt: skip
+        t = _thread_index()
+        if t < n_chunks:
+            row = t // chunks_per_row
+            chunk = t - row * chunks_per_row
+            token = row // heads
+            head = row - token * heads
+            slot = ld_b64(slots.toint() + token * 8)
+            if (slot < 0) | (slot >= page_size * num_pages):
+                trap()
+            ds_at = head * ds_head
+            if cutlass.const_expr(self.per_seq):
+                seq = ld_b64(seq_ids.toint() + token * 8)
+                if (seq < 0) | (seq >= num_seqs):
+                    trap()
+                ds_at = ds_at + seq * ds_seq
+            ds = as_f32(ld_b32(descale.toint() + ds_at * 4))
+            page = slot // page_size
+            off = slot - page * page_size
+            bits = load_block(x.toint() + t * (GROUP * (2 if self.bf16 else 4)), self.bf16)
+            dst = pool.toint() + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
+            if cutlass.const_expr(self.nvfp4):
+                g = mul_rn(ds, Float32(self.g_scale))
+                c, scale_code = nvfp4_block(
+                    bits, g, floor, self.has_floor, 6.0, lut.toint(), e2m1_lut.toint(),
+                    e4m3_values.toint(),
+                )  # fmt: skip
+                st_b8(scales.toint() + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
+                store_block(dst, c, 4)
+            else:
+                store_block(dst, block_codes(bits, ds, lut.toint()), self.bits)
