@@ -77,49 +77,82 @@ def _tvm_ffi() -> bool:
     return True
 
 
+try:  # the current stream's handle without building a Stream object (what Triton's launcher calls)
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:  # pragma: no cover - a torch without it
+    _raw_stream = None
+
+
+def _current_stream(device: torch.device) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 class _Launcher:
     """A compiled helper kernel and how to call it: ``launcher(tensors, scalars, device)`` passes each tensor's
-    address (as a typed pointer of the compile-time kind and alignment) and the current stream."""
+    address (a typed pointer of the compile-time kind and alignment) and the current stream.
 
-    def __init__(self, make, pointers: tuple, scalars: tuple, device):
+    ``build()`` returns (the kernel object, the pointers' (kind, alignment), placeholder scalars)."""
+
+    def __init__(self, build, device):
         import cuda.bindings.driver as cuda
         import cutlass.cute as cute
 
-        self.pointers = pointers
+        kernel, self.pointers, scalars = build()
         self.ffi = _tvm_ffi()
-        args = [_pointer(kind, 1 << 20, align) for kind, align in pointers]
+        args = [_pointer(kind, 1 << 20, align) for kind, align in self.pointers]
         options = "--enable-tvm-ffi" if self.ffi else None
         with torch.cuda.device(device):
-            self.fn = cute.compile(make(), *args, *scalars, cuda.CUstream(0), options=options)
+            self.fn = cute.compile(kernel, *args, *scalars, cuda.CUstream(0), options=options)
         # The TVM-FFI function itself: it takes raw addresses and the stream handle as ints, without the
         # DSL wrapper's per-argument conversion in Python.
         self.raw = self.fn.__tvm_ffi_object__() if self.ffi and hasattr(self.fn, "__tvm_ffi_object__") else None
 
-    def __call__(self, tensors: tuple, scalars: tuple, device) -> None:
-        stream = torch.cuda.current_stream(device).cuda_stream
+    def __call__(self, tensors: tuple, scalars: tuple, device: torch.device) -> None:
+        stream = _current_stream(device)
         if self.raw is not None:
             self.raw(*[t.data_ptr() for t in tensors], *scalars, stream)
-            return
-        if self.ffi:
+        elif self.ffi:
             self.fn(*[t.data_ptr() for t in tensors], *scalars, stream)
-            return
-        import cuda.bindings.driver as cuda
+        else:
+            import cuda.bindings.driver as cuda
 
-        ptrs = (_pointer(kind, t.data_ptr(), align) for (kind, align), t in zip(self.pointers, tensors))
-        self.fn(*ptrs, *scalars, cuda.CUstream(stream))
+            ptrs = (_pointer(kind, t.data_ptr(), align) for (kind, align), t in zip(self.pointers, tensors))
+            self.fn(*ptrs, *scalars, cuda.CUstream(stream))
 
 
-def _kernel(key: tuple, make, pointers: tuple, scalars: tuple, device) -> _Launcher:
-    """The launcher of ``key`` for ``device``'s architecture (compiled on first use from ``make()`` with
-    placeholder pointers of the given (kind, alignment) and placeholder ``scalars``)."""
+def _kernel(key: tuple, device: torch.device, build) -> _Launcher:
+    """The launcher of ``key`` on ``device`` (compiled on first use from ``build()``: see :class:`_Launcher`)."""
     full = (key, device.index)
     hit = _compiled.get(full)
     if hit is not None:
         return hit
     with _lock:
         if full not in _compiled:
-            _compiled[full] = _Launcher(make, pointers, scalars, device)
+            _compiled[full] = _Launcher(build, device)
         return _compiled[full]
+
+
+def _int64(n: int) -> tuple:
+    import cutlass
+
+    return tuple(cutlass.Int64(1) for _ in range(n))
+
+
+def _build_quantize():
+    from .helpers_kernel import QuantizeKernel
+
+    return QuantizeKernel(), (("f32", 16), ("u8", 1), ("u8", 4)), _int64(1)
+
+
+def _build_pack(bits: int):
+    from .helpers_kernel import PackKernel
+
+    return PackKernel(bits), (("u8", 16), ("u8", 8)), _int64(1)
+
+
+_PACK_BUILDS = {4: functools.partial(_build_pack, 4), 6: functools.partial(_build_pack, 6)}
 
 
 def _aligned(name: str, t: torch.Tensor, align: int) -> torch.Tensor:
@@ -139,39 +172,27 @@ def _check_size(name: str, n: int) -> None:
 def quantize_f32(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
     """``fused.quantize_f32`` on CUDA: the codes of float32 ``x`` (any shape) through the round-to-odd table
     ``lut`` (uint8 ``(65536,)`` on ``x``'s device). Returns uint8 of ``x``'s shape."""
-    from .helpers_kernel import QuantizeKernel
-
-    import cutlass
-
     x = _aligned("x", x, 16)
-    _check_size("x", x.numel())
+    n = x.numel()
+    _check_size("x", n)
     out = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
-    if x.numel() == 0:
-        return out
-    kernel = _kernel(("quantize",), QuantizeKernel, (("f32", 16), ("u8", 1), ("u8", 4)), (cutlass.Int64(1),), x.device)
-    kernel((x, lut, out), (x.numel(),), x.device)
+    if n:
+        _kernel(("quantize",), x.device, _build_quantize)((x, lut, out), (n,), x.device)
     return out
 
 
 def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
     """``fused.pack_codes`` on CUDA for 4 and 6 bits: valid uint8 codes ``(..., d)`` (``d`` even for 4 bits,
     a multiple of 4 for 6) -> uint8 ``(..., d * bits / 8)``."""
-    from .helpers_kernel import PackKernel
-
-    import cutlass
-
     if codes.dtype != torch.uint8:
         codes = codes.to(torch.uint8)
     codes = _aligned("codes", codes, 16)
-    _check_size("codes", codes.numel())
-    d = codes.shape[-1]
-    out = torch.empty(*codes.shape[:-1], d * bits // 8, dtype=torch.uint8, device=codes.device)
-    if codes.numel() == 0:
-        return out
-    kernel = _kernel(
-        ("pack", bits), functools.partial(PackKernel, bits), (("u8", 16), ("u8", 8)), (cutlass.Int64(1),), codes.device
-    )
-    kernel((codes, out), (codes.numel(),), codes.device)
+    n = codes.numel()
+    _check_size("codes", n)
+    shape = codes.shape
+    out = torch.empty((*shape[:-1], shape[-1] * bits // 8), dtype=torch.uint8, device=codes.device)
+    if n:
+        _kernel(("pack", bits), codes.device, _PACK_BUILDS[bits])((codes, out), (n,), codes.device)
     return out
 
 
@@ -200,8 +221,6 @@ def nvfp4_encode(
     """
     from .helpers_kernel import NVFP4_GROUP, NVFP4EncodeKernel
 
-    import cutlass
-
     rows, d = x.shape
     x = _aligned("x", x.float(), 16)
     _check_size("x", x.numel())
@@ -220,17 +239,19 @@ def nvfp4_encode(
         return codes, scales
     has_floor = floor is not None
 
-    def make():
-        return NVFP4EncodeKernel(packed, divisor, g_scale, has_floor)
+    def build():
+        import cutlass
 
-    pointers = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4), ("u8", 8 if packed else 16), ("u8", 1))
-    scalars = (cutlass.Int64(1), cutlass.Int64(1), cutlass.Int64(1), cutlass.Float32(1.0))
-    kernel = _kernel(("nvfp4", packed, float(divisor), float(g_scale), has_floor), make, pointers, scalars, x.device)
+        pointers = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4), ("u8", 8 if packed else 16), ("u8", 1))
+        return NVFP4EncodeKernel(packed, divisor, g_scale, has_floor), pointers, (*_int64(3), cutlass.Float32(1.0))
+
+    kernel = _kernel(("nvfp4", packed, float(divisor), float(g_scale), has_floor), x.device, build)
     tensors = (x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales)
     kernel(tensors, (n_blocks, d // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0), x.device)
     return codes, scales
 
 
+WRITE_CHUNKS = (4, 2, 1)  # 16-value chunks per writer thread: the first that divides d / 16
 _STORE_ALIGN = {8: 16, 6: 4, 4: 8}  # bytes: the widest store of a 16-value chunk's codes
 
 
@@ -281,8 +302,6 @@ def write_rows(
     """
     from .helpers_kernel import CacheWriteKernel
 
-    import cutlass
-
     n, heads, d = x.shape
     if x.dtype not in (torch.float32, torch.bfloat16):
         x = x.float()
@@ -305,14 +324,16 @@ def write_rows(
     bf16 = x.dtype == torch.bfloat16
     has_floor = floor is not None
 
-    def make():
-        return CacheWriteKernel(bits, nvfp4, bf16, per_seq, has_floor, g_scale)
+    def build():
+        import cutlass
 
-    pointers = (("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4),
-                ("u8", _STORE_ALIGN[bits]), ("u8", 1))  # fmt: skip
-    scalars = (*[cutlass.Int64(1)] * 14, cutlass.Float32(1.0))
-    key = ("write", bits, nvfp4, bf16, per_seq, has_floor, float(g_scale))
-    kernel = _kernel(key, make, pointers, scalars, x.device)
+        pointers = (("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4),
+                    ("u8", _STORE_ALIGN[bits]), ("u8", 1))  # fmt: skip
+        kernel = CacheWriteKernel(bits, nvfp4, bf16, per_seq, has_floor, g_scale, chunks)
+        return kernel, pointers, (*_int64(14), cutlass.Float32(1.0))
+
+    chunks = next(c for c in WRITE_CHUNKS if (d // 16) % c == 0)
+    kernel = _kernel(("write", bits, nvfp4, bf16, per_seq, has_floor, float(g_scale), chunks), x.device, build)
     tensors = (x, slots, seq_ids, descale, lut, e2m1_lut, e4m3_values, pool, scale_view)
     sizes = (x.numel() // 16, heads, d // 16, page_size, pool.shape[0], num_seqs)
     kernel(tensors, (*sizes, *pool_strides, *sc_strides, ds_seq, ds_head, float(floor) if has_floor else 0.0), x.device)

@@ -26,6 +26,7 @@ for later processes).
 from __future__ import annotations
 
 import functools
+import math
 import os
 
 import torch
@@ -34,7 +35,7 @@ __all__ = [
     "available",
     "helper_kernels",
     "quantize_codes",
-    "pack_rows",
+    "pack_any",
     "compiled",
     "for_device",
     "div_rn",
@@ -61,19 +62,27 @@ def available(device) -> bool:
     return True
 
 
+_HELPERS: list = []  # mjolnir_kernel.helpers once imported (None: not installed)
+
+
 def helper_kernels(device):
     """``mjolnir_kernel.helpers`` where its directly launched kernels run on ``device`` (CUDA compute
     capability 9.0+ with the CuTe DSL, the ``kernel`` extra; ``MJOLNIR_KERNELS=0`` turns them off), else
     None. They compute this module's formulas with the same exact operations (tested on every float32 bit
     pattern and every code) and cost a few microseconds of host time per call where a compiled graph's
     call costs over a hundred (the H200 profile of 2026-12-02)."""
-    if torch.device(device).type != "cuda":
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    if device.type != "cuda":
         return None
-    try:
-        from mjolnir_kernel import helpers
-    except ImportError:
-        return None
-    return helpers if helpers.available(device) else None
+    if not _HELPERS:
+        try:
+            from mjolnir_kernel import helpers
+        except ImportError:
+            helpers = None
+        _HELPERS.append(helpers)
+    helpers = _HELPERS[0]
+    return helpers if helpers is not None and helpers.available(device) else None
 
 
 def quantize_codes(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
@@ -85,15 +94,17 @@ def quantize_codes(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
     return compiled(quantize_f32)(x.reshape(-1), lut).view(x.shape)
 
 
-def pack_rows(rows: torch.Tensor, *, bits: int) -> torch.Tensor:
-    """:func:`pack_codes` of valid codes ``(n, d)`` with the fastest path on their device: 8 bits eagerly (a
-    copy); 4 and 6 bits by the helper kernel, else the compiled formula (CUDA) or the eager one."""
+def pack_any(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
+    """:func:`pack_codes` of valid codes ``(..., d)`` (any rank) with the fastest path on their device: 8 bits
+    eagerly (a copy); 4 and 6 bits by the helper kernel, else the compiled formula on rows (CUDA) or the
+    eager one. Returns uint8 ``(..., d * bits / 8)``."""
     if bits == 8:  # a copy: torch's own is the fastest
-        return pack_codes(rows, bits=8)
-    kernels = helper_kernels(rows.device)
+        return pack_codes(codes, bits=8)
+    kernels = helper_kernels(codes.device)
     if kernels is not None:
-        return kernels.pack_codes(rows, bits=bits)
-    return for_device(pack_codes, rows.device, bits=bits)(rows)
+        return kernels.pack_codes(codes, bits=bits)
+    rows = codes.reshape(math.prod(codes.shape[:-1]), codes.shape[-1])  # one graph for any rank
+    return for_device(pack_codes, codes.device, bits=bits)(rows).view(*codes.shape[:-1], codes.shape[-1] * bits // 8)
 
 
 # Each helper's graphs share one code object per formula (bit widths, dtypes, broadcast descales and

@@ -15,6 +15,7 @@ and those kernel values are returned.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Optional, Union
@@ -116,6 +117,13 @@ def _constant(value: float, device) -> torch.Tensor:
     return _CONSTANTS[key]
 
 
+def _f32(v: float) -> float:
+    """``v`` rounded to float32 (nearest even). For the quotient of two float32 values computed in float64
+    this is the correctly rounded float32 quotient (double rounding is innocuous: 53 >= 2 * 24 + 2), the
+    bits of a float32 tensor division on any device."""
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
 def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int, divisor: float, **packed):
     """Codes and block-scale codes of ``x (..., d)`` (:func:`~mjolnir_numerics.fused.nvfp4_encode`; with
     ``g_scale=...``, the packed codes of :func:`~mjolnir_numerics.fused.nvfp4_encode_packed`)."""
@@ -178,6 +186,7 @@ def nvfp4_quantize(
     global_value: Union[float, torch.Tensor, None] = None,
     scale_floor: Optional[float] = DEFAULT_SCALE_FLOOR,
     four_over_six: bool = False,
+    check: bool = True,
 ) -> NVFP4Tensor:
     """Quantize ``x`` to NVFP4.
 
@@ -198,6 +207,10 @@ def nvfp4_quantize(
             ``amax(block) / 4`` (mapping the block's largest value to e2m1's 4 instead of 6, which
             gives finer steps near it) and keep whichever of the two has the smaller sum of squared
             errors of the dequantized values (ties keep ``amax / 6``).
+        check: check the values (finite ``x``; a ``global_value`` that is positive, finite and fits the
+            data), which needs the device's answer. ``False`` is the serving loop's call: no wait for the
+            device (capturable in a CUDA graph) and the same bits for valid input; the caller guarantees
+            those (inf / NaN in ``x`` then give undefined codes, never an error).
 
     Returns:
         :class:`NVFP4Tensor`.
@@ -211,38 +224,55 @@ def nvfp4_quantize(
     check_tensor("x", x, kind="float")
     group = check_int("group", group, low=1)
     check_bool("four_over_six", four_over_six)
+    check_bool("check", check)
     if x.dim() == 0 or x.shape[-1] % group:
         raise ValueError(f"x: last dim {tuple(x.shape)[-1:] or '()'} must be a multiple of group={group}")
-    x = x.float()
-    amax = x.abs().amax() if x.numel() else torch.zeros((), device=x.device)  # NaN and inf propagate
-    if not bool(torch.isfinite(amax)):
-        raise ValueError("x: holds inf or NaN; NVFP4 scales are computed from amax and need finite values")
     if global_scale not in GLOBAL_SCALE_CONVENTIONS:
         raise ValueError(
             f"global_scale: unknown convention {global_scale!r}; allowed {', '.join(GLOBAL_SCALE_CONVENTIONS)}"
         )
     if scale_floor is not None and check_float("scale_floor", scale_floor, positive=True, allow_zero=False) <= 0:
         raise ValueError(f"scale_floor: expected a positive finite float or None, got {scale_floor!r}")
-
-    lead = x.shape[:-1]
-    if global_value is None:
-        g = amax / _constant(GLOBAL_SCALE_CONVENTIONS[global_scale], x.device)
-        g = torch.where(g > 0, g, torch.ones_like(g))  # an all-zero tensor: any g encodes it exactly
+    x = x.float()
+    lead, d = x.shape[:-1], x.shape[-1]
+    divisor = GLOBAL_SCALE_CONVENTIONS[global_scale]
+    if not check and global_value is None:  # g on the device: no wait
+        amax = torch.linalg.vector_norm(x, float("inf")) if x.numel() else torch.zeros((), device=x.device)
+        g = torch.where(amax > 0, amax / _constant(divisor, x.device), _constant(1.0, x.device))
+    elif global_value is None:
+        # max |x| in one pass and one wait (NaN and inf propagate); the inf-norm is a max: exact
+        amax = float(torch.linalg.vector_norm(x, float("inf"))) if x.numel() else 0.0
+        if not math.isfinite(amax):
+            raise ValueError("x: holds inf or NaN; NVFP4 scales are computed from amax and need finite values")
+        g_value = _f32(amax / divisor)  # the fp32 division's bits (see _f32)
+        g = torch.full((), g_value if g_value > 0 else 1.0, dtype=torch.float32, device=x.device)  # 0: any g
     else:
         if isinstance(global_value, torch.Tensor):
             g = check_tensor("global_value", global_value, kind="float").to(torch.float32, copy=False).to(x.device)
         else:
             g = torch.tensor(check_float("global_value", global_value), dtype=torch.float32, device=x.device)
-        if not (torch.isfinite(g).all() and (g > 0).all()):
+        if check and not (torch.isfinite(g).all() and (g > 0).all()):
             raise ValueError("global_value: must be positive and finite")
+    g_one = g.float() if g.numel() == 1 else None  # one global scale: the kernel takes it as it is
     try:
         g = torch.broadcast_to(g.float(), (*lead, 1))
     except RuntimeError:
         raise ValueError(f"global_value: shape {tuple(g.shape)} does not broadcast to {(*lead, 1)}") from None
 
-    if global_value is not None:
+    if check and global_value is not None:
+        if not bool(torch.isfinite(x.abs().amax() if x.numel() else torch.zeros(()))):
+            raise ValueError("x: holds inf or NaN; NVFP4 scales are computed from amax and need finite values")
         check_scale_fits("global_value", x, g, E2M1.max_normal * E4M3.max_normal, NVFP4_SMALLEST)
-    d = x.shape[-1]  # rows flattened: one graph for any rank
+    kernels = fused.helper_kernels(x.device)
+    if kernels is not None and group == 16 and not four_over_six and g_one is not None:  # one launch
+        e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
+        codes, scale_codes = kernels.nvfp4_encode(
+            x.reshape(-1, d), g_one, scale_floor, e4m3_lut, e2m1_lut, e4m3_values, divisor=E2M1.max_normal
+        )
+        return NVFP4Tensor(
+            codes=codes.view(x.shape), scales=scale_codes.view(*lead, d // group), global_scale=g, group=group
+        )
+    # rows flattened: one graph for any rank
     codes, scale_codes = encode_unchecked(x.reshape(-1, d), g.reshape(-1, 1), group, scale_floor, four_over_six)
     codes, scale_codes = codes.view(x.shape), scale_codes.view(*lead, d // group)
     return NVFP4Tensor(codes=codes, scales=scale_codes, global_scale=g, group=group)

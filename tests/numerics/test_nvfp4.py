@@ -277,3 +277,25 @@ def test_cuda_gives_the_cpu_result():
         b = nvfp4_quantize(torch.from_numpy(x).cuda(), **kw)
         for name in ("codes", "scales", "global_scale", "values", "kernel_values", "kernel_descale"):
             assert torch.equal(getattr(a, name), getattr(b, name).cpu()), f"{name} differs on CUDA with {kw}"
+
+
+def test_unchecked_quantize_gives_the_checked_bits():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 64, generator=gen) * torch.exp2(torch.empty(6, 64).uniform_(-8, 8, generator=gen))
+    for kw in ({}, {"global_scale": "flashinfer"}, {"global_value": 0.02}, {"scale_floor": None}):
+        a, b = nvfp4_quantize(x, **kw), nvfp4_quantize(x, **kw, check=False)
+        for name in ("codes", "scales", "global_scale"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (name, kw)
+    assert torch.equal(nvfp4_quantize(torch.zeros(2, 16), check=False).global_scale, torch.ones(2, 1))
+
+
+def test_check_false_skips_the_value_checks_only():
+    x = torch.ones(2, 16)
+    x[0, 0] = float("inf")
+    with pytest.raises(ValueError, match="^x: holds inf or NaN"):
+        nvfp4_quantize(x)
+    nvfp4_quantize(x, check=False)  # no wait for the device: the caller guarantees finite values
+    with pytest.raises(ValueError, match="^check:"):
+        nvfp4_quantize(x, check=1)
+    with pytest.raises(ValueError, match="last dim"):
+        nvfp4_quantize(torch.ones(2, 15), check=False)
