@@ -251,7 +251,6 @@ def nvfp4_encode(
     return codes, scales
 
 
-WRITE_CHUNKS = (4, 2, 1)  # 16-value chunks per writer thread: the first that divides d / 16
 _STORE_ALIGN = {8: 16, 6: 4, 4: 8}  # bytes: the widest store of a 16-value chunk's codes
 
 
@@ -329,11 +328,10 @@ def write_rows(
 
         pointers = (("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4),
                     ("u8", _STORE_ALIGN[bits]), ("u8", 1))  # fmt: skip
-        kernel = CacheWriteKernel(bits, nvfp4, bf16, per_seq, has_floor, g_scale, chunks)
+        kernel = CacheWriteKernel(bits, nvfp4, bf16, per_seq, has_floor, g_scale)
         return kernel, pointers, (*_int64(14), cutlass.Float32(1.0))
 
-    chunks = next(c for c in WRITE_CHUNKS if (d // 16) % c == 0)
-    kernel = _kernel(("write", bits, nvfp4, bf16, per_seq, has_floor, float(g_scale), chunks), x.device, build)
+    kernel = _kernel(("write", bits, nvfp4, bf16, per_seq, has_floor, float(g_scale)), x.device, build)
     tensors = (x, slots, seq_ids, descale, lut, e2m1_lut, e4m3_values, pool, scale_view)
     sizes = (x.numel() // 16, heads, d // 16, page_size, pool.shape[0], num_seqs)
     kernel(tensors, (*sizes, *pool_strides, *sc_strides, ds_seq, ds_head, float(floor) if has_floor else 0.0), x.device)

@@ -368,9 +368,9 @@ class NVFP4EncodeKernel:
 class CacheWriteKernel:
     """``PagedKVCache.write`` of one of K / V in one launch: encode each new row and store it at its slot.
 
-    Rows ``x (n, h_k, d)`` (float32 or bfloat16, contiguous, ``d`` a multiple of 16), ``chunks`` consecutive
-    16-value chunks of one row per thread (``chunks`` divides ``d / 16``; all loads issued first). Token ``t``'s
-    row for head ``h`` goes to byte ``page * pool_page + off * pool_row + h * pool_head`` of the pool
+    Rows ``x (n, h_k, d)`` (float32 or bfloat16, contiguous, ``d`` a multiple of 16), one 16-value chunk per
+    thread (2 to 8 chunks per thread measured slower on the H200: reports/helpers). Token ``t``'s row for head
+    ``h`` goes to byte ``page * pool_page + off * pool_row + h * pool_head`` of the pool
     (``page, off = divmod(slots[t], page_size)``); its descale is ``descale[seq_ids[t] * ds_seq + h * ds_head]``
     (``per_seq``; else ``h * ds_head``). Element formats store ``pack(lut[round_to_odd(x / descale)])``
     (``fused.encode_elements``); NVFP4 stores the packed codes
@@ -379,11 +379,9 @@ class CacheWriteKernel:
     sequence id outside ``[0, num_seqs)`` traps (a device-side error), so nothing is written out of bounds.
     """
 
-    def __init__(
-        self, bits: int, nvfp4: bool, bf16: bool, per_seq: bool, has_floor: bool, g_scale: float, chunks: int = 1
-    ):
+    def __init__(self, bits: int, nvfp4: bool, bf16: bool, per_seq: bool, has_floor: bool, g_scale: float):
         self.bits, self.nvfp4, self.bf16, self.per_seq = bits, bool(nvfp4), bool(bf16), bool(per_seq)
-        self.has_floor, self.g_scale, self.chunks = bool(has_floor), float(g_scale), int(chunks)
+        self.has_floor, self.g_scale = bool(has_floor), float(g_scale)
 
     @cute.jit
     def __call__(
@@ -397,7 +395,7 @@ class CacheWriteKernel:
             x, slots, seq_ids, descale, lut, e2m1_lut, e4m3_values, pool, scales, n_chunks, heads, chunks_per_row,
             page_size, num_pages, num_seqs, pool_page, pool_row, pool_head, sc_page, sc_row, sc_head, ds_seq,
             ds_head, floor,
-        ).launch(grid=[_blocks(n_chunks, self.chunks), 1, 1], block=[THREADS, 1, 1], stream=stream)  # fmt: skip
+        ).launch(grid=[_blocks(n_chunks, 1), 1, 1], block=[THREADS, 1, 1], stream=stream)  # fmt: skip
 
     @cute.kernel
     def kernel(
@@ -407,7 +405,7 @@ class CacheWriteKernel:
         pool_page: Int64, pool_row: Int64, pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64,
         ds_seq: Int64, ds_head: Int64, floor: Float32,
     ):  # fmt: skip
-        t = _thread_index() * self.chunks  # this thread's first chunk
+        t = _thread_index()
         if t < n_chunks:
             row = t // chunks_per_row
             chunk = t - row * chunks_per_row
@@ -422,23 +420,17 @@ class CacheWriteKernel:
                 if (seq < 0) | (seq >= num_seqs):
                     trap()
                 ds_at = ds_at + seq * ds_seq
-            chunk_bytes = GROUP * (2 if self.bf16 else 4)
-            blocks = []
-            for k in cutlass.range_constexpr(self.chunks):
-                blocks.append(load_block(x.toint() + (t + k) * chunk_bytes, self.bf16))
+            bits = load_block(x.toint() + t * (GROUP * (2 if self.bf16 else 4)), self.bf16)
             ds = as_f32(ld_b32(descale.toint() + ds_at * 4))
             page = slot // page_size
             off = slot - page * page_size
             dst = pool.toint() + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
             if cutlass.const_expr(self.nvfp4):
-                g = mul_rn(ds, Float32(self.g_scale))
-                sc = scales.toint() + page * sc_page + off * sc_row + head * sc_head + chunk
-                for k in cutlass.range_constexpr(self.chunks):
-                    c, scale_code = nvfp4_block(
-                        blocks[k], g, floor, self.has_floor, 6.0, lut.toint(), e2m1_lut.toint(), e4m3_values.toint()
-                    )
-                    st_b8(sc + k, scale_code)
-                    store_block(dst + 8 * k, c, 4)
+                c, scale_code = nvfp4_block(
+                    bits, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0, lut.toint(), e2m1_lut.toint(),
+                    e4m3_values.toint(),
+                )  # fmt: skip
+                st_b8(scales.toint() + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
+                store_block(dst, c, 4)
             else:
-                for k in cutlass.range_constexpr(self.chunks):
-                    store_block(dst + 2 * self.bits * k, block_codes(blocks[k], ds, lut.toint()), self.bits)
+                store_block(dst, block_codes(bits, ds, lut.toint()), self.bits)
