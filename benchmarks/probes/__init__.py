@@ -9,4 +9,6 @@ outside the installed packages (run from the repository root, ``python -m benchm
 * ``pipe_floors`` / ``phase_samples`` (with ``_ncu``)  instruction-count floors and per-phase warp samples
   from Nsight Compute
 * ``fixed_cost``  a call's fixed cost and marginal bandwidth, fitted from ``bench_hopper_decode --csv`` runs
+* ``helpers_host_time`` / ``helpers_writer_parts`` / ``helpers_nvfp4_profile``  the helper kernels' host time
+  per call, where the prefill writer's time goes, and ``nvfp4_quantize``'s reductions and profile
 """

@@ -290,7 +290,9 @@ def test_cuda_write_of_narrow_heads(fmt, head_dim, cuda_path):
     """Head dims whose rows hold 1, 2, 3 and 4 chunks of 16 values (the writer's chunks per thread)."""
     gen = torch.Generator().manual_seed(head_dim)
     k = [torch.randn(20, 2, head_dim, generator=gen) * 3 for _ in range(2)]
-    caches = [PagedKVCache.from_float(k, k, fmt, page_size=16, granularity="per_head", device=d) for d in ("cpu", "cuda")]
+    caches = [
+        PagedKVCache.from_float(k, k, fmt, page_size=16, granularity="per_head", device=dev) for dev in ("cpu", "cuda")
+    ]
     used = set(caches[0].block_table.reshape(-1).tolist())
     free = [p for p in range(caches[0].num_pages) if p not in used]
     slots = torch.tensor([free[0] * 16 + i for i in range(16)])
