@@ -90,7 +90,7 @@ class Format:
         """Code a NaN input converts to: 0x7F for e4m3; fp6/fp4 have no NaN and give +max."""
         return self.sign_mask - 1 if self.nan_at_max_code else None
 
-    @property
+    @cached_property
     def max_normal(self) -> float:
         """Largest finite value (448, 28, 7.5, 6)."""
         return self.code_value(self.max_code)
