@@ -75,9 +75,10 @@ def default_config(
 
         cfg = HopperConfig(**shape)
     else:
-        from .thor.config import ThorConfig
+        from .thor.config import ThorConfig, default_ctas
 
-        cfg = ThorConfig(**shape, ctas_per_sm=t.ctas(head_dim))
+        ctas = default_ctas(t.ctas(head_dim), shape["q_tile"], q_dtype, kv_format)
+        cfg = ThorConfig(**shape, ctas_per_sm=ctas)
     can_implement(cfg)
     return cfg
 

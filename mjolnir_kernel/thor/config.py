@@ -61,6 +61,19 @@ EVICT_FIRST_POLICY = 0x12F0000000000000  # CUTLASS CacheHintSm90::EVICT_FIRST L2
 MAX_SPLITS_LIMIT = 64  # the reduction unrolls over max_splits
 # ---------------------------------------------------------------------------------------------
 
+
+def default_ctas(target_ctas: int, q_tile: int, q_dtype: str, kv_format: str) -> int:
+    """CTAs per SM the default config compiles: the target's, except 1 for a 32-row query tile with a
+    convert warpgroup (bf16 Q, or NVFP4 KV). At 2 CTAs per SM those configs' three warpgroups share 240
+    registers per thread slot (80 each at launch), and the 32-row tile needs about 128 for softmax, 80 for
+    the convert warpgroup and 40 for the MMA/TMA warps: every setmaxnreg split of 240 spilled 24-432 bytes
+    on sm_110a (the sweep of 2026-12-02, reports/thor/2026-12-02-spills.md), while 1 CTA per SM (168) spills
+    nothing. The split plan keeps the target's occupancy (a plan is valid for any residency; the kernel and
+    ``emulate_decode`` make the same one)."""
+    has_convert = q_dtype == "bf16" or kv_format == "nvfp4"
+    return 1 if (target_ctas == 2 and q_tile > 16 and has_convert) else target_ctas
+
+
 NVFP4_GROUP = NVFP4.group
 KV_FORMATS = tuple(FORMATS)
 KV_FORMAT_BITS = {name: fmt.bits for name, fmt in FORMATS.items()}
@@ -87,7 +100,8 @@ class ThorConfig:
       pdl           programmatic dependent launch for the decode and reduction grids (a feature for
                     callers that chain kernels)
       ctas_per_sm   co-resident CTAs per SM (1 or 2); each gets 1/ctas of smem, TMEM, registers.
-                    Default: the Thor target's, 2 (the seed kernel measured 2 faster than 1 on Thor)
+                    Default: the Thor target's, 2 (the seed kernel measured 2 faster than 1 on Thor);
+                    ``default_config`` takes 1 where 2 would spill (:func:`default_ctas`)
       ring_stages   KV shared-memory ring stages of 16 KiB (one 128 x 128 byte MMA operand block);
                     0 = the default of the tuning block (the seed kernel's measurements on Thor)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mjolnir_kernel.config import ConfigError, can_implement
+from mjolnir_kernel.config import ConfigError, can_implement, default_config
 from mjolnir_kernel.thor.config import KV_FORMATS, ThorConfig
 from mjolnir_numerics.targets import THOR
 
@@ -139,3 +139,19 @@ def test_fields_of_the_wrong_type_are_named_not_crashed_on():
         default_config("thor", **kw, causal="x")
     with pytest.raises(TypeError, match="head_dim: expected an int"):
         default_config("thor", **{**kw, "head_dim": None})
+
+
+def test_default_config_takes_one_cta_per_sm_where_two_would_spill():
+    """32-row tiles with a convert warpgroup (bf16 Q or NVFP4 KV) compile at 1 CTA per SM by default (their
+    2-CTA register split spills; reports/thor/2026-12-02-spills.md); everything else keeps the target's."""
+    from mjolnir_kernel.thor.config import default_ctas
+
+    assert default_ctas(2, 32, "bf16", "e4m3") == 1
+    assert default_ctas(2, 32, "e4m3", "nvfp4") == 1
+    assert default_ctas(2, 32, "e4m3", "e4m3") == 2  # no convert warpgroup: 128 registers at 2 CTAs
+    assert default_ctas(2, 16, "bf16", "e4m3") == 2
+    assert default_ctas(1, 32, "bf16", "e4m3") == 1
+    wide = default_config(THOR, head_dim=128, page_size=16, q_len=4, kv_format="e4m3", q_dtype="bf16", n_q=24)
+    narrow = default_config(THOR, head_dim=128, page_size=16, q_len=1, kv_format="e4m3", q_dtype="bf16", n_q=6)
+    assert (wide.q_tile, wide.ctas_per_sm) == (32, 1)
+    assert (narrow.q_tile, narrow.ctas_per_sm) == (8, THOR.ctas(128))
