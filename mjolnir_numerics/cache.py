@@ -429,21 +429,21 @@ class PagedKVCache:
             return None
         return kernels
 
-    def _write_kernel(self, which: str, x: torch.Tensor, slots: torch.Tensor, seq_ids) -> None:
-        """Encode and store rows ``x (n, h_k, d)`` of ``which`` at ``slots`` in one launch (the bits of
-        :meth:`_encode_rows` and the scatter)."""
+    def _write_kernel(self, kernels, which: str, x: torch.Tensor, slots: torch.Tensor, seq_ids) -> None:
+        """Encode and store rows ``x (n, h_k, d)`` of ``which`` at ``slots`` in one launch of ``kernels``
+        (:meth:`_write_kernels`): the bits of :meth:`_encode_rows` and the scatter."""
         pool, scales = self._pool(which)
         descale = (self.k_descale if which == "k" else self.v_descale).to(self.device)
         seq = None if seq_ids is None else seq_ids.to(self.device)
         if self.is_block_scaled:
             floor = (self.nvfp4_options or {}).get("scale_floor", DEFAULT_SCALE_FLOOR)
             e4m3_lut, e2m1_lut = _round_to_odd_lut(E4M3, self.device), _round_to_odd_lut(E2M1, self.device)
-            fused.helper_kernels(self.device).write_rows(
+            kernels.write_rows(
                 x, slots, seq, descale, pool, scales, bits=4, page_size=self.page_size, lut=e4m3_lut,
                 nvfp4_tables=(e2m1_lut, E4M3.values(self.device)), floor=floor, g_scale=KERNEL_SHIFT,
             )  # fmt: skip
         else:
-            fused.helper_kernels(self.device).write_rows(
+            kernels.write_rows(
                 x, slots, seq, descale, pool, None, bits=self.fmt.bits, page_size=self.page_size,
                 lut=_round_to_odd_lut(self.fmt, self.device),
             )  # fmt: skip
@@ -522,9 +522,10 @@ class PagedKVCache:
         slots = slot_mapping.to(self.device).long()
         if check:
             self._check_write(k, v, slots, seq_ids, allow_nonfinite)
-        if self._write_kernels() is not None:  # one launch per K and V: encode and store (CUDA)
+        kernels = self._write_kernels()
+        if kernels is not None:  # one launch per K and V: encode and store (CUDA)
             for which, x in (("k", k), ("v", v)):
-                self._write_kernel(which, x, slots, seq_ids)
+                self._write_kernel(kernels, which, x, slots, seq_ids)
             return
         encoded = [
             (which, *self._encode_rows(x, self._row_descale(which, seq_ids))) for which, x in (("k", k), ("v", v))

@@ -300,3 +300,38 @@ def test_cuda_write_of_narrow_heads(fmt, head_dim, cuda_path):
     caches[0].write(new, new * 0.5, slots)
     caches[1].write(new.cuda(), new.cuda() * 0.5, slots.cuda(), check=False)
     assert all(torch.equal(a, b) for a, b in zip(_pool_bytes(caches[0]), _pool_bytes(caches[1]))), (fmt, head_dim)
+
+
+@pytest.mark.parametrize("fmt", ["e3m2", "nvfp4"])
+def test_write_hands_the_one_launch_writer_the_caches_rows(fmt, monkeypatch):
+    """What ``PagedKVCache.write`` passes to the helper kernels' writer (run on the CPU with a recording
+    stand-in; the kernel's bits are the CUDA tests'): both pools, their descales, the slots, the format's
+    bits and tables, NVFP4's floor and kernel shift; and nothing else is written."""
+    from mjolnir_kernel import helpers
+    from mjolnir_numerics.nvfp4 import DEFAULT_SCALE_FLOOR, KERNEL_SHIFT
+
+    calls = []
+
+    class Recorder:
+        write_unsupported = staticmethod(helpers.write_unsupported)
+
+        @staticmethod
+        def write_rows(x, slots, seq_ids, descale, pool, scales, **kw):
+            calls.append((x, slots, seq_ids, descale, pool, scales, kw))
+
+    cache = _caches(fmt, "nhd", "per_seq_head", "cpu")
+    before = _pool_bytes(cache)
+    monkeypatch.setattr(fused, "helper_kernels", lambda device: Recorder)
+    k, v, slots, seqs = _decode_step(cache, 8, seed=6)
+    cache.write(k, v, slots, seq_ids=seqs, check=False)
+    assert len(calls) == 2 and [c[4] is p for c, p in zip(calls, (cache.k_pool, cache.v_pool))] == [True, True]
+    assert torch.equal(calls[0][0], k) and torch.equal(calls[1][0], v) and torch.equal(calls[0][1], slots)
+    assert torch.equal(calls[0][2], seqs) and torch.equal(calls[1][3], cache.v_descale)
+    kw = calls[0][6]
+    assert kw["page_size"] == 16 and kw["bits"] == (4 if fmt == "nvfp4" else 6)
+    if fmt == "nvfp4":
+        assert calls[0][5] is cache.k_scales and kw["floor"] == DEFAULT_SCALE_FLOOR and kw["g_scale"] == KERNEL_SHIFT
+        assert torch.equal(kw["lut"], _round_to_odd_lut(E4M3, "cpu"))
+    else:
+        assert calls[0][5] is None and torch.equal(kw["lut"], _round_to_odd_lut(E3M2, "cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(before, _pool_bytes(cache)))  # the stand-in wrote nothing
