@@ -1,5 +1,5 @@
-"""Elementwise kernels behind the helpers users import on the GPU: quantize, pack and the NVFP4 encoder
-(CuTe DSL device code; the host side is :mod:`mjolnir_kernel.helpers`).
+"""Elementwise kernels behind the helpers users import on the GPU: quantize, pack, the NVFP4 encoder and the
+cache writer (CuTe DSL device code; the host side is :mod:`mjolnir_kernel.helpers`).
 
 Each kernel computes the formula of its ``mjolnir_numerics.fused`` counterpart, with the same exact
 operations, so its bits are the spec's:
@@ -9,7 +9,9 @@ operations, so its bits are the spec's:
 * pack: the integer shifts and ors of ``fused.pack_codes``, 16 codes per thread;
 * NVFP4: one thread per 16-value block: ``amax`` (exact), the block scale ``e4m3(max(amax / divisor / g,
   floor))`` by two correctly rounded divisions (``div.rn.f32``) and the e4m3 table, ``total = scale * g``
-  (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total`` (``div.rn.f32``).
+  (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total`` (``div.rn.f32``);
+* the cache writer: one 16-value chunk of a new row per thread, encoded as above (element formats:
+  ``lut[t]`` of ``x / descale``) and stored at its slot's address (:class:`CacheWriteKernel`).
 
 Every kernel reads and writes through 4- to 16-byte vector accesses; the host checks the alignment they
 need and that sizes fit, and the launch has no host synchronisation (so it can be captured in a CUDA
@@ -28,7 +30,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .hopper.ptx import _asm, _f32, _i32, _struct, _unpack
 
 THREADS = 256
-NVFP4_GROUP = 16
+GROUP = 16  # values in an NVFP4 block, and in a chunk of the cache writer
+NVFP4_GROUP = GROUP
 
 
 # -- memory and arithmetic instructions -----------------------------------------------------------
@@ -254,7 +257,6 @@ class PackKernel:
 
 
 # -- 16-value blocks: the pieces the NVFP4 encoder and the cache writer share (straight-line code) -------
-GROUP = 16
 
 
 def load_block(addr, bf16: bool) -> list:

@@ -56,3 +56,48 @@ def test_unchecked_write_to_a_slot_outside_the_pools_is_a_device_error():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "NO ERROR" not in run.stdout and run.returncode != 0, run.stdout + run.stderr
     assert "unspecified launch failure" in run.stderr, run.stderr[-2000:]  # the trap: cudaErrorLaunchFailure
+
+
+def _helper_kernels():
+    """Every helper kernel variant the helpers launch, with its placeholder pointers and scalars."""
+    import cutlass
+
+    from mjolnir_kernel import helpers_kernel as hk
+
+    i64, f32 = cutlass.Int64(1), cutlass.Float32(1.0)
+    nvfp4_ptrs = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4))
+    write_ptrs = (("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4))
+    yield "quantize", hk.QuantizeKernel(), (("f32", 16), ("u8", 1), ("u8", 4)), (i64,)
+    for bits in (4, 6):
+        yield f"pack{bits}", hk.PackKernel(bits), (("u8", 16), ("u8", 8)), (i64,)
+    for packed in (False, True):
+        ptrs = (*nvfp4_ptrs, ("u8", 8 if packed else 16), ("u8", 1))
+        yield f"nvfp4 packed={packed}", hk.NVFP4EncodeKernel(packed, 6.0, 0.125), ptrs, (i64,) * 3 + (f32,)
+    for bits, nvfp4 in ((8, False), (6, False), (4, False), (4, True)):
+        ptrs = (*write_ptrs, ("u8", helpers._STORE_ALIGN[bits]), ("u8", 1))
+        kernel = hk.CacheWriteKernel(bits, nvfp4, True, True, True, 0.125)
+        yield f"write {bits}-bit nvfp4={nvfp4}", kernel, ptrs, (i64,) * 14 + (f32,)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_110a"])
+def test_helper_kernels_compile_without_spilling(arch):
+    """Each helper kernel lowers to a cubin for Hopper and Thor on any machine (no GPU), with no spills."""
+    import contextlib
+    import io
+
+    from mjolnir_kernel.compile import _file_cache, cutlass_available, parse_ptxas_report
+
+    if cutlass_available() is not None:
+        pytest.skip(cutlass_available())
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+
+    for name, kernel, pointers, scalars in _helper_kernels():
+        args = [helpers._pointer(kind, 1 << 20, align) for kind, align in pointers]
+        log = io.StringIO()
+        with _file_cache(False), contextlib.redirect_stderr(log):
+            cute.compile(kernel, *args, *scalars, cuda.CUstream(0), options=f"--gpu-arch {arch} remarks{{ptx}}")
+        report = parse_ptxas_report(log.getvalue())
+        assert report, f"{name}: no ptxas report for {arch}"
+        for res in report.values():
+            assert res.spill_stores == 0 and res.spill_loads == 0, (name, arch, res)
