@@ -316,7 +316,7 @@ def store_block(addr, codes: list, bits: int) -> None:
 
 # -- NVFP4 -------------------------------------------------------------------------------------------
 class NVFP4EncodeKernel:
-    """The NVFP4 encoder (``fused.nvfp4_encode`` / ``nvfp4_encode_packed``) of float32 values (16-byte
+    """The NVFP4 encoder (``fused.nvfp4_encode``, codes optionally packed) of float32 values (16-byte
     aligned) in rows of ``16 * blocks_per_row``, one 16-value block per thread.
 
     Outputs: the codes, one per byte (``packed=False``, 16-byte aligned) or two per byte (``packed``, 8-byte
@@ -376,7 +376,7 @@ class CacheWriteKernel:
     (``page, off = divmod(slots[t], page_size)``); its descale is ``descale[seq_ids[t] * ds_seq + h * ds_head]``
     (``per_seq``; else ``h * ds_head``). Element formats store ``pack(lut[round_to_odd(x / descale)])``
     (``fused.encode_elements``); NVFP4 stores the packed codes
-    and block scales of ``fused.nvfp4_encode_packed`` under ``g = descale * g_scale`` (scales at
+    and block scales of ``fused.nvfp4_encode`` (packed) under ``g = descale * g_scale`` (scales at
     ``page * sc_page + off * sc_row + h * sc_head``). A slot outside ``[0, page_size * num_pages)`` or a
     sequence id outside ``[0, num_seqs)`` traps (a device-side error), so nothing is written out of bounds.
     """

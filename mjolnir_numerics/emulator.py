@@ -701,7 +701,8 @@ def _emulate(
         p = softmax_tile(s_t, m_use, c_w, ex2)
         del s_t
         p_q = round_p(p, p_scale, p_format)
-        p_sum = p if knobs.row_sum == "unrounded" else p_q / p_scale
+        # a tensor divisor: CUDA divides by a Python scalar as a multiply by its rounded reciprocal
+        p_sum = p if knobs.row_sum == "unrounded" else p_q / torch.tensor(p_scale, dtype=torch.float32, device=dev)
         del p
         corr = row_sum_correction(m_prev, m_use, c_w, ex2)
         v_src = _TileSource(cache, "v", seqs, tiles, sl_dev, bt_dev)

@@ -42,8 +42,10 @@ __all__ = [
     "quantize_f32",
     "pack_codes",
     "encode_elements",
+    "nvfp4_block_scales",
+    "nvfp4_codes",
+    "nvfp4_codes_packed",
     "nvfp4_encode",
-    "nvfp4_encode_packed",
     "nvfp4_decode",
 ]
 
@@ -154,7 +156,11 @@ def compiled_many(fn):
 
 
 def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The correctly rounded float32 quotient ``a / b`` of float32 tensors (see the module docstring)."""
+    """The correctly rounded float32 quotient ``a / b`` of float32 tensors (see the module docstring).
+
+    Compiled for CUDA, a quotient that feeds another float64 operation in the same graph loses its float32
+    rounding: inductor's Triton code keeps the chain in float64 (and a bitcast round trip does not stop
+    it), so no compiled graph here chains two of them (see :func:`nvfp4_block_scales`)."""
     return (a.double() / b.double()).float()
 
 
@@ -195,14 +201,28 @@ def _literal_group(group):
     return 16 if group == 16 else group
 
 
-def nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, divisor: float):
+def nvfp4_block_scales(x, g, floor, *, group: int, divisor: float):
+    """NVFP4 block scales before their e4m3 rounding, ``max(amax(block) / divisor / g, floor)`` with each
+    division rounded to float32, float32 ``(..., d // group)``, of ``x (..., d)`` under ``g`` (float32,
+    broadcastable to ``x.shape[:-1] + (1,)``); ``floor`` a float32 tensor of shape ``()`` or None.
+
+    Always run eagerly, on every device: compiled for CUDA, the rounding of ``amax / divisor`` to float32
+    vanished (inductor's Triton code divided its float64 value by ``g`` and rounded once), which moved a
+    block scale exactly at a tie (``(amax / 6) / g`` = 136: e4m3 128 eagerly, 144 compiled; the H200,
+    2026-12-03, ``benchmarks/probes/cpu_vs_cuda.py``). The codes that follow are compiled
+    (:func:`nvfp4_codes`)."""
+    group = _literal_group(group)
+    xg = x.float().unflatten(-1, (x.shape[-1] // group, group))
+    scaled = div_rn(div_rn(xg.abs().amax(-1), torch.full_like(g, divisor)), g)
+    return scaled if floor is None else torch.maximum(scaled, floor)
+
+
+def nvfp4_codes(x, g, scaled, e4m3_lut, e2m1_lut, e4m3_values, *, group: int):
     """NVFP4 codes of ``x (..., d)`` (float32, or float16 / bfloat16 widened exactly) under global scales
-    ``g`` (float32, broadcastable to ``x.shape[:-1] + (1,)``) with block scales
-    ``e4m3(max(amax(block) / divisor / g, floor))``: the encoder of ``nvfp4_quantize`` (``divisor`` 6;
-    ``four_over_six`` also tries 4).
+    ``g`` (float32, broadcastable to ``x.shape[:-1] + (1,)``) and the block scales ``scaled`` of
+    :func:`nvfp4_block_scales`: ``e2m1(x / (fp32(e4m3(scaled)) * g))``.
 
     Args:
-        floor: the block-scale floor (a float32 tensor of shape ``()``), or None for no floor.
         e4m3_lut, e2m1_lut: the quantizers' round-to-odd tables; e4m3_values: the e4m3 code values.
 
     Returns:
@@ -210,22 +230,28 @@ def nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, di
     """
     group = _literal_group(group)
     xg = x.float().unflatten(-1, (x.shape[-1] // group, group))
-    scaled = div_rn(div_rn(xg.abs().amax(-1), torch.full_like(g, divisor)), g)
-    if floor is not None:
-        scaled = torch.maximum(scaled, floor)
     scale_codes = quantize_f32(scaled, e4m3_lut)
     total = e4m3_values[scale_codes.long()].unsqueeze(-1) * g.unsqueeze(-1)
     ratio = torch.where(total > 0, div_rn(xg, torch.where(total > 0, total, 1.0)), 0.0)
     return quantize_f32(ratio, e2m1_lut).flatten(-2), scale_codes
 
 
-def nvfp4_encode_packed(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, divisor: float, g_scale: float):
-    """:func:`nvfp4_encode` under the global scales ``g * g_scale`` (a power of two: exact) with the codes
-    packed two per byte, ``(..., d // 2)``: the cache writer's rows from its kernel descales (``g_scale``
-    1/8)."""
-    g = g * g_scale
-    codes, scale_codes = nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, group=group, divisor=divisor)
+def nvfp4_codes_packed(x, g, scaled, e4m3_lut, e2m1_lut, e4m3_values, *, group: int):
+    """:func:`nvfp4_codes` with the codes packed two per byte, ``(..., d // 2)``."""
+    codes, scale_codes = nvfp4_codes(x, g, scaled, e4m3_lut, e2m1_lut, e4m3_values, group=group)
     return pack_codes(codes, bits=4), scale_codes
+
+
+def nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, divisor: float):
+    """NVFP4 codes of ``x (..., d)`` under global scales ``g`` with block scales
+    ``e4m3(max(amax(block) / divisor / g, floor))``: :func:`nvfp4_block_scales` then :func:`nvfp4_codes`,
+    the encoder of ``nvfp4_quantize`` (``divisor`` 6; ``four_over_six`` also tries 4).
+
+    Returns:
+        ``(codes (..., d), scale codes (..., d // group))`` uint8.
+    """
+    scaled = nvfp4_block_scales(x, g, floor, group=group, divisor=divisor)
+    return nvfp4_codes(x, g, scaled, e4m3_lut, e2m1_lut, e4m3_values, group=group)
 
 
 def nvfp4_decode(codes, scale_codes, g, e4m3_lut, e4m3_values, e2m1_values, *, group: int, shift: float):

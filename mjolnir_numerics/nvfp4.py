@@ -126,7 +126,7 @@ def _f32(v: float) -> float:
 
 def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int, divisor: float, **packed):
     """Codes and block-scale codes of ``x (..., d)`` (:func:`~mjolnir_numerics.fused.nvfp4_encode`; with
-    ``g_scale=...``, the packed codes of :func:`~mjolnir_numerics.fused.nvfp4_encode_packed`)."""
+    ``g_scale=...``, packed two per byte under the global scales ``g * g_scale``)."""
     e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
     kernels = fused.helper_kernels(x.device)
     if kernels is not None and group == 16:  # the directly launched kernel (CUDA, CuTe DSL)
@@ -139,9 +139,12 @@ def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int
         )  # fmt: skip
         return codes.view(*lead, -1), scale_codes.view(*lead, -1)
     floor_t = None if floor is None else _constant(floor, x.device)
-    fn = fused.nvfp4_encode_packed if packed else fused.nvfp4_encode
-    encode = fused.for_device(fn, x.device, group=group, divisor=divisor, **packed)
-    return encode(x, g, floor_t, e4m3_lut, e2m1_lut, e4m3_values)
+    if packed:
+        g = g * packed["g_scale"]  # a power of two: exact
+    scaled = fused.nvfp4_block_scales(x, g, floor_t, group=group, divisor=divisor)  # eager on purpose
+    fn = fused.nvfp4_codes_packed if packed else fused.nvfp4_codes
+    encode = fused.for_device(fn, x.device, group=group)
+    return encode(x, g, scaled, e4m3_lut, e2m1_lut, e4m3_values)
 
 
 def encode_unchecked(

@@ -198,6 +198,7 @@ def attribute_errors(
     q_len: int = 1,
     causal: bool = True,
     plan: Optional[SplitPlan] = None,
+    target=None,
     knobs: Optional[EmulatorKnobs] = None,
     allow_unsupported: bool = False,
 ) -> list[ErrorRow]:
@@ -220,7 +221,9 @@ def attribute_errors(
         q: float ``(num_seqs * q_len, h_q, d)`` in real units; k, v: float real-unit K/V
             ``(num_seqs, L, h_k, d)`` or lists of ``(L_i, h_k, d)``.
         fmt: KV format; q_path: ``"e4m3"`` or ``"bf16"``; page_size, granularity: of the cache.
-        plan: the split plan for the emulator (default: the kernel's).
+        plan: the split plan for the emulator (default: the kernel's, planned for ``target``).
+        target: the :class:`~mjolnir_numerics.targets.Target` (or its name) the emulator models (default:
+            that of q's device, see :func:`~mjolnir_numerics.targets.default_target`).
         knobs: emulator knobs for every emulator run (P rounding is overridden for its baseline). Default:
             the ideal arithmetic (``EmulatorKnobs(mma="ideal", log="correctly_rounded",
             ex2="correctly_rounded")``), so that every source is measured against a baseline of the same
@@ -253,7 +256,9 @@ def attribute_errors(
     rows.append(error_metrics("q_quantization", o, o_ref, lse, lse_ref))
 
     def emu(**kw):
-        return emulate_decode(q_in, cache, q_descale=qd, allow_unsupported=allow_unsupported, **common, **kw)
+        return emulate_decode(
+            q_in, cache, q_descale=qd, target=target, allow_unsupported=allow_unsupported, **common, **kw
+        )
 
     o_emu, lse_emu = emu(plan=plan, knobs=knobs)
     fp32_p = EmulatorKnobs(

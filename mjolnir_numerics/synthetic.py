@@ -29,8 +29,12 @@ Conventions (shared with :mod:`mjolnir_numerics.scales` and the emulator):
   whose keys/values are already in the cache; query ``j`` attends causally to keys ``0 .. L_s - q_len + j``.
 * GQA: query head ``h`` reads kv head ``h // (heads_q // heads_k)``.
 * Logits are ``softmax_scale * q . k`` with ``softmax_scale = head_dim ** -0.5`` unless overridden.
-* All tensors are float32. Random draws come from a CPU ``torch.Generator`` so a seed gives
-  bit-identical data on every device; the result is moved to ``device`` at the end.
+* All tensors are float32. Random draws come from a CPU ``torch.Generator`` (float32 draws, widened), the
+  construction runs in float64 and the result is rounded once to float32, so a seed gives the same data
+  on every machine: another CPU's vector libm and BLAS move a float64 value by a few ulps, which changes
+  its float32 rounding only within ~2^-29 (relative) of a rounding boundary. The construction in float32
+  of earlier versions moved the ``sinks`` and ``peaked`` keys with the CPU (``docs/studies.md``). The
+  result is moved to ``device`` at the end.
 """
 
 from __future__ import annotations
@@ -161,11 +165,12 @@ class _Geometry:
 
 
 def _randn(gen: torch.Generator, shape: Sequence[int]) -> torch.Tensor:
-    return torch.randn(tuple(shape), generator=gen, dtype=torch.float32)
+    """float64 values of float32 standard normal draws (the float32 stream of earlier versions, widened)."""
+    return torch.randn(tuple(shape), generator=gen, dtype=torch.float32).double()
 
 
 def _uniform(gen: torch.Generator, shape: Sequence[int], lo: float, hi: float) -> torch.Tensor:
-    return lo + (hi - lo) * torch.rand(tuple(shape), generator=gen, dtype=torch.float32)
+    return lo + (hi - lo) * torch.rand(tuple(shape), generator=gen, dtype=torch.float32).double()
 
 
 def _choose(gen: torch.Generator, rows: int, n: int, k: int) -> torch.Tensor:
@@ -224,7 +229,7 @@ def _outlier_channel_keys(gen: torch.Generator, geo: _Geometry, knobs: Mapping[s
     k = _randn(gen, geo.kv_shape())
     channels = _choose(gen, geo.heads_k, geo.head_dim, n)  # (H_k, n)
     stds = _uniform(gen, (geo.heads_k, n), lo, hi)
-    channel_std = torch.ones(geo.heads_k, geo.head_dim).scatter_(1, channels, stds)
+    channel_std = torch.ones(geo.heads_k, geo.head_dim, dtype=torch.float64).scatter_(1, channels, stds)
     return k * channel_std, {"outlier_channels": channels, "outlier_stds": stds}
 
 
@@ -239,7 +244,7 @@ def _rope_outlier_keys(gen: torch.Generator, geo: _Geometry, knobs: Mapping[str,
     pairs = half - low + _choose(gen, geo.heads_k, low, n)  # (H_k, n): among the `low` slowest pairs
     stds = _uniform(gen, (geo.heads_k, n), lo, hi)
     channels = _pair_channels(pairs, geo.head_dim, knobs["interleaved"])  # (H_k, n, 2)
-    channel_std = torch.ones(geo.heads_k, geo.head_dim).scatter_(
+    channel_std = torch.ones(geo.heads_k, geo.head_dim, dtype=torch.float64).scatter_(
         1, channels.flatten(1), stds.repeat_interleave(2, dim=1)
     )
     k = apply_rope(k_pre * channel_std, geo.key_positions(), knobs["rope_theta"], knobs["interleaved"])
@@ -436,7 +441,7 @@ class SyntheticKV:
 
 
 # --------------------------------------------------------------------------------------------------
-# Query construction and mass planting (all on CPU, float32)
+# Query construction and mass planting (all on CPU, float64)
 # --------------------------------------------------------------------------------------------------
 def _expand_kv_heads(x: torch.Tensor, geo: _Geometry) -> torch.Tensor:
     """``(..., heads_k, D)`` -> ``(..., heads_q, D)`` (query head h reads kv head h // group_size)."""
@@ -628,6 +633,8 @@ def make_kv(
     v = v * geo.key_valid()[:, :, None, None]
     meta["q_positions"] = geo.q_positions()
 
+    q, k, v = q.float(), k.float(), v.float()  # the one rounding of the float64 construction
+    meta = _as_float32(meta)
     device = torch.device("cpu") if device is None else torch.device(device)
     q = q.reshape(num_seqs * q_len, heads_q, head_dim).to(device)
     if ragged:
@@ -636,6 +643,15 @@ def make_kv(
     else:
         k_out, v_out = k.to(device), v.to(device)
     return SyntheticKV(kind, q, k_out, v_out, lens, q_len, scale, MappingProxyType(resolved), meta)
+
+
+def _as_float32(value):
+    """``value`` with every float64 tensor in it (nested dicts too) rounded to float32."""
+    if isinstance(value, dict):
+        return {name: _as_float32(v) for name, v in value.items()}
+    if isinstance(value, torch.Tensor) and value.dtype == torch.float64:
+        return value.float()
+    return value
 
 
 def attention_probs(data: SyntheticKV) -> list[torch.Tensor]:

@@ -111,7 +111,12 @@ def smoothing_factors(q: torch.Tensor, k: torch.Tensor, alpha: float = 0.5) -> t
         alpha: in [0, 1]: 1 divides K's channels by their whole range, 0 leaves K as it is (Q's range in).
 
     Returns:
-        float32 ``(h_k, d)`` powers of two (1 for a channel that is zero in K or in Q).
+        float32 ``(h_k, d)`` powers of two ``2^n``, n = round(alpha log2 amax_k - (1 - alpha) log2 amax_q)
+        (1 for a channel that is zero in K or in Q). At ``alpha = 0.5`` (the default) n is exact on every
+        device, ties rounding up: the n with ``amax_q 2^(2n - 1) <= amax_k < amax_q 2^(2n + 1)``, settled by
+        comparisons of exactly scaled values (a float64 log is off by an ulp on another device, which moved
+        n where the ratio of the amaxes is an odd power of two: common for bfloat16 inputs). Other alphas
+        round the float64 logs.
 
     Raises:
         ValueError: shapes other than these, or ``alpha`` outside [0, 1].
@@ -126,8 +131,17 @@ def smoothing_factors(q: torch.Tensor, k: torch.Tensor, alpha: float = 0.5) -> t
     k_amax = k.double().abs().amax(dim=0)  # (h_k, d)
     q_amax = q.double().abs().amax(dim=0).view(h_k, q.shape[1] // h_k, d).amax(dim=1)
     live = (k_amax > 0) & (q_amax > 0)
-    e = alpha * torch.log2(torch.where(live, k_amax, 1.0)) - (1 - alpha) * torch.log2(torch.where(live, q_amax, 1.0))
-    return torch.exp2(torch.where(live, torch.round(e), 0.0)).float()
+    k_l, q_l = torch.where(live, k_amax, 1.0), torch.where(live, q_amax, 1.0)
+    n = torch.round(alpha * torch.log2(k_l) - (1 - alpha) * torch.log2(q_l))
+    if alpha == 0.5:  # within 1 of the exact n; settle it (q_l 2^m is exact: both normal float64)
+        n = torch.where(k_l < q_l * _pow2(2 * n - 1), n - 1, torch.where(k_l >= q_l * _pow2(2 * n + 1), n + 1, n))
+    return _pow2(torch.where(live, n, 0.0)).float()
+
+
+def _pow2(n: torch.Tensor) -> torch.Tensor:
+    """float64 ``2^n`` of integer-valued float64 ``n`` in the normal range, from its bits (exact on every
+    device, where ``exp2`` need not be)."""
+    return ((n.long() + 1023) << 52).view(torch.float64)
 
 
 def apply_smoothing(q: torch.Tensor, k: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,7 @@
     mjolnir study --out reports   # regenerate the committed report in reports/
     mjolnir study --device cuda   # emulator, references and the model on a GPU
     mjolnir study --out /tmp/r --seed 1 --no-real-model
+    mjolnir compare runs/A runs/B # the two runs' rows, paired: identical, or which differ and by how much
     mjolnir notebooks             # execute notebooks/*.py at the full size into their .ipynb (stored outputs)
 
 Writes ``OUT/study.csv`` (tidy rows), ``OUT/kv_stats.csv`` (captured K/V facts, with the real model),
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import math
 import os
 import shlex
 import sys
@@ -38,6 +40,7 @@ __all__ = ["CLIError", "build_parser", "check_device", "check_out", "default_out
 QUICK_TIME = "25 s"
 DEFAULT_TIME = "3 minutes"
 FULL_TIME = "8 minutes (estimated from the parts; not yet timed end to end)"
+TARGET_NAMES = ("thor", "b200", "h200", "h100")  # mjolnir_numerics.targets.TARGETS (tests check they match)
 MAX_THREADS = max(1, os.cpu_count() or 1)  # more torch threads than cores only oversubscribes (99999 ran out of memory)
 SEED_MAX = 2**63 - 1  # the synthetic seeds add up to ~1e6 to it; torch generators take < 2**64
 
@@ -85,7 +88,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="torch CPU threads (default 1: fastest on a shared CPU)",
     )
+    s.add_argument(
+        "--target",
+        default="thor",
+        choices=TARGET_NAMES,
+        help="the kernel target the spec models (its split plan and tile walk; default thor on any device, so "
+        "a CUDA run reproduces a CPU run)",
+    )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c = sub.add_parser(
+        "compare",
+        help="compare two study runs row by row (does a result hold on another machine?)",
+        description="Pair the rows of two runs' study.csv by configuration and report rows found in one run "
+        "only, differing sha256 digests of the real-model inputs, and per metric column the values that differ "
+        "and by how much. Exit status 0 when the runs agree, 1 when they differ.",
+    )
+    c.add_argument("run_a", help="a run folder (holding study.csv) or a study.csv")
+    c.add_argument("run_b", help="the other run")
+    c.add_argument(
+        "--rtol",
+        type=float,
+        default=0.0,
+        help="largest relative difference of a metric that still agrees (default 0: identical as written)",
+    )
     n = sub.add_parser(
         "notebooks",
         help="execute the notebooks and store their outputs (notebooks/*.ipynb)",
@@ -274,7 +299,13 @@ def run_study_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         StudyConfig.quick if args.quick else StudyConfig.full if getattr(args, "full", False) else StudyConfig.default
     )
     try:
-        config = preset(device=device, seed=args.seed, real_model=not args.no_real_model, cpu_threads=args.threads)
+        config = preset(
+            device=device,
+            seed=args.seed,
+            real_model=not args.no_real_model,
+            cpu_threads=args.threads,
+            target=getattr(args, "target", "thor"),
+        )
     except ValueError as e:
         raise CLIError(str(e)) from None
     created = _make_out(out)
@@ -310,6 +341,20 @@ def run_study_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def run_compare_command(args: argparse.Namespace) -> int:
+    """``mjolnir compare``: print :func:`~mjolnir_study.compare.format_comparison`; 0 when the runs agree, else 1."""
+    from .compare import compare_runs, format_comparison
+
+    if not (math.isfinite(args.rtol) and args.rtol >= 0):
+        raise CLIError(f"--rtol: expected a finite number >= 0, got {args.rtol!r}")
+    try:
+        c = compare_runs(args.run_a, args.run_b, rtol=args.rtol)
+    except (FileNotFoundError, ValueError) as e:
+        raise CLIError(str(e)) from None
+    print("\n".join(format_comparison(c, args.run_a, args.run_b)), flush=True)
+    return 0 if c.agree else 1
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``mjolnir`` console script (``argv`` defaults to ``sys.argv[1:]``).
 
@@ -320,6 +365,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "study":
             return run_study_command(args, argv)
+        if args.command == "compare":
+            return run_compare_command(args)
         if args.command == "notebooks":
             from .notebooks import notebook_scripts, refresh
 

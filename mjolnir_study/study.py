@@ -30,8 +30,9 @@ and carry ``kernel_supported = False``.
 
 Arithmetic: every part but ``arithmetic`` runs the spec's ideal arithmetic (each tile's contraction exact,
 rounded once; correctly rounded ex2 and log: ``EmulatorKnobs(mma="ideal", log="correctly_rounded",
-ex2="correctly_rounded")``, column ``arithmetic = ideal``), planned for the emulator's default target of
-``device`` (column ``target``). The ``arithmetic`` part runs the kernels' configurations twice per target,
+ex2="correctly_rounded")``, column ``arithmetic = ideal``), planned for ``StudyConfig.target`` (Thor by
+default, whatever the device: the split plan depends on the target, so a CUDA run gives the CPU run's
+bits; column ``target``). The ``arithmetic`` part runs the kernels' configurations twice per target,
 with the target's hardware models (``arithmetic = hardware``: the tensor core's block FMAs in the kernel's
 order, the SFU's ex2 where it is measured (the H200 and H100) and libdevice's log) and with the ideal ones,
 and adds rows ``error_source = arithmetic``: the hardware run against the ideal one, i.e. the error the
@@ -60,7 +61,7 @@ from mjolnir_numerics.reference import attribute_errors, error_metrics, referenc
 from mjolnir_numerics.scales import GRANULARITIES, compute_descale
 from mjolnir_numerics.synthetic import KINDS, make_kv
 from mjolnir_numerics.transforms import TRANSFORMS, apply_smoothing, rotate, smoothing_factors
-from mjolnir_numerics.targets import default_target, get_target
+from mjolnir_numerics.targets import get_target
 
 from .real_model import NVFP4_RECIPES, build_cache, prepare_q
 from .stats import paired_ratio_of_sums_ci, ratio_of_sums_ci
@@ -156,12 +157,17 @@ COLUMNS = (
     "ppl_ref",
     "n_tokens",
     *E2E_CI_COLUMNS,
+    "sha256",
     "seconds",
 )
 """Columns of the tidy CSV, one row per measured configuration (empty where a metric does not apply).
 ``rel_l2_lo`` / ``rel_l2_hi``: the 95 % interval of ``rel_l2`` under the bootstrap of the decode's
 (sequence, query head) rows (:func:`~mjolnir_study.stats.ratio_of_sums_ci`); ``vs_none_*`` (transforms
-part): rel L2 with the transform over rel L2 without it, paired on the same rows."""
+part): rel L2 with the transform over rel L2 without it, paired on the same rows. ``sha256`` (real-model
+rows): the first 16 hex digits of the digest of the inputs the spec saw -- the capture's
+(:attr:`~mjolnir_study.smollm2.Capture.sha256`) on the layer rows, every Q/K/V and output of the
+quantized path on the end-to-end rows (:attr:`~mjolnir_study.real_model.E2ERow.sha256`); two runs with
+equal digests fed the spec the same bits."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,7 @@ class StudyConfig:
     heads_k: int = 2
     head_dim: int = 128
     page_size: int = 64
+    target: str = "thor"
     context_lengths: tuple[int, ...] = (128, 512, 2048, 8192, 16384)
     context_kinds: tuple[str, ...] = ("gaussian", "sinks", "peaked")
     context_num_seqs: int = 1
@@ -289,7 +296,7 @@ class StudyConfig:
         for p in self.p_variants:
             if p not in P_VARIANTS:
                 raise ValueError(f"p_variants: {p!r} is not one of {', '.join(P_VARIANTS)}")
-        for t in self.arithmetic_targets:
+        for t in (self.target, *self.arithmetic_targets):
             get_target(t)
         for c in self.e2e_configs:
             parse_e2e_config(c)
@@ -627,7 +634,7 @@ def _metrics_row(cell: Cell, inp: _Inputs, o, lse, seconds: float, arithmetic: s
         "p_variant": cell.p_variant,
         "transform": cell.transform,
         "scales": cell.scales,
-        "target": cell.target or default_target(inp.q.device).name,
+        "target": cell.target,  # "" outside the arithmetic part: _run_cells fills in the study's target
         "arithmetic": arithmetic,
         "error_source": "total",
         "kernel_supported": kernel_supported(cell.fmt, cell.q_dtype, d),
@@ -718,7 +725,7 @@ def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device,
                 rows.append(added)
                 progress.update()
                 continue
-            o, lse = emulate_decode(q_in, cache, **call, knobs=knobs)
+            o, lse = emulate_decode(q_in, cache, **call, knobs=knobs, target=config.target)
             if back is not None:  # O of rotated V, rotated back (float64, rounded once to float32)
                 o = rotate(o.float(), back)
             units = _units(o, inp.o_ref)
@@ -737,6 +744,7 @@ def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device,
                         q_descale=qd,
                         softmax_scale=inp.softmax_scale,
                         knobs=EmulatorKnobs(**P_VARIANTS["fp32"], **IDEAL_ARITHMETIC),
+                        target=config.target,
                         allow_unsupported=True,
                     )
                 o32, lse32 = q_cache[key]
@@ -745,6 +753,8 @@ def _run_cells(group: Sequence[Cell], inp: _Inputs, config: StudyConfig, device,
                 rows.append(alone)
             progress.update()
         del cache
+    for r in rows:
+        r["target"] = r["target"] or config.target
     return rows
 
 
@@ -767,6 +777,7 @@ def _attribution_rows(
                 page_size=config.page_size,
                 granularity="per_head",
                 softmax_scale=inp.softmax_scale,
+                target=config.target,
                 allow_unsupported=True,
             )
             sec = time.perf_counter() - t0
@@ -791,7 +802,7 @@ def _attribution_rows(
                         "p_variant": "e4m3_x448",
                         "transform": "none",
                         "scales": "dynamic",
-                        "target": default_target(device).name,
+                        "target": config.target,
                         "arithmetic": "ideal",
                         "error_source": e.source,
                         "kernel_supported": kernel_supported(fmt, "e4m3", d),
@@ -892,6 +903,8 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
             cap = rm.load_capture(config.real_tokens, model=model)
             info["model_load_seconds"] = time.perf_counter() - t0
             info["kv_stats"] = rm.kv_statistics(cap)
+            info["capture_sha256"] = cap.sha256
+            first_real = len(rows)
             t0 = time.perf_counter()
             layer_groups: dict[DataKey, list[Cell]] = {}
             for c in r_cells:
@@ -923,6 +936,8 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                     )
                 )
             rows += _attribution_rows(config, items, device, bar)
+            for r in rows[first_real:]:
+                r["sha256"] = info["capture_sha256"][:16]
             part_seconds["real"] = time.perf_counter() - t0
             log(f"real-model layers done in {part_seconds['real']:.0f} s")
 
@@ -936,6 +951,7 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                     config.e2e_prefill,
                     windows=config.e2e_windows,
                     model=model,
+                    target=config.target,
                     progress=bar.update,
                 )
             nll_ref = e2e_info.pop("nll_ref_tokens", None)
@@ -962,7 +978,7 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                         "p_variant": "e4m3_x448" if r.q_dtype == "e4m3" else "bf16",
                         "transform": "none",
                         "scales": "dynamic",
-                        "target": default_target(device).name,
+                        "target": config.target,
                         "arithmetic": "ideal",  # head dim 64: beyond the kernels, so the ideal models
                         "error_source": "total",
                         "kernel_supported": False,
@@ -973,6 +989,7 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                         "ppl_ref": r.ppl_ref,
                         "n_tokens": r.n_tokens,
                         **ci,
+                        "sha256": r.sha256,
                         "seconds": round(r.seconds, 3),
                     }
                 )
@@ -1023,7 +1040,7 @@ def read_csv(path: str | Path):
     """The study CSV as a pandas DataFrame."""
     import pandas as pd
 
-    return pd.read_csv(path)
+    return pd.read_csv(path, dtype={"sha256": str})
 
 
 # --------------------------------------------------------------------------------------------------

@@ -118,6 +118,35 @@ def test_nvfp4_encoder_is_the_published_recipe(floor):
     assert torch.equal(t.codes, want_codes) and torch.equal(t.scales, want_scales)
 
 
+# A block whose scale (amax / 6) / g is 136.0000051 with each division rounded to float32 (136.0 in float32:
+# e4m3's tie between 128 and 144, to even: 128) but 136.0000078 with one rounding (float32 136.0000153:
+# 144). Compiled for CUDA, the encoder once rounded once (the H200, 2026-12-03).
+TIE_AMAX, TIE_G = 1.490891695022583, 0.0018270730506628752  # both float32 values
+
+
+def _tie_block() -> torch.Tensor:
+    x = torch.zeros(1, 1, 16)
+    x[0, 0, 0], x[0, 0, 3] = TIE_AMAX, -0.5
+    return x
+
+
+def test_nvfp4_block_scale_rounds_each_division_to_float32():
+    twice = float(torch.tensor(float(torch.tensor(TIE_AMAX / 6.0)) / TIE_G))
+    once = float(torch.tensor(TIE_AMAX / 6.0 / TIE_G))
+    assert (twice, once) == (136.0, 136.00001525878906)  # the case tells the two apart
+    t = nvfp4_quantize(_tie_block()[0], global_value=TIE_G)
+    assert t.scale_values().flatten().tolist() == [128.0]
+
+
+def _tie_cache(device) -> PagedKVCache:
+    g = torch.tensor(TIE_G)
+    x = _tie_block()
+    return PagedKVCache.from_float(
+        [x], [x], "nvfp4", page_size=16, granularity="per_tensor", k_descale=g, v_descale=g, shuffle=False,
+        poison=False, spare_pages=0, device=device,
+    )  # fmt: skip
+
+
 # -- on the GPU: the directly launched kernels and the compiled formulas ----------------------------
 @pytest.fixture(params=["kernel", "compiled"])
 def cuda_path(request, monkeypatch):
@@ -183,6 +212,15 @@ def test_cuda_nvfp4_is_the_cpu_nvfp4(cuda_path):
     g[1] = 1.0
     a, b = nvfp4_quantize(x, global_value=g), nvfp4_quantize(x.cuda(), global_value=g.cuda())
     assert torch.equal(a.codes, b.codes.cpu()) and torch.equal(a.scales, b.scales.cpu())
+
+
+@cuda_only
+def test_cuda_nvfp4_rounds_each_division_of_the_block_scale(cuda_path):
+    t = nvfp4_quantize(_tie_block()[0].cuda(), global_value=TIE_G)
+    assert t.scale_values().flatten().tolist() == [128.0]
+    want, got = _tie_cache("cpu"), _tie_cache("cuda")
+    assert torch.equal(got.k_scales.view(torch.uint8).cpu(), want.k_scales.view(torch.uint8))
+    assert torch.equal(got.k_pool.cpu(), want.k_pool)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 1023, 4097])

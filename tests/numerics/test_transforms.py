@@ -98,6 +98,36 @@ def test_smoothing_is_exact_and_balances_the_channels():
     assert bool((smoothing_factors(q, zero)[:, 7] == 1).all())  # a dead channel keeps factor 1
 
 
+def test_smoothing_exponent_is_exact_at_odd_power_of_two_ratios():
+    """n = round(log2(amax_k / amax_q) / 2), ties up, decided exactly: amax ratios that are odd powers of two
+    (common in bfloat16, where the float64 logs are off by an ulp) and random ones, against fractions."""
+    from fractions import Fraction
+
+    gen = torch.Generator().manual_seed(5)
+    mant = torch.cat(
+        [torch.tensor([1.0, 1.1, 1.3, 3.0, 5.0, 7.0, 11.0, 1.0078125]), torch.rand(120, generator=gen) + 1]
+    )
+    mant = mant.to(torch.bfloat16).float()  # bfloat16 values, as the study's real-model inputs
+    gaps = torch.arange(-9, 10)
+    q_amax = mant.repeat(len(gaps)) * 0.75
+    k_amax = q_amax * torch.exp2(gaps.repeat_interleave(len(mant)).float())  # exact ratios 2^gap
+    k_amax[-200:] *= torch.rand(200, generator=gen) + 0.5  # and ratios that are not powers of two
+    n_cols = k_amax.numel()
+    q = torch.zeros(2, 1, n_cols)
+    q[0, 0] = q_amax
+    k = torch.zeros(3, 1, n_cols)
+    k[1, 0] = -k_amax
+    got = torch.log2(smoothing_factors(q, k)[0]).tolist()
+    for j in range(n_cols):
+        r = Fraction(float(k_amax[j])) / Fraction(float(q_amax[j]))
+        n = 0
+        while r >= Fraction(2) ** (2 * n + 1):
+            n += 1
+        while r < Fraction(2) ** (2 * n - 1):
+            n -= 1
+        assert got[j] == n, f"column {j}: ratio {float(r)} gives n = {got[j]}, exactly {n}"
+
+
 def test_transform_arguments_are_checked():
     x = torch.randn(4, 96)
     for block, msg in ((8, "block: expected 16, 32 or 'd'"), ("d", "block: 96 is not a power of two")):

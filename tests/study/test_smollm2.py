@@ -187,8 +187,8 @@ def test_deep_layers_have_attention_sinks(model, heldout_512):
 def test_float64_forward_is_independent_of_the_gemm_kernels(model, heldout_512):
     """The same 128-token prefix alone and inside a 197-token batch (other GEMM shapes, so other BLAS
     blocking and summation orders, as on another machine): the float64 forward's captured Q/K/V (rounded
-    once to float32) are identical in every bit; the float32 forward's are not (the machine effect the
-    float64 forward removes)."""
+    once to bfloat16) are identical in every bit; the float32 forward's are not, even rounded to bfloat16
+    (610 of 3.7M values on 2026-12-03: the machine effect the float64 forward removes)."""
     assert model.dtype == torch.float64
     f32 = SmolLM2(dtype=torch.float32)
 
@@ -198,7 +198,7 @@ def test_float64_forward_is_independent_of_the_gemm_kernels(model, heldout_512):
         return sum(int((x != y[:, :128]).sum()) for x, y in ((a.q, b.q), (a.k, b.k), (a.v, b.v)))
 
     assert moved(model) == 0
-    assert moved(f32) > 1000
+    assert moved(f32) > 100
     with pytest.raises(ValueError, match="dtype: torch.float16 is not one of"):
         SmolLM2(dtype=torch.float16)
 
@@ -238,3 +238,25 @@ def test_extend_continues_a_prefill_as_the_full_forward_does(model, heldout_512)
     assert seen[0] == (6, 70) and len(seen) == model.config.n_layers
     with pytest.raises(ValueError, match="exceed the context length"):
         model.extend(prompt, torch.zeros(model.config.context_length, dtype=torch.int64))
+
+
+def test_model_file_from_the_environment(tmp_path, monkeypatch):
+    from mjolnir_study.real_model import model_available
+    from mjolnir_study.smollm2 import GGUF_ENV, gguf_path
+
+    wheel_file = gguf_path()
+    monkeypatch.setenv(GGUF_ENV, str(tmp_path / "missing.gguf"))
+    with pytest.raises(FileNotFoundError, match=GGUF_ENV):
+        gguf_path()
+    assert not model_available()
+    monkeypatch.setenv(GGUF_ENV, str(wheel_file))
+    assert gguf_path() == wheel_file and model_available()
+
+
+def test_capture_holds_bfloat16_values(model, heldout_512, tmp_path):
+    from mjolnir_study.smollm2 import SPEC_INPUT_DTYPE
+
+    cap = model.capture(heldout_512[:32], cache_dir=tmp_path)
+    for t in (cap.q, cap.k, cap.v):
+        assert t.dtype == torch.float32 and torch.equal(t, t.to(SPEC_INPUT_DTYPE).float())
+    assert cap.sha256 == model.capture(heldout_512[:32], cache_dir=tmp_path).sha256  # read back from disk

@@ -138,6 +138,7 @@ def test_out_in_a_read_only_folder_exits_2(tmp_path, no_study):
         (["--device", "not_a_device"], "--device"),
         (["--device", "mps"], "--device"),
         (["--bogus"], "--bogus"),
+        (["--target", "mi300"], "--target"),
     ],
 )
 def test_bad_flags_exit_2(extra, flag, tmp_path, no_study):
@@ -257,3 +258,13 @@ def test_no_missing_document_is_cited():
 
 def test_quick_and_full_are_exclusive():
     assert_usage_error(["study", "--quick", "--full"], "--full")
+
+
+def test_target_names_are_the_spec_targets():
+    from mjolnir_numerics.targets import TARGETS
+    from mjolnir_study.study import StudyConfig
+
+    assert cli.TARGET_NAMES == tuple(TARGETS)
+    assert StudyConfig.quick(target="h200").target == "h200"
+    with pytest.raises(ValueError, match="mi300"):
+        StudyConfig.quick(target="mi300")
