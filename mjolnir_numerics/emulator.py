@@ -235,6 +235,10 @@ class _TileSource:
     ``data`` is ``(A, T, G, D)``: e4m3 codes (uint8) for e4m3 pools, else the float32 MMA values from
     ``cache.page_values``. Keys on pages at or past the sequence end are 0 (code 0): the kernel passes
     an out-of-range page index there and TMA zero-fills the box, whatever the block table holds.
+
+    On the CPU, when at most half the chunks' tiles are distinct (the sequences of a prefix cache share
+    pages), each distinct tile is decoded once to float64 instead (``tiles`` ``(U, G, T, D)`` and the
+    chunks' ``index`` into it): the same values, without decoding a shared page once per sequence.
     """
 
     def __init__(self, cache, which: str, seqs: torch.Tensor, tiles: torch.Tensor, seq_lens, bt):
@@ -252,11 +256,26 @@ class _TileSource:
         pages = torch.where(valid, bt[seqs[:, None], blk_c], torch.zeros_like(blk_c))
         pool = cache.k_pool if which == "k" else cache.v_pool
         self.codes = isinstance(cache.fmt, Format) and cache.fmt.bits == 8 and pool.dtype == torch.float8_e4m3fn
-        if self.codes:  # gathered as float8 (torch's uint8 gather path is ~40x slower on CPU), kept as codes
-            raw = pool[pages.to(pool.device)].view(torch.uint8)  # (A, npp, PS, G, D)
-        else:
-            raw = cache.page_values(which, pages.to(pool.device))
-        raw = raw.to(dev)
+        self.device, self.head_dim = dev, int(cache.head_dim)
+        self.tiles = self.index = None
+
+        def decode(p: torch.Tensor) -> torch.Tensor:  # (..., PS, G, D) per page index
+            if self.codes:  # gathered as float8 (torch's uint8 gather path is ~40x slower on CPU), kept as codes
+                return pool[p.to(pool.device)].view(torch.uint8).to(dev)
+            return cache.page_values(which, p.to(pool.device)).to(dev)
+
+        if dev.type == "cpu" and offset is None:
+            masked = torch.where(valid, pages, -1)  # -1: a page past the sequence's end (zeros)
+            uniq, inv = torch.unique(masked, dim=0, return_inverse=True)
+            if 2 * uniq.shape[0] <= masked.shape[0]:
+                vals = decode(uniq.clamp(min=0))  # (U, npp, PS, G, D)
+                vals = _e4m3_table(dev)[vals.long()] if self.codes else vals.double()
+                vals = torch.where((uniq >= 0)[:, :, None, None, None], vals, 0.0)
+                u, n_p, p_s, g, d = vals.shape
+                self.tiles = vals.reshape(u, n_p * p_s, g, d).transpose(1, 2).contiguous()
+                self.index = inv
+                return
+        raw = decode(pages)
         a, n_p, p_s, g, d = raw.shape
         raw = raw.reshape(a, n_p * p_s, g, d)
         if offset is not None:
@@ -268,23 +287,29 @@ class _TileSource:
             )
             raw = torch.where(key_valid[:, :, None, None], raw, torch.zeros((), dtype=raw.dtype, device=dev))
         self.data = raw
-        self.device = dev
 
     def part(self, a0: int, a1: int) -> "_TileSource":
         """The tiles ``a0 .. a1 - 1`` (a view)."""
         other = object.__new__(_TileSource)
-        other.codes, other.device, other.data = self.codes, self.device, self.data[a0:a1]
+        other.codes, other.device, other.head_dim = self.codes, self.device, self.head_dim
+        other.tiles, other.index = self.tiles, None if self.index is None else self.index[a0:a1]
+        if self.tiles is None:
+            other.data = self.data[a0:a1]
         return other
 
     def operand(self) -> torch.Tensor:
         """``(A, G, T, D)`` values in the narrowest dtype that holds them exactly (float8 for e4m3 codes,
-        else float32): the fused MMA chain widens them as it reads them."""
+        else float32): the fused MMA chain widens them as it reads them (CUDA: never shared tiles)."""
+        assert self.tiles is None, "shared tiles are a CPU layout"
         blk = self.data.transpose(1, 2)
         return blk.view(torch.float8_e4m3fn) if self.codes else blk
 
     def values(self, a0: int, a1: int, workspace: dict) -> torch.Tensor:
         """float64 ``(a1 - a0, G, T, D)`` values of chunks ``a0 .. a1 - 1``, written into a reused
         workspace buffer (fresh multi-MiB CPU allocations cost more than the decode itself)."""
+        if self.tiles is not None:
+            out = _buffer(workspace, "values", (a1 - a0, *self.tiles.shape[1:]), torch.float64, self.device)
+            return torch.index_select(self.tiles, 0, self.index[a0:a1], out=out)
         blk = self.data[a0:a1].transpose(1, 2)
         out = _buffer(workspace, "values", blk.shape, torch.float64, self.device)
         if self.codes:  # a 256-entry float64 table: the cheapest exact decode on CPU (fp8 casts are slow)
@@ -307,10 +332,10 @@ def _buffer(workspace: dict, name: str, shape, dtype, device) -> torch.Tensor:
 
 
 # -- Tuning (CPU; results do not depend on any of these) ------------------------------------------
-# (chunk, kv head) tiles decoded per block: 16 float64 tiles of 128 x 256 are 4 MiB, which stay in
-# cache until their GEMM reads them (measured ~4x faster than decoding a whole step first; 8 and 16
-# measured equal, 4 and 32 slower).
-_TILES_PER_BLOCK = 16
+# Bytes of float64 (chunk, kv head) tiles decoded per block: 4 MiB (16 tiles of 128 x 256) stay in cache
+# until their GEMM reads them (measured ~4x faster than decoding a whole step first; 8 and 16 tiles of
+# d = 256 measured equal, 4 and 32 slower). Narrower heads take more tiles per block, for fewer calls.
+_BLOCK_BYTES = 4 << 20
 # Narrow operands of the exact GEMMs (e4m3 Q rows for S, e4m3 P rows for V.P) are padded with zero
 # rows to at least this many: MKL's float64 GEMM runs 8-row operands 10-20% faster than 6-row ones
 # (h_r = 6). Zero rows only add rows of exact zeros, which are dropped.
@@ -331,10 +356,10 @@ def _window(device, heads_k: int, n_rows: int, head_dim: int, tile_keys: int, nu
     return max(1, min(_MAX_WINDOW, _WINDOW_BYTES // per_tile))
 
 
-def _blocks(num_chunks: int, heads_k: int, device) -> list[tuple[int, int]]:
+def _blocks(num_chunks: int, heads_k: int, head_dim: int, device) -> list[tuple[int, int]]:
     if torch.device(device).type != "cpu":
         return [(0, num_chunks)]
-    step = max(1, _TILES_PER_BLOCK // heads_k)
+    step = max(1, _BLOCK_BYTES // (heads_k * TILE_KEYS * head_dim * 8))
     return [(a0, min(num_chunks, a0 + step)) for a0 in range(0, num_chunks, step)]
 
 
@@ -377,7 +402,7 @@ def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, w
         for a0, a1 in blocks:
             o_new[a0:a1] = accumulate_pv_mma(o_a[a0:a1], p_q[a0:a1], v_src.values(a0, a1, ws), mma[0], mma[2])
         return o_new
-    d = v_src.data.shape[-1]
+    d = v_src.head_dim
     rows = max(n, _MIN_GEMM_ROWS)
     p64 = _buffer(ws, "p64", (a, g, rows, t), torch.float64, p_q.device)
     p64[..., :n, :] = p_q  # exact widening
@@ -688,7 +713,7 @@ def _emulate(
             last = torch.where(torch.tensor(sum(live, []), device=dev)[:, None], last, -1)
         c_a = c_c[sel]
         c_w = rep(c_a)
-        blocks = _blocks(n_w * A, G, dev)
+        blocks = _blocks(n_w * A, G, d, dev)
         # steps 3-7 and the factors of step 8 for all W tiles at once: nothing here depends on l or O
         k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev)
         q_a = rep(q_c[sel])
@@ -719,7 +744,7 @@ def _emulate(
                 l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
                 o_new = o_a if s0 + j == 0 else rescale_o(o_a, corr[t], m_new[t], m_prev[t])
                 v_t = v_src.part(j * A, (j + 1) * A)
-                o_new = _pv_step(o_new, p_q[t], v_t, _blocks(A, G, dev), ws, p_sig_bits, mma)
+                o_new = _pv_step(o_new, p_q[t], v_t, _blocks(A, G, d, dev), ws, p_sig_bits, mma)
             if all(live[j]):
                 l_a, o_a = l_new, o_new
             else:

@@ -801,3 +801,37 @@ def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatc
         q, cache, kw = x.q, x.cache, x.emulator_kwargs()
     got = emulate_decode(q, cache, **kw, target=target)
     assert _digest(*got) == PINNED_HW_DIGESTS[key], f"{key}: O / LSE bits differ from the CPU path's"
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "nvfp4"])
+@pytest.mark.parametrize("q_path", ["e4m3", "bf16"])
+def test_prefix_shared_pages_give_the_bits_of_private_copies(fmt, q_path):
+    """A prefix cache (every sequence's block table points at the same pages, lengths L0+1 .. L0+n, as the
+    end-to-end study builds it) against the same prefixes each on its own pages: the emulator decodes
+    shared tiles once (the CPU's shared-tile path) and must give the same bits."""
+    gen = torch.Generator().manual_seed(3)
+    n, total, h_k, d = 12, 300, 2, 64
+    k = torch.randn(total, h_k, d, generator=gen) * 2
+    v = torch.randn(total, h_k, d, generator=gen)
+    lens = list(range(total - n + 1, total + 1))
+    top = 6.0 * 448.0 if fmt == "nvfp4" else FORMATS[fmt].max_normal  # the descale (NVFP4: g) from the amax
+    kd, vd = k.abs().amax((0, 2)) / top, v.abs().amax((0, 2)) / top
+    opts = dict(page_size=64, granularity="per_head", shuffle=False, poison=False, spare_pages=0)
+    full = PagedKVCache.from_float([k], [v], fmt, k_descale=kd, v_descale=vd, **opts)
+    shared = dataclasses.replace(
+        full,
+        block_table=full.block_table[:1].expand(n, -1).contiguous(),
+        seq_lens=torch.tensor(lens, dtype=torch.int32),
+    )
+    private = PagedKVCache.from_float(
+        [k[:m] for m in lens], [v[:m] for m in lens], fmt, k_descale=kd, v_descale=vd, **opts
+    )
+    q = torch.randn(n, 3 * h_k, d, generator=gen)
+    if q_path == "e4m3":
+        qd = q.abs().amax() / 448
+        q_in, q_descale = (q / qd).to(torch.float8_e4m3fn), qd.expand(n, h_k).contiguous()
+    else:
+        q_in, q_descale = q.to(torch.bfloat16), None
+    a = emulate_decode(q_in, shared, q_descale=q_descale, allow_unsupported=True)
+    b = emulate_decode(q_in, private, q_descale=q_descale, allow_unsupported=True)
+    assert _equal(a[0], b[0]) and _equal(a[1], b[1])
