@@ -4,5 +4,4 @@ import sys
 
 from .cli import main
 
-if __name__ == "__main__":  # not when a spawned worker process imports this module
-    sys.exit(main())
+sys.exit(main())

@@ -25,9 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
@@ -359,48 +357,6 @@ def window_starts(n_corpus: int, n_tokens: int, windows: int, offset: int = 0) -
     return [offset + room * i // (windows - 1) for i in range(windows)]
 
 
-def _check_workers(workers) -> int:
-    return check_int("workers", workers, low=1)
-
-
-def _window_scores(model: SmolLM2, tokens: torch.Tensor, prefill: int, jobs, target: str) -> dict:
-    """One window of :func:`end_to_end`: the prompt ``tokens[:prefill]`` with exact attention, then every
-    job ``(knobs, fmt, granularity, q_dtype, recipe)`` over the remaining positions. Returns per-token
-    float64 CPU tensors ``nll_prompt`` and ``nll_ref``; per job lists of ``kl``, ``agree``, ``nll`` (per
-    token), the hex ``sha256`` of the spec's inputs and outputs (:func:`emulated_attention`) and
-    ``seconds``; and ``ref_seconds``."""
-    target_tokens = tokens[prefill + 1 :].to(model.device)
-    t0 = time.perf_counter()
-    prompt = model.prefill(tokens[:prefill])
-    ref = F.log_softmax(model.extend(prompt, tokens[prefill:]).double(), -1)[:-1]
-    out: dict = {"ref_seconds": time.perf_counter() - t0}
-    prompt_lp = F.log_softmax(prompt.logits.double(), -1)  # row i predicts token i + 1
-    out["nll_prompt"] = -prompt_lp.gather(-1, tokens[1 : prefill + 1, None].to(ref.device))[:, 0].cpu()
-    out["nll_ref"] = -ref.gather(-1, target_tokens[:, None])[:, 0].cpu()
-    for name in ("kl", "agree", "nll", "sha256", "seconds"):
-        out[name] = []
-    for knobs, fmt, gran, q_dtype, recipe in jobs:
-        t0 = time.perf_counter()
-        digest = hashlib.sha256()
-        hook = emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=knobs, target=target, digest=digest)
-        lp = F.log_softmax(model.extend(prompt, tokens[prefill:], hook).double(), -1)[:-1]
-        out["kl"].append((ref.exp() * (ref - lp)).sum(-1).cpu())
-        out["agree"].append((lp.argmax(-1) == ref.argmax(-1)).double().cpu())
-        out["nll"].append(-lp.gather(-1, target_tokens[:, None])[:, 0].cpu())
-        out["sha256"].append(digest.hexdigest())
-        out["seconds"].append(time.perf_counter() - t0)
-    return out
-
-
-def _window_worker(args) -> dict:
-    """:func:`_window_scores` in a spawned worker process (one CPU thread; the model loaded once per process)."""
-    path, dtype, start, n_tokens, prefill, jobs, target = args
-    torch.set_num_threads(1)
-    model = SmolLM2.load(path, dtype=dtype)
-    tokens = model.tokenize(corpus_text("heldout"))[start : start + n_tokens]
-    return _window_scores(model, tokens, prefill, jobs, target)
-
-
 def end_to_end(
     configs: Sequence[dict],
     n_tokens: int = 256,
@@ -410,7 +366,6 @@ def end_to_end(
     model: Optional[SmolLM2] = None,
     offset: int = 0,
     target: str = "thor",
-    workers: int = 1,
     progress=None,
 ) -> tuple[list[E2ERow], dict]:
     """Next-token KL divergence and top-1 agreement of quantized-cache decode vs the unquantized model.
@@ -430,10 +385,8 @@ def end_to_end(
         windows: how many windows (>= 1).
         model: the loaded model (default :meth:`SmolLM2.load`).
         target: the target the spec models (see :func:`emulated_attention`).
-        workers: CPU processes the windows are spread over (spawned, one thread each; 1: this process).
-            The rows do not depend on it. A CUDA model always runs in this process.
-        progress: optional callable ``progress(n)`` called after each window with ``n = len(configs) + 1``
-            (its forward passes).
+        progress: optional callable ``progress(n)`` called after each forward pass (``windows *
+            (len(configs) + 1)`` of them).
 
     Returns:
         ``(rows, info)``: one :class:`E2ERow` per config (its per-token tensors in window order), and
@@ -451,31 +404,36 @@ def end_to_end(
     parsed = [
         (c["fmt"], c.get("granularity", "per_head"), c.get("q_dtype", "e4m3"), c.get("recipe", "amax")) for c in configs
     ]
-    jobs = [(c.get("knobs"), *spec) for c, spec in zip(configs, parsed)]
-    windows_out = []
-    n_workers = min(_check_workers(workers), len(starts)) if model.device.type == "cpu" else 1
-    if n_workers > 1:  # whole windows in spawned processes, one CPU thread each: the same bits (each
-        # window's work is deterministic; the results are merged in window order)
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
-            args = [(str(model.path), model.dtype, s, n_tokens, prefill, jobs, target) for s in starts]
-            for res in pool.map(_window_worker, args):
-                windows_out.append(res)
-                if progress:
-                    progress(len(configs) + 1)
-    else:
-        for start in starts:
-            windows_out.append(_window_scores(model, corpus[start : start + n_tokens], prefill, jobs, target))
+    digests = [hashlib.sha256() for _ in configs]
+    hooks = [
+        emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=c.get("knobs"), target=target, digest=h)
+        for (fmt, gran, q_dtype, recipe), c, h in zip(parsed, configs, digests)
+    ]
+    ref_seconds, seconds = 0.0, [0.0] * len(configs)
+    nll_ref, nll_window = [], []
+    kl, agree, nll = ([[] for _ in configs] for _ in range(3))
+    for start in starts:
+        tokens = corpus[start : start + n_tokens]
+        target = tokens[prefill + 1 :].to(model.device)
+        t0 = time.perf_counter()
+        prompt = model.prefill(tokens[:prefill])
+        ref = F.log_softmax(model.extend(prompt, tokens[prefill:]).double(), -1)[:-1]
+        ref_seconds += time.perf_counter() - t0
+        prompt_lp = F.log_softmax(prompt.logits.double(), -1)  # row i predicts token i + 1
+        nll_window.append(-prompt_lp.gather(-1, tokens[1 : prefill + 1, None].to(ref.device))[:, 0])
+        nll_ref.append(-ref.gather(-1, target[:, None])[:, 0])
+        nll_window.append(nll_ref[-1])
+        if progress:
+            progress(1)
+        for j, hook in enumerate(hooks):
+            t0 = time.perf_counter()
+            lp = F.log_softmax(model.extend(prompt, tokens[prefill:], hook).double(), -1)[:-1]
+            kl[j].append((ref.exp() * (ref - lp)).sum(-1))
+            agree[j].append((lp.argmax(-1) == ref.argmax(-1)).double())
+            nll[j].append(-lp.gather(-1, target[:, None])[:, 0])
+            seconds[j] += time.perf_counter() - t0
             if progress:
-                progress(len(configs) + 1)
-    ref_seconds = sum(w["ref_seconds"] for w in windows_out)
-    seconds = [sum(w["seconds"][j] for w in windows_out) for j in range(len(configs))]
-    nll_ref = [w["nll_ref"] for w in windows_out]
-    nll_window = [x for w in windows_out for x in (w["nll_prompt"], w["nll_ref"])]
-    kl, agree, nll = (
-        [[w[name][j] for w in windows_out] for j in range(len(configs))] for name in ("kl", "agree", "nll")
-    )
-    digests = [hashlib.sha256("".join(w["sha256"][j] for w in windows_out).encode()) for j in range(len(configs))]
+                progress(1)
     nll_ref_t = torch.cat(nll_ref).cpu()
     count = nll_ref_t.numel()
     ppl_ref = math.exp(float(nll_ref_t.mean()))
