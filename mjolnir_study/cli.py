@@ -39,7 +39,8 @@ __all__ = ["CLIError", "build_parser", "check_device", "check_out", "default_out
 # wall (18 s CPU); the default 2 min 49 s - 3 min 50 s wall (2 min 29 s CPU), 2-3 min of it end to end.
 QUICK_TIME = "25 s"
 DEFAULT_TIME = "3 minutes"
-# --full, measured 2026-12-03 on the same CPU: 14 min 34 s wall (9 min 9 s CPU; end to end 700 s).
+# --full, measured 2026-12-03 on the same CPU while a stray process shared it: 14 min 34 s wall (9 min 9 s
+# CPU; end to end 700 s); alone it should take closer to the CPU time.
 FULL_TIME = "10-15 minutes"
 TARGET_NAMES = ("thor", "b200", "h200", "h100")  # mjolnir_numerics.targets.TARGETS (tests check they match)
 MAX_THREADS = max(1, os.cpu_count() or 1)  # more torch threads than cores only oversubscribes (99999 ran out of memory)

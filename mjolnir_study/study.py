@@ -311,7 +311,7 @@ class StudyConfig:
     def full(cls, **overrides) -> "StudyConfig":
         """The full study (``mjolnir study --full``): the default grid with 16 end-to-end windows (2,032 scored
         tokens) and 4 sequences per context-length point; 10-15 minutes on a 2-core CPU (14 min 34 s wall,
-        9 min of CPU time, measured 2026-12-03)."""
+        9 min of CPU time, measured 2026-12-03 with another process on the CPU)."""
         return cls(**{"name": "full", "e2e_windows": 16, "context_num_seqs": 4, **overrides})
 
     @classmethod
