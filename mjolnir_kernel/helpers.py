@@ -208,7 +208,8 @@ def nvfp4_encode(
     packed: bool = False,
     g_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``fused.nvfp4_encode`` (``packed``: its codes packed two per byte, under ``g * g_scale``) on CUDA, block 16.
+    """The NVFP4 encoder (``fused.nvfp4_block_scales`` then ``fused.nvfp4_codes``; ``packed``: codes two per
+    byte, under ``g * g_scale``) on CUDA, block 16.
 
     Args:
         x: float32 ``(rows, d)``, ``d`` a multiple of 16, finite.

@@ -280,8 +280,8 @@ def block_codes(bits: list, divisor_value, lut) -> list:
 
 
 def nvfp4_block(bits: list, g, floor, has_floor: bool, divisor: float, e4m3_lut, e2m1_lut, e4m3_values) -> tuple:
-    """``fused.nvfp4_encode`` of one block: (16 e2m1 codes, the e4m3 scale code); the block scale is at
-    least ``floor`` where ``has_floor``."""
+    """The NVFP4 encoder (``fused.nvfp4_block_scales`` then ``fused.nvfp4_codes``) of one block: (16 e2m1
+    codes, the e4m3 scale code); the block scale is at least ``floor`` where ``has_floor``."""
     amax = Int32(0)  # |x| compared as integers: exact for finite floats
     for b in bits:
         amax = max_s32(amax, b & 0x7FFFFFFF)
@@ -316,8 +316,8 @@ def store_block(addr, codes: list, bits: int) -> None:
 
 # -- NVFP4 -------------------------------------------------------------------------------------------
 class NVFP4EncodeKernel:
-    """The NVFP4 encoder (``fused.nvfp4_encode``, codes optionally packed) of float32 values (16-byte
-    aligned) in rows of ``16 * blocks_per_row``, one 16-value block per thread.
+    """The NVFP4 encoder (``fused.nvfp4_block_scales`` then ``fused.nvfp4_codes``, codes optionally packed) of
+    float32 values (16-byte aligned) in rows of ``16 * blocks_per_row``, one 16-value block per thread.
 
     Outputs: the codes, one per byte (``packed=False``, 16-byte aligned) or two per byte (``packed``, 8-byte
     aligned), and one e4m3 scale code per block. Per-row global scales ``g[row * g_stride]`` (``g_stride``
@@ -376,7 +376,7 @@ class CacheWriteKernel:
     (``page, off = divmod(slots[t], page_size)``); its descale is ``descale[seq_ids[t] * ds_seq + h * ds_head]``
     (``per_seq``; else ``h * ds_head``). Element formats store ``pack(lut[round_to_odd(x / descale)])``
     (``fused.encode_elements``); NVFP4 stores the packed codes
-    and block scales of ``fused.nvfp4_encode`` (packed) under ``g = descale * g_scale`` (scales at
+    and block scales of ``fused.nvfp4_codes_packed`` under ``g = descale * g_scale`` (scales at
     ``page * sc_page + off * sc_row + h * sc_head``). A slot outside ``[0, page_size * num_pages)`` or a
     sequence id outside ``[0, num_seqs)`` traps (a device-side error), so nothing is written out of bounds.
     """

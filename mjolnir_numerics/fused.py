@@ -45,7 +45,6 @@ __all__ = [
     "nvfp4_block_scales",
     "nvfp4_codes",
     "nvfp4_codes_packed",
-    "nvfp4_encode",
     "nvfp4_decode",
 ]
 
@@ -210,7 +209,8 @@ def nvfp4_block_scales(x, g, floor, *, group: int, divisor: float):
     vanished (inductor's Triton code divided its float64 value by ``g`` and rounded once), which moved a
     block scale exactly at a tie (``(amax / 6) / g`` = 136: e4m3 128 eagerly, 144 compiled; the H200,
     2026-12-03, ``benchmarks/probes/cpu_vs_cuda.py``). The codes that follow are compiled
-    (:func:`nvfp4_codes`)."""
+    (:func:`nvfp4_codes`); the two are the encoder of ``nvfp4_quantize`` (``divisor`` 6; ``four_over_six``
+    also tries 4)."""
     group = _literal_group(group)
     xg = x.float().unflatten(-1, (x.shape[-1] // group, group))
     scaled = div_rn(div_rn(xg.abs().amax(-1), torch.full_like(g, divisor)), g)
@@ -240,18 +240,6 @@ def nvfp4_codes_packed(x, g, scaled, e4m3_lut, e2m1_lut, e4m3_values, *, group: 
     """:func:`nvfp4_codes` with the codes packed two per byte, ``(..., d // 2)``."""
     codes, scale_codes = nvfp4_codes(x, g, scaled, e4m3_lut, e2m1_lut, e4m3_values, group=group)
     return pack_codes(codes, bits=4), scale_codes
-
-
-def nvfp4_encode(x, g, floor, e4m3_lut, e2m1_lut, e4m3_values, *, group: int, divisor: float):
-    """NVFP4 codes of ``x (..., d)`` under global scales ``g`` with block scales
-    ``e4m3(max(amax(block) / divisor / g, floor))``: :func:`nvfp4_block_scales` then :func:`nvfp4_codes`,
-    the encoder of ``nvfp4_quantize`` (``divisor`` 6; ``four_over_six`` also tries 4).
-
-    Returns:
-        ``(codes (..., d), scale codes (..., d // group))`` uint8.
-    """
-    scaled = nvfp4_block_scales(x, g, floor, group=group, divisor=divisor)
-    return nvfp4_codes(x, g, scaled, e4m3_lut, e2m1_lut, e4m3_values, group=group)
 
 
 def nvfp4_decode(codes, scale_codes, g, e4m3_lut, e4m3_values, e2m1_values, *, group: int, shift: float):

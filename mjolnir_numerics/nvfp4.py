@@ -125,7 +125,8 @@ def _f32(v: float) -> float:
 
 
 def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int, divisor: float, **packed):
-    """Codes and block-scale codes of ``x (..., d)`` (:func:`~mjolnir_numerics.fused.nvfp4_encode`; with
+    """Codes and block-scale codes of ``x (..., d)`` (:func:`~mjolnir_numerics.fused.nvfp4_block_scales`, then
+    :func:`~mjolnir_numerics.fused.nvfp4_codes`; with
     ``g_scale=...``, packed two per byte under the global scales ``g * g_scale``)."""
     e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
     kernels = fused.helper_kernels(x.device)

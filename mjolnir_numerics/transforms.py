@@ -28,6 +28,8 @@ import math
 
 import torch
 
+from .arithmetic import _pow2
+
 __all__ = [
     "HADAMARD_BLOCKS",
     "TRANSFORMS",
@@ -132,16 +134,10 @@ def smoothing_factors(q: torch.Tensor, k: torch.Tensor, alpha: float = 0.5) -> t
     q_amax = q.double().abs().amax(dim=0).view(h_k, q.shape[1] // h_k, d).amax(dim=1)
     live = (k_amax > 0) & (q_amax > 0)
     k_l, q_l = torch.where(live, k_amax, 1.0), torch.where(live, q_amax, 1.0)
-    n = torch.round(alpha * torch.log2(k_l) - (1 - alpha) * torch.log2(q_l))
+    n = torch.round(alpha * torch.log2(k_l) - (1 - alpha) * torch.log2(q_l)).long()
     if alpha == 0.5:  # within 1 of the exact n; settle it (q_l 2^m is exact: both normal float64)
         n = torch.where(k_l < q_l * _pow2(2 * n - 1), n - 1, torch.where(k_l >= q_l * _pow2(2 * n + 1), n + 1, n))
-    return _pow2(torch.where(live, n, 0.0)).float()
-
-
-def _pow2(n: torch.Tensor) -> torch.Tensor:
-    """float64 ``2^n`` of integer-valued float64 ``n`` in the normal range, from its bits (exact on every
-    device, where ``exp2`` need not be)."""
-    return ((n.long() + 1023) << 52).view(torch.float64)
+    return _pow2(torch.where(live, n, 0)).float()
 
 
 def apply_smoothing(q: torch.Tensor, k: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

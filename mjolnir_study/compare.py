@@ -79,10 +79,9 @@ def study_csv(path: str | Path) -> Path:
 
 def _keyed(df):
     """``{key: row}`` with the occurrence number among equal keys appended to each key."""
-    keys = [tuple("" if _missing(v) else str(v) for v in row) for row in df[list(KEY_COLUMNS)].itertuples(index=False)]
-    seen: dict = {}
-    out = {}
-    for key, (_, row) in zip(keys, df.iterrows()):
+    out, seen = {}, {}
+    for _, row in df.iterrows():
+        key = tuple("" if _missing(row[c]) else str(row[c]) for c in KEY_COLUMNS)
         n = seen[key] = seen.get(key, -1) + 1
         out[key + (n,)] = row
     return out
@@ -101,6 +100,10 @@ def compare_runs(a: str | Path, b: str | Path, rtol: float = 0.0) -> Comparison:
 
     Returns:
         a :class:`Comparison`.
+
+    Raises:
+        FileNotFoundError: ``a`` or ``b`` is neither a ``study.csv`` nor a folder holding one.
+        ValueError: ``rtol`` not a finite number >= 0, or a CSV without the :data:`KEY_COLUMNS`.
     """
     from .study import read_csv
 
