@@ -238,7 +238,10 @@ class _TileSource:
 
     On the CPU, when at most half the chunks' tiles are distinct (the sequences of a prefix cache share
     pages), each distinct tile is decoded once to float64 instead (``tiles`` ``(U, G, T, D)`` and the
-    chunks' ``index`` into it): the same values, without decoding a shared page once per sequence.
+    chunks' ``index`` into it): the same values, without decoding a shared page once per sequence, and
+    the ideal arithmetic's GEMMs run once per distinct tile over the stacked rows of every chunk that
+    reads it (:meth:`groups`; the same bits: each S and O element is the exact contraction rounded once,
+    whatever the GEMM's shape and order).
     """
 
     def __init__(self, cache, which: str, seqs: torch.Tensor, tiles: torch.Tensor, seq_lens, bt):
@@ -296,6 +299,13 @@ class _TileSource:
         if self.tiles is None:
             other.data = self.data[a0:a1]
         return other
+
+    def groups(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Shared tiles: ``(tile, chunks)`` per distinct tile, ``tile`` float64 ``(G, T, D)`` and ``chunks``
+        the int64 indices of the chunks that read it (ascending)."""
+        order = torch.argsort(self.index, stable=True)
+        counts = torch.bincount(self.index, minlength=self.tiles.shape[0]).tolist()
+        return [(self.tiles[u], c) for u, c in enumerate(torch.split(order, counts)) if c.numel()]
 
     def operand(self) -> torch.Tensor:
         """``(A, G, T, D)`` values in the narrowest dtype that holds them exactly (float8 for e4m3 codes,
@@ -371,6 +381,18 @@ def _pad_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, x.new_zeros((*x.shape[:-2], _MIN_GEMM_ROWS - m, x.shape[-1]))], dim=-2)
 
 
+def _stack_rows(x: torch.Tensor) -> torch.Tensor:
+    """``(A, G, R, K)`` -> ``(1, G, A * R, K)``: the rows of A chunks as one operand per kv head."""
+    a, g, r, k = x.shape
+    return x.transpose(0, 1).reshape(1, g, a * r, k)
+
+
+def _unstack_rows(x: torch.Tensor, a: int) -> torch.Tensor:
+    """The inverse of :func:`_stack_rows`: ``(1, G, A * R, K)`` -> ``(A, G, R, K)``."""
+    _, g, ar, k = x.shape
+    return x.reshape(g, a, ar // a, k).transpose(0, 1)
+
+
 def _score_step(q_a: torch.Tensor, q_norm, n_rows: int, k_src: "_TileSource", blocks, ws: dict, q_sig_bits, mma):
     """Step 3 for one tile of every active chunk, block by block: S float32 ``(A, G, N, T)``.
     ``q_a``: float64 Q rows ``(A, G, M, D)`` (zero-padded past ``n_rows``); ``q_norm`` their norms (wide Q);
@@ -383,8 +405,15 @@ def _score_step(q_a: torch.Tensor, q_norm, n_rows: int, k_src: "_TileSource", bl
         for a0, a1 in blocks:
             s[a0:a1] = score_tile_mma(q_a[a0:a1, :, :n_rows], k_src.values(a0, a1, ws), mma[0], mma[1])
         return s
-    prod = _buffer(ws, "s", (a, g, rows, TILE_KEYS), torch.float64, q_a.device)
     s = torch.empty((a, g, n_rows, TILE_KEYS), dtype=torch.float32, device=q_a.device)
+    if k_src.tiles is not None:  # shared tiles: one GEMM per distinct tile, over the rows of every chunk reading it
+        for tile, chunks in k_src.groups():
+            q_u = _stack_rows(q_a[chunks, :, :n_rows])
+            qn = None if q_norm is None else _stack_rows(q_norm[chunks, :, :n_rows, None])[..., 0]
+            s_u = score_tile(q_u, tile[None], q_sig_bits, qn)
+            s[chunks] = _unstack_rows(s_u, chunks.numel())
+        return s
+    prod = _buffer(ws, "s", (a, g, rows, TILE_KEYS), torch.float64, q_a.device)
     for a0, a1 in blocks:
         qn = None if q_norm is None else q_norm[a0:a1]
         s_blk = score_tile(q_a[a0:a1], k_src.values(a0, a1, ws), q_sig_bits, qn, out=prod[a0:a1])
@@ -401,6 +430,12 @@ def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, w
         o_new = torch.empty_like(o_a)
         for a0, a1 in blocks:
             o_new[a0:a1] = accumulate_pv_mma(o_a[a0:a1], p_q[a0:a1], v_src.values(a0, a1, ws), mma[0], mma[2])
+        return o_new
+    if v_src.tiles is not None:  # shared tiles: one GEMM per distinct tile (as in _score_step)
+        o_new = torch.empty_like(o_a)
+        for tile, chunks in v_src.groups():
+            o_u = accumulate_pv(_stack_rows(o_a[chunks]), _stack_rows(p_q[chunks]), tile[None], p_sig_bits)
+            o_new[chunks] = _unstack_rows(o_u, chunks.numel())
         return o_new
     d = v_src.head_dim
     rows = max(n, _MIN_GEMM_ROWS)

@@ -34,12 +34,14 @@ from typing import Optional, Sequence
 from mjolnir_numerics.checks import int_arg
 from mjolnir_numerics.targets import TARGETS
 
+from .study import MAX_WORKERS
+
 __all__ = ["CLIError", "build_parser", "check_device", "check_out", "default_out", "main", "resolve_out"]
 
 # Measured on the 2-core CPU (model load included), with another job sharing the machine: --quick 19-30 s
 # wall (18 s CPU); the default 2 min 49 s - 3 min 50 s wall (2 min 29 s CPU), 2-3 min of it end to end.
 QUICK_TIME = "25 s"
-DEFAULT_TIME = "3 minutes"
+DEFAULT_TIME = "3.5 minutes"  # 3 min 26 s wall measured 2026-12-03 (16 windows, 1 worker)
 # --full, measured 2026-12-03 on the same CPU while a stray process shared it: 14 min 34 s wall (9 min 9 s
 # CPU; end to end 700 s); alone it should take closer to the CPU time.
 FULL_TIME = "10-15 minutes"
@@ -73,8 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--full",
         action="store_true",
-        help=f"more data: 2,032 end-to-end tokens from 16 windows with every configuration, 4 sequences per "
-        f"context point (about {FULL_TIME} on a 2-core CPU)",
+        help=f"more data: 4 sequences per context point (about {FULL_TIME} on a 2-core CPU)",
     )
     s.add_argument("--device", default="cpu", help="torch device for the emulator, references and model (cpu, cuda)")
     s.add_argument(
@@ -90,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int_arg(1, MAX_THREADS),
         default=1,
         help="torch CPU threads (default 1: fastest on a shared CPU)",
+    )
+    s.add_argument(
+        "--workers",
+        type=int_arg(0, MAX_WORKERS),
+        default=None,
+        help="CPU processes that score the end-to-end windows beside the rest of the study (default: one per "
+        "spare core, at most 4, so 1 on a 2-core CPU; 0: none). The rows do not depend on it",
     )
     s.add_argument(
         "--target",
@@ -307,6 +315,7 @@ def run_study_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             seed=args.seed,
             real_model=not args.no_real_model,
             cpu_threads=args.threads,
+            cpu_workers=getattr(args, "workers", None),
             target=getattr(args, "target", "thor"),
         )
     except ValueError as e:

@@ -24,26 +24,35 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
+import multiprocessing
+import pickle
+import threading
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from mjolnir_numerics.cache import PagedKVCache
-from mjolnir_numerics.checks import check_int
+from mjolnir_numerics.checks import check_choice, check_int
 from mjolnir_numerics.emulator import EmulatorKnobs, emulate_decode
-from mjolnir_numerics.scales import quantize_q
+from mjolnir_numerics.formats import get_format
+from mjolnir_numerics.scales import GRANULARITIES, quantize_q
+from mjolnir_numerics.targets import Q_DTYPES, get_target
 
-from .smollm2 import SPEC_INPUT_DTYPE, Capture, SmolLM2, corpus_text
+from .smollm2 import SPEC_INPUT_DTYPE, Capture, SmolLM2, corpus_text, gguf_path
 
 __all__ = [
     "NVFP4_RECIPES",
     "DecodeInputs",
     "E2ERow",
+    "EndToEndRun",
     "build_cache",
     "decode_inputs",
     "decode_positions",
@@ -357,6 +366,279 @@ def window_starts(n_corpus: int, n_tokens: int, windows: int, offset: int = 0) -
     return [offset + room * i // (windows - 1) for i in range(windows)]
 
 
+def _window_scores(model: SmolLM2, tokens: torch.Tensor, prefill: int, jobs: Sequence[tuple], target: str) -> dict:
+    """One window of :func:`end_to_end`: the prompt ``tokens[:prefill]`` with exact attention, then every
+    job ``(knobs, fmt, granularity, q_dtype, recipe)`` over the remaining positions.
+
+    Returns CPU tensors ``nll_prompt`` ``(prefill,)`` and ``nll_ref`` ``(n_scored,)`` (float64); per job the
+    lists ``kl``, ``agree``, ``nll`` (float64 ``(n_scored,)`` each), ``sha256`` (the hex digest of the spec's
+    inputs and outputs, :func:`emulated_attention`) and ``seconds``; and ``ref_seconds``. Each window's work
+    is deterministic, so it is the same bits in any process.
+    """
+    scored = tokens[prefill + 1 :].to(model.device)
+    t0 = time.perf_counter()
+    prompt = model.prefill(tokens[:prefill])
+    ref = F.log_softmax(model.extend(prompt, tokens[prefill:]).double(), -1)[:-1]
+    out: dict = {"ref_seconds": time.perf_counter() - t0}
+    prompt_lp = F.log_softmax(prompt.logits.double(), -1)  # row i predicts token i + 1
+    out["nll_prompt"] = -prompt_lp.gather(-1, tokens[1 : prefill + 1, None].to(ref.device))[:, 0].cpu()
+    out["nll_ref"] = -ref.gather(-1, scored[:, None])[:, 0].cpu()
+    for name in ("kl", "agree", "nll", "sha256", "seconds"):
+        out[name] = []
+    for knobs, fmt, gran, q_dtype, recipe in jobs:
+        t0 = time.perf_counter()
+        digest = hashlib.sha256()
+        hook = emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=knobs, target=target, digest=digest)
+        lp = F.log_softmax(model.extend(prompt, tokens[prefill:], hook).double(), -1)[:-1]
+        out["kl"].append((ref.exp() * (ref - lp)).sum(-1).cpu())
+        out["agree"].append((lp.argmax(-1) == ref.argmax(-1)).double().cpu())
+        out["nll"].append(-lp.gather(-1, scored[:, None])[:, 0].cpu())
+        out["sha256"].append(digest.hexdigest())
+        out["seconds"].append(time.perf_counter() - t0)
+    return out
+
+
+@dataclass(frozen=True)
+class _WindowSpec:
+    """What a worker process needs to rebuild every window of one :class:`EndToEndRun` (picklable)."""
+
+    path: str
+    dtype: torch.dtype
+    threads: int
+    n_tokens: int
+    prefill: int
+    windows: int
+    offset: int
+    jobs: tuple
+    target: str
+
+    def tokens(self, model: SmolLM2) -> list[torch.Tensor]:
+        corpus = model.tokenize(corpus_text("heldout"))
+        starts = window_starts(corpus.numel(), self.n_tokens, self.windows, self.offset)
+        return [corpus[s : s + self.n_tokens] for s in starts]
+
+
+def _claim(counter) -> int:
+    """The next unclaimed window index of the shared ``counter`` (each index is handed out once)."""
+    with counter.get_lock():
+        i = counter.value
+        counter.value += 1
+    return i
+
+
+def _worker_main(spec: _WindowSpec, counter, results) -> None:
+    """A spawned worker: load the model once, then score windows until none is left unclaimed; puts
+    ``(index, scores)`` per window, or ``(None, traceback)`` on an error, on ``results``."""
+    try:
+        torch.set_num_threads(spec.threads)
+        model = SmolLM2.load(spec.path, dtype=spec.dtype)
+        windows = spec.tokens(model)
+        while (i := _claim(counter)) < len(windows):
+            scores = _window_scores(model, windows[i], spec.prefill, spec.jobs, spec.target)
+            # plain pickle: torch's queue pickler would share the tensors through this process's file
+            # descriptors, gone once it exits
+            results.put((i, pickle.dumps(scores)))
+    except BaseException:  # noqa: BLE001 - every failure reaches the parent, which raises it
+        results.put((None, traceback.format_exc()))
+
+
+class EndToEndRun:
+    """The windows of one :func:`end_to_end` run, spread over this process and ``workers`` spawned CPU
+    worker processes (one torch thread each, by default; each loads the model once, ~1.1 GB of float64
+    weights). Start it early, do other work, then :meth:`finish`: this process scores the windows no
+    worker has claimed yet, waits for the rest and merges them in window order. The rows do not depend on
+    ``workers`` (each window is deterministic; ``tests/study/test_real_model.py`` compares them).
+
+    Use as a context manager (or call :meth:`close`) so that the workers stop if the caller fails.
+    """
+
+    def __init__(
+        self,
+        configs: Sequence[dict],
+        n_tokens: int = 256,
+        prefill: int = 128,
+        *,
+        windows: int = 1,
+        offset: int = 0,
+        target: str = "thor",
+        workers: int = 0,
+        path: Optional[str] = None,
+        dtype: torch.dtype = torch.float64,
+        threads: int = 1,
+        progress=None,
+    ):
+        if not 0 < prefill < n_tokens - 1:
+            raise ValueError(f"prefill: {prefill} must lie in [1, n_tokens - 1 = {n_tokens - 1})")
+        check_int("windows", windows, low=1)
+        check_int("offset", offset, low=0)
+        check_int("workers", workers, low=0)
+        check_int("threads", threads, low=1)
+        self.configs = list(configs)
+        parsed = [
+            (c["fmt"], c.get("granularity", "per_head"), c.get("q_dtype", "e4m3"), c.get("recipe", "amax"))
+            for c in self.configs
+        ]
+        for fmt, gran, q_dtype, recipe in parsed:  # every config checked here, before a worker starts
+            get_format(fmt)
+            check_choice("granularity", gran, GRANULARITIES)
+            check_choice("q_dtype", q_dtype, Q_DTYPES)
+            check_choice("recipe", recipe, NVFP4_RECIPES if fmt == "nvfp4" else ("amax",))
+        get_target(target)
+        path = Path(path) if path is not None else gguf_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"path: {path} is not a file")
+        self._parsed = parsed
+        jobs = tuple((c.get("knobs"), *p) for c, p in zip(self.configs, parsed))
+        self.spec = _WindowSpec(str(path), dtype, threads, n_tokens, prefill, windows, offset, jobs, target)
+        self.workers = min(workers, windows)
+        self.progress = progress
+        self._results: dict[int, dict] = {}
+        self._errors: list[str] = []
+        self._done = threading.Condition()
+        self._procs: list = []
+        self._counter = None  # shared with the workers once started; else windows are numbered here
+        self._local = itertools.count()
+        self._queue = None
+        self._drain_thread = None
+
+    def start(self) -> "EndToEndRun":
+        """Spawn the worker processes (none when ``workers`` is 0); they begin scoring at once."""
+        if self.workers and not self._procs:
+            ctx = multiprocessing.get_context("spawn")  # fork would copy a torch with threads running
+            self._counter = ctx.Value("i", 0)
+            self._queue = ctx.Queue()
+            self._procs = [
+                ctx.Process(target=_worker_main, args=(self.spec, self._counter, self._queue), daemon=True)
+                for _ in range(self.workers)
+            ]
+            for p in self._procs:
+                p.start()
+            self._drain_thread = threading.Thread(target=self._drain, daemon=True)
+            self._drain_thread.start()
+        return self
+
+    def _drain(self) -> None:
+        """Collect the workers' windows (this process's thread; every failure is kept for :meth:`finish`)."""
+        while True:
+            try:
+                item = self._queue.get()
+                if item is None:  # close()
+                    return
+                i, value = item
+                with self._done:
+                    if i is None:
+                        self._errors.append(value)
+                    else:
+                        self._results[i] = pickle.loads(value)
+                    self._done.notify_all()
+                if i is not None and self.progress:
+                    self.progress(len(self.configs) + 1)
+            except BaseException:  # noqa: BLE001 - raised by finish
+                with self._done:
+                    self._errors.append(traceback.format_exc())
+                    self._done.notify_all()
+                return
+
+    def finish(self, model: SmolLM2) -> tuple[list[E2ERow], dict]:
+        """Score the unclaimed windows here with ``model``, wait for the workers' windows, and return what
+        :func:`end_to_end` returns. Raises ``RuntimeError`` with the worker's traceback when a worker failed."""
+        windows = self.spec.tokens(model)
+        try:
+            while (i := self._claim()) < len(windows):
+                scores = _window_scores(model, windows[i], self.spec.prefill, self.spec.jobs, self.spec.target)
+                with self._done:
+                    self._results[i] = scores
+                if self.progress:
+                    self.progress(len(self.configs) + 1)
+                self._raise_worker_error()
+            with self._done:
+                while len(self._results) < len(windows):
+                    self._raise_worker_error()
+                    if any(p.is_alive() for p in self._procs):
+                        self._done.wait(1.0)
+                    elif not self._done.wait(5.0):  # a dead worker's last window may still be in the pipe
+                        codes = [p.exitcode for p in self._procs]
+                        missing = sorted(set(range(len(windows))) - set(self._results))
+                        raise RuntimeError(
+                            f"end-to-end worker processes exited (codes {codes}) before returning windows {missing}"
+                        )
+                self._raise_worker_error()
+        finally:
+            self.close()
+        return self._rows(model, windows)
+
+    def _claim(self) -> int:
+        return _claim(self._counter) if self._counter is not None else next(self._local)
+
+    def _raise_worker_error(self) -> None:
+        if self._errors:
+            raise RuntimeError(f"an end-to-end worker process failed (or its window was lost):\n{self._errors[0]}")
+
+    def close(self) -> None:
+        """Stop the workers and the thread that collects their windows (idempotent)."""
+        for p in self._procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()
+        self._procs = []
+        if self._drain_thread is not None:
+            self._queue.put(None)
+            self._drain_thread.join()
+            self._drain_thread = None
+
+    def __enter__(self) -> "EndToEndRun":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _rows(self, model: SmolLM2, windows: list[torch.Tensor]) -> tuple[list[E2ERow], dict]:
+        per_window = [self._results[i] for i in range(len(windows))]
+        nll_ref_t = torch.cat([w["nll_ref"] for w in per_window])
+        nll_window = torch.cat([x for w in per_window for x in (w["nll_prompt"], w["nll_ref"])])
+        count = nll_ref_t.numel()
+        ppl_ref = math.exp(float(nll_ref_t.mean()))
+        rows = []
+        for j, (fmt, gran, q_dtype, recipe) in enumerate(self._parsed):
+            kl_t, agree_t, nll_t = (torch.cat([w[name][j] for w in per_window]) for name in ("kl", "agree", "nll"))
+            digest = hashlib.sha256("".join(w["sha256"][j] for w in per_window).encode())
+            rows.append(
+                E2ERow(
+                    f"{fmt}{'' if recipe == 'amax' else ':' + recipe}/{gran}/q={q_dtype}",
+                    fmt,
+                    gran,
+                    q_dtype,
+                    recipe,
+                    get_format(fmt).bits_per_value,
+                    float(kl_t.mean()),
+                    float(kl_t.max()),
+                    float(agree_t.mean()),
+                    math.exp(float(nll_t.mean())),
+                    ppl_ref,
+                    count,
+                    sum(w["seconds"][j] for w in per_window),
+                    kl_t,
+                    agree_t,
+                    nll_t,
+                    digest.hexdigest()[:16],
+                )
+            )
+        corpus_len = model.tokenize(corpus_text("heldout")).numel()
+        info = {
+            "ppl_ref": ppl_ref,
+            "ppl_ref_window": math.exp(float(nll_window.mean())),
+            "ref_seconds": sum(w["ref_seconds"] for w in per_window),
+            "n_tokens": count,
+            "nll_ref_tokens": nll_ref_t,
+            "window": self.spec.n_tokens,
+            "prefill": self.spec.prefill,
+            "windows": self.spec.windows,
+            "window_starts": window_starts(corpus_len, self.spec.n_tokens, self.spec.windows, self.spec.offset),
+            "workers": self.workers,
+        }
+        return rows, info
+
+
 def end_to_end(
     configs: Sequence[dict],
     n_tokens: int = 256,
@@ -366,6 +648,7 @@ def end_to_end(
     model: Optional[SmolLM2] = None,
     offset: int = 0,
     target: str = "thor",
+    workers: int = 0,
     progress=None,
 ) -> tuple[list[E2ERow], dict]:
     """Next-token KL divergence and top-1 agreement of quantized-cache decode vs the unquantized model.
@@ -385,94 +668,33 @@ def end_to_end(
         windows: how many windows (>= 1).
         model: the loaded model (default :meth:`SmolLM2.load`).
         target: the target the spec models (see :func:`emulated_attention`).
-        progress: optional callable ``progress(n)`` called after each forward pass (``windows *
-            (len(configs) + 1)`` of them).
+        workers: CPU worker processes sharing the windows with this one (:class:`EndToEndRun`; default 0).
+            A CUDA model runs every window in this process. The rows do not depend on it.
+        progress: optional callable ``progress(n)`` called after each window with ``n = len(configs) + 1``
+            (its forward passes; from another thread when workers run).
 
     Returns:
         ``(rows, info)``: one :class:`E2ERow` per config (its per-token tensors in window order), and
         ``info`` with ``ppl_ref`` (on the scored tokens), ``ppl_ref_window`` (every predicted token of the
-        windows), ``ref_seconds``, ``n_tokens``, ``window``, ``prefill``, ``windows``, ``window_starts``
-        and ``nll_ref_tokens`` (float64 per scored token, the unquantized model's).
+        windows), ``ref_seconds``, ``n_tokens``, ``window``, ``prefill``, ``windows``, ``window_starts``,
+        ``workers`` and ``nll_ref_tokens`` (float64 per scored token, the unquantized model's).
     """
-    from mjolnir_numerics.formats import get_format
-
-    if not 0 < prefill < n_tokens - 1:
-        raise ValueError(f"prefill: {prefill} must lie in [1, n_tokens - 1 = {n_tokens - 1})")
     model = model or SmolLM2.load()
-    corpus = model.tokenize(corpus_text("heldout"))
-    starts = window_starts(corpus.numel(), n_tokens, windows, offset)
-    parsed = [
-        (c["fmt"], c.get("granularity", "per_head"), c.get("q_dtype", "e4m3"), c.get("recipe", "amax")) for c in configs
-    ]
-    digests = [hashlib.sha256() for _ in configs]
-    hooks = [
-        emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=c.get("knobs"), target=target, digest=h)
-        for (fmt, gran, q_dtype, recipe), c, h in zip(parsed, configs, digests)
-    ]
-    ref_seconds, seconds = 0.0, [0.0] * len(configs)
-    nll_ref, nll_window = [], []
-    kl, agree, nll = ([[] for _ in configs] for _ in range(3))
-    for start in starts:
-        tokens = corpus[start : start + n_tokens]
-        target = tokens[prefill + 1 :].to(model.device)
-        t0 = time.perf_counter()
-        prompt = model.prefill(tokens[:prefill])
-        ref = F.log_softmax(model.extend(prompt, tokens[prefill:]).double(), -1)[:-1]
-        ref_seconds += time.perf_counter() - t0
-        prompt_lp = F.log_softmax(prompt.logits.double(), -1)  # row i predicts token i + 1
-        nll_window.append(-prompt_lp.gather(-1, tokens[1 : prefill + 1, None].to(ref.device))[:, 0])
-        nll_ref.append(-ref.gather(-1, target[:, None])[:, 0])
-        nll_window.append(nll_ref[-1])
-        if progress:
-            progress(1)
-        for j, hook in enumerate(hooks):
-            t0 = time.perf_counter()
-            lp = F.log_softmax(model.extend(prompt, tokens[prefill:], hook).double(), -1)[:-1]
-            kl[j].append((ref.exp() * (ref - lp)).sum(-1))
-            agree[j].append((lp.argmax(-1) == ref.argmax(-1)).double())
-            nll[j].append(-lp.gather(-1, target[:, None])[:, 0])
-            seconds[j] += time.perf_counter() - t0
-            if progress:
-                progress(1)
-    nll_ref_t = torch.cat(nll_ref).cpu()
-    count = nll_ref_t.numel()
-    ppl_ref = math.exp(float(nll_ref_t.mean()))
-    rows = []
-    for j, (fmt, gran, q_dtype, recipe) in enumerate(parsed):
-        kl_t, agree_t, nll_t = (torch.cat(x[j]).cpu() for x in (kl, agree, nll))
-        rows.append(
-            E2ERow(
-                f"{fmt}{'' if recipe == 'amax' else ':' + recipe}/{gran}/q={q_dtype}",
-                fmt,
-                gran,
-                q_dtype,
-                recipe,
-                get_format(fmt).bits_per_value,
-                float(kl_t.mean()),
-                float(kl_t.max()),
-                float(agree_t.mean()),
-                math.exp(float(nll_t.mean())),
-                ppl_ref,
-                count,
-                seconds[j],
-                kl_t,
-                agree_t,
-                nll_t,
-                digests[j].hexdigest()[:16],
-            )
-        )
-    info = {
-        "ppl_ref": ppl_ref,
-        "ppl_ref_window": math.exp(float(torch.cat(nll_window).mean())),
-        "ref_seconds": ref_seconds,
-        "n_tokens": count,
-        "nll_ref_tokens": nll_ref_t,
-        "window": n_tokens,
-        "prefill": prefill,
-        "windows": windows,
-        "window_starts": starts,
-    }
-    return rows, info
+    run = EndToEndRun(
+        configs,
+        n_tokens,
+        prefill,
+        windows=windows,
+        offset=offset,
+        target=target,
+        workers=workers if model.device.type == "cpu" else 0,
+        path=str(model.path),
+        dtype=model.dtype,
+        threads=torch.get_num_threads(),
+        progress=progress,
+    )
+    with run:
+        return run.finish(model)
 
 
 def greedy_continuation(prompt: str, n: int = 24, *, model: Optional[SmolLM2] = None, attention=None) -> str:

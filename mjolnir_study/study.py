@@ -45,6 +45,7 @@ import csv
 import dataclasses
 import functools
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -100,6 +101,8 @@ P_VARIANTS: dict[str, dict] = {
     "fp32": {"p_format": "fp32", "p_scale": 1.0},  # no P rounding: the baseline of the others
 }
 N_LAYERS = 30  # SmolLM2-135M
+AUTO_WORKERS = 4  # default_workers' ceiling
+MAX_WORKERS = 16
 IDEAL_ARITHMETIC = {
     "mma": "ideal",
     "log": "correctly_rounded",
@@ -181,7 +184,10 @@ class StudyConfig:
     at per_head, and ``real_grid_layers`` additionally every granularity; ``e2e_tokens`` window and
     ``e2e_prefill`` prompt tokens of each of the ``e2e_windows`` windows of the end-to-end run (spread over
     the held-out text), ``e2e_configs`` its configurations
-    (``fmt[:recipe]/granularity/q_dtype``).
+    (``fmt[:recipe]/granularity/q_dtype``); ``cpu_threads`` torch threads per process; ``cpu_workers``
+    spawned processes that score end-to-end windows on CPU from the start of the run, beside the rest of
+    the study (None: :func:`default_workers`; 0: every window in this process; the rows do not depend on
+    it).
     """
 
     formats: tuple[str, ...] = FORMAT_NAMES
@@ -222,7 +228,7 @@ class StudyConfig:
     real_grid_layers: tuple[int, ...] = (0, 7, 15, 22, 29)
     e2e_tokens: int = 256
     e2e_prefill: int = 128
-    e2e_windows: int = 6
+    e2e_windows: int = 16
     e2e_configs: tuple[str, ...] = (
         "e4m3/per_head/e4m3",
         "e4m3/per_head/bf16",
@@ -238,6 +244,7 @@ class StudyConfig:
     seed: int = 0
     device: str = "cpu"
     cpu_threads: int = 1
+    cpu_workers: Optional[int] = None
     name: str = "default"
 
     def __post_init__(self):
@@ -251,6 +258,8 @@ class StudyConfig:
                           ("e2e_prefill", 1), ("e2e_windows", 1), ("sanity_ppl_tokens", 0), ("greedy_tokens", 0),
                           ("seed", 0), ("cpu_threads", 1)):  # fmt: skip
             check_int(name, getattr(self, name), low=low)
+        if self.cpu_workers is not None:
+            check_int("cpu_workers", self.cpu_workers, low=0, high=MAX_WORKERS)
         if self.heads_q % self.heads_k:
             raise ValueError(f"heads_q: {self.heads_q} is not a multiple of heads_k {self.heads_k}")
         if check_int("head_dim", self.head_dim, low=2) % 2:
@@ -303,15 +312,14 @@ class StudyConfig:
 
     @classmethod
     def default(cls, **overrides) -> "StudyConfig":
-        """The default study (``mjolnir study``): about 3 minutes on a 2-core CPU (2 of them end to end: 6
-        windows, 762 scored tokens)."""
+        """The default study (``mjolnir study``): 16 end-to-end windows (2,032 scored tokens), scored by one
+        worker process beside the rest of the study on a 2-core CPU; 3 min 26 s wall measured 2026-12-03."""
         return cls(**overrides)
 
     @classmethod
     def full(cls, **overrides) -> "StudyConfig":
-        """The full study (``mjolnir study --full``): the default grid with 16 end-to-end windows (2,032 scored
-        tokens) and 4 sequences per context-length point; 10-15 minutes on a 2-core CPU (14 min 34 s wall,
-        9 min of CPU time, measured 2026-12-03 with another process on the CPU)."""
+        """The full study (``mjolnir study --full``): the default grid with 4 sequences per context-length
+        point (16 end-to-end windows, as the default; not re-timed since the default grew to 16)."""
         return cls(**{"name": "full", "e2e_windows": 16, "context_num_seqs": 4, **overrides})
 
     @classmethod
@@ -447,6 +455,14 @@ class Cell:
     @property
     def cache_key(self) -> tuple:
         return (self.data, self.fmt, self.granularity, self.recipe, self.transform, self.scales)
+
+
+def default_workers(threads: int = 1) -> int:
+    """End-to-end worker processes for a CPU run with ``threads`` torch threads per process: one per spare
+    group of ``threads`` usable cores beside this process, at most :data:`AUTO_WORKERS` (each holds the
+    model's ~1.1 GB of float64 weights). 1 on a 2-core machine at one thread."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(0, min(AUTO_WORKERS, cores // threads - 1))
 
 
 def cells(config: StudyConfig) -> list[Cell]:
@@ -873,7 +889,21 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
     bar = _Progress(total, progress)
     rows: list[dict] = []
     part_seconds: dict[str, float] = {}
+    e2e_run = None
     try:
+        if e2e:  # on CPU, worker processes score end-to-end windows while this process runs the other parts
+            workers = default_workers(config.cpu_threads) if config.cpu_workers is None else config.cpu_workers
+            e2e_run = rm.EndToEndRun(
+                e2e,
+                config.e2e_tokens,
+                config.e2e_prefill,
+                windows=config.e2e_windows,
+                target=config.target,
+                workers=workers if device.type == "cpu" else 0,
+                threads=config.cpu_threads,
+                progress=bar.update,
+            ).start()
+            info["e2e_workers"] = e2e_run.workers
         # synthetic parts: one data item at a time
         groups: dict[DataKey, list[Cell]] = {}
         for c in syn_cells:
@@ -945,16 +975,8 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
             t0 = time.perf_counter()
             bar.set("end_to_end")
             e2e_rows, e2e_info = [], {}
-            if e2e:
-                e2e_rows, e2e_info = rm.end_to_end(
-                    e2e,
-                    config.e2e_tokens,
-                    config.e2e_prefill,
-                    windows=config.e2e_windows,
-                    model=model,
-                    target=config.target,
-                    progress=bar.update,
-                )
+            if e2e_run is not None:
+                e2e_rows, e2e_info = e2e_run.finish(model)
             nll_ref = e2e_info.pop("nll_ref_tokens", None)
             info["e2e"] = e2e_info
             cis = e2e_intervals(e2e_rows, nll_ref, seed=config.seed)
@@ -1006,6 +1028,8 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
             info["sanity_seconds"] = time.perf_counter() - t0
             log(f"end-to-end done in {part_seconds['end_to_end']:.0f} s")
     finally:
+        if e2e_run is not None:
+            e2e_run.close()
         bar.close()
     info["part_seconds"] = part_seconds
     info["seconds"] = time.perf_counter() - t_start

@@ -804,11 +804,14 @@ def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatc
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "nvfp4"])
-@pytest.mark.parametrize("q_path", ["e4m3", "bf16"])
-def test_prefix_shared_pages_give_the_bits_of_private_copies(fmt, q_path):
+@pytest.mark.parametrize("q_path", ["e4m3", "bf16", "fp32_q_fp32_p"])
+def test_prefix_shared_pages_give_the_bits_of_private_copies(fmt, q_path, monkeypatch):
     """A prefix cache (every sequence's block table points at the same pages, lengths L0+1 .. L0+n, as the
     end-to-end study builds it) against the same prefixes each on its own pages: the emulator decodes
-    shared tiles once (the CPU's shared-tile path) and must give the same bits."""
+    shared tiles once and runs each GEMM once per distinct tile over the stacked rows of the chunks
+    reading it (the CPU's shared-tile path), and must give the same bits. ``fp32_q_fp32_p``: float32 Q
+    and P, wide operands whose float64 GEMMs are inexact, so that the verified rounding and its exact
+    fallback run on the stacked GEMMs too (counted)."""
     gen = torch.Generator().manual_seed(3)
     n, total, h_k, d = 12, 300, 2, 64
     k = torch.randn(total, h_k, d, generator=gen) * 2
@@ -827,11 +830,22 @@ def test_prefix_shared_pages_give_the_bits_of_private_copies(fmt, q_path):
         [k[:m] for m in lens], [v[:m] for m in lens], fmt, k_descale=kd, v_descale=vd, **opts
     )
     q = torch.randn(n, 3 * h_k, d, generator=gen)
+    knobs = None
     if q_path == "e4m3":
         qd = q.abs().amax() / 448
         q_in, q_descale = (q / qd).to(torch.float8_e4m3fn), qd.expand(n, h_k).contiguous()
-    else:
+    elif q_path == "bf16":
         q_in, q_descale = q.to(torch.bfloat16), None
-    a = emulate_decode(q_in, shared, q_descale=q_descale, allow_unsupported=True)
-    b = emulate_decode(q_in, private, q_descale=q_descale, allow_unsupported=True)
+    else:
+        q_in, q_descale, knobs = q, None, EmulatorKnobs(p_format="fp32")
+    from mjolnir_numerics import emulator_stages as stages
+
+    calls = []
+    exact_dot = stages.exact_dot_f32
+    monkeypatch.setattr(stages, "exact_dot_f32", lambda *a: calls.append(a[0].shape[0]) or exact_dot(*a))
+    a = emulate_decode(q_in, shared, q_descale=q_descale, knobs=knobs, allow_unsupported=True)
+    n_shared = sum(calls)
+    b = emulate_decode(q_in, private, q_descale=q_descale, knobs=knobs, allow_unsupported=True)
     assert _equal(a[0], b[0]) and _equal(a[1], b[1])
+    if q_path == "fp32_q_fp32_p":
+        assert n_shared > 0, "the exact fallback never ran on the shared path"
