@@ -412,10 +412,11 @@ class _WindowSpec:
     jobs: tuple
     target: str
 
-    def tokens(self, model: SmolLM2) -> list[torch.Tensor]:
+    def tokens(self, model: SmolLM2) -> tuple[list[int], list[torch.Tensor]]:
+        """The windows' first token (:func:`window_starts`) and their int64 ``(n_tokens,)`` token ids."""
         corpus = model.tokenize(corpus_text("heldout"))
         starts = window_starts(corpus.numel(), self.n_tokens, self.windows, self.offset)
-        return [corpus[s : s + self.n_tokens] for s in starts]
+        return starts, [corpus[s : s + self.n_tokens] for s in starts]
 
 
 def _claim(counter) -> int:
@@ -432,7 +433,7 @@ def _worker_main(spec: _WindowSpec, counter, results) -> None:
     try:
         torch.set_num_threads(spec.threads)
         model = SmolLM2.load(spec.path, dtype=spec.dtype)
-        windows = spec.tokens(model)
+        _, windows = spec.tokens(model)
         while (i := _claim(counter)) < len(windows):
             scores = _window_scores(model, windows[i], spec.prefill, spec.jobs, spec.target)
             # plain pickle: torch's queue pickler would share the tensors through this process's file
@@ -542,7 +543,7 @@ class EndToEndRun:
     def finish(self, model: SmolLM2) -> tuple[list[E2ERow], dict]:
         """Score the unclaimed windows here with ``model``, wait for the workers' windows, and return what
         :func:`end_to_end` returns. Raises ``RuntimeError`` with the worker's traceback when a worker failed."""
-        windows = self.spec.tokens(model)
+        starts, windows = self.spec.tokens(model)
         try:
             while (i := self._claim()) < len(windows):
                 scores = _window_scores(model, windows[i], self.spec.prefill, self.spec.jobs, self.spec.target)
@@ -565,7 +566,7 @@ class EndToEndRun:
                 self._raise_worker_error()
         finally:
             self.close()
-        return self._rows(model, windows)
+        return self._rows(starts)
 
     def _claim(self) -> int:
         return _claim(self._counter) if self._counter is not None else next(self._local)
@@ -592,8 +593,8 @@ class EndToEndRun:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _rows(self, model: SmolLM2, windows: list[torch.Tensor]) -> tuple[list[E2ERow], dict]:
-        per_window = [self._results[i] for i in range(len(windows))]
+    def _rows(self, starts: list[int]) -> tuple[list[E2ERow], dict]:
+        per_window = [self._results[i] for i in range(len(starts))]
         nll_ref_t = torch.cat([w["nll_ref"] for w in per_window])
         nll_window = torch.cat([x for w in per_window for x in (w["nll_prompt"], w["nll_ref"])])
         count = nll_ref_t.numel()
@@ -623,7 +624,6 @@ class EndToEndRun:
                     digest.hexdigest()[:16],
                 )
             )
-        corpus_len = model.tokenize(corpus_text("heldout")).numel()
         info = {
             "ppl_ref": ppl_ref,
             "ppl_ref_window": math.exp(float(nll_window.mean())),
@@ -633,7 +633,7 @@ class EndToEndRun:
             "window": self.spec.n_tokens,
             "prefill": self.spec.prefill,
             "windows": self.spec.windows,
-            "window_starts": window_starts(corpus_len, self.spec.n_tokens, self.spec.windows, self.spec.offset),
+            "window_starts": starts,
             "workers": self.workers,
         }
         return rows, info
