@@ -451,6 +451,11 @@ class EndToEndRun:
     ``workers`` (each window is deterministic; ``tests/study/test_real_model.py`` compares them).
 
     Use as a context manager (or call :meth:`close`) so that the workers stop if the caller fails.
+
+    Arguments as :func:`end_to_end`, plus ``path`` (the model file; default :func:`gguf_path`), ``dtype``
+    and ``threads`` (torch threads per worker). Raises ``ValueError`` naming the argument for a bad
+    ``prefill``, ``windows``, ``offset``, ``workers``, ``threads``, target or config (format, granularity,
+    q_dtype, recipe), and ``FileNotFoundError`` for a ``path`` that is not a file, before any worker starts.
     """
 
     def __init__(
