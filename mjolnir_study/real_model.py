@@ -379,6 +379,7 @@ def _window_scores(model: SmolLM2, tokens: torch.Tensor, prefill: int, jobs: Seq
     t0 = time.perf_counter()
     prompt = model.prefill(tokens[:prefill])
     ref = F.log_softmax(model.extend(prompt, tokens[prefill:]).double(), -1)[:-1]
+    p_ref = ref.exp()
     out: dict = {"ref_seconds": time.perf_counter() - t0}
     prompt_lp = F.log_softmax(prompt.logits.double(), -1)  # row i predicts token i + 1
     out["nll_prompt"] = -prompt_lp.gather(-1, tokens[1 : prefill + 1, None].to(ref.device))[:, 0].cpu()
@@ -390,7 +391,7 @@ def _window_scores(model: SmolLM2, tokens: torch.Tensor, prefill: int, jobs: Seq
         digest = hashlib.sha256()
         hook = emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=knobs, target=target, digest=digest)
         lp = F.log_softmax(model.extend(prompt, tokens[prefill:], hook).double(), -1)[:-1]
-        out["kl"].append((ref.exp() * (ref - lp)).sum(-1).cpu())
+        out["kl"].append((p_ref * (ref - lp)).sum(-1).cpu())
         out["agree"].append((lp.argmax(-1) == ref.argmax(-1)).double().cpu())
         out["nll"].append(-lp.gather(-1, scored[:, None])[:, 0].cpu())
         out["sha256"].append(digest.hexdigest())

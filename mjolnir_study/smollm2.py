@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -343,47 +344,49 @@ class SmolLM2:
     (:data:`MODEL_DTYPES`: float64 by default, for results that are the same on every machine); CPU by
     default.
 
-    Use :meth:`load` to get a process-wide cached instance (loading takes ~5 s and ~1.1 GB in float64).
+    Use :meth:`load` to get a process-wide cached instance (~1.1 GB in float64; the first load of a file takes
+    ~9 s, later ones map the stored weights, see :meth:`__init__`).
     """
 
-    def __init__(self, path: str | os.PathLike | None = None, device: str | torch.device = "cpu", dtype=torch.float64):
-        import gguf
+    def __init__(
+        self,
+        path: str | os.PathLike | None = None,
+        device: str | torch.device = "cpu",
+        dtype=torch.float64,
+        *,
+        cache_dir: str | os.PathLike | None = None,
+        cache: bool = True,
+    ):
+        """Read the model from ``path`` (default :func:`gguf_path`) onto ``device`` in ``dtype``.
 
+        The first load of a file parses and dequantizes the GGUF (~9 s on a 2-core CPU) and, with ``cache``,
+        stores the weights in ``dtype`` with the tokenizer under ``cache_dir`` (default
+        :func:`default_cache_dir`; ~1.1 GB in float64); later loads map that file (~0.2 s) and processes on
+        one machine share its pages. The file is keyed by the GGUF's name, size and modification time; one
+        that does not load is reported (a warning), deleted and rebuilt.
+        """
         if dtype not in MODEL_DTYPES:
             raise ValueError(f"dtype: {dtype} is not one of {', '.join(map(str, MODEL_DTYPES))}")
         self.path = Path(path) if path is not None else gguf_path()
         self.device = torch.device(device)
         self.dtype = dtype
-        reader = gguf.GGUFReader(str(self.path))
-        self.config = cfg = LlamaConfig.from_gguf(reader)
-        self.tokenizer = _build_tokenizer(reader)
-        self.eos_token_id = int(_field(reader, "tokenizer.ggml.eos_token_id"))
-        w = {t.name: _dequantize(t) for t in reader.tensors}
-        q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        expect = {
-            "token_embd.weight": (cfg.vocab_size, cfg.dim),
-            "blk.0.attn_q.weight": (q_rows, cfg.dim),
-            "blk.0.attn_k.weight": (kv_rows, cfg.dim),
-            "blk.0.ffn_down.weight": (cfg.dim, cfg.ffn_dim),
-        }
-        for name, shape in expect.items():
-            if tuple(w[name].shape) != shape:
-                raise ValueError(f"{self.path.name}: {name} has shape {tuple(w[name].shape)}, expected {shape}")
-        dev = self.device
-        w = {name: t.to(dtype) for name, t in w.items()}  # exact: float32 values widen to float64
-        self.embedding = w["token_embd.weight"].to(dev)  # (vocab, dim)
-        self.output = w.get("output.weight", w["token_embd.weight"]).to(dev)  # tied when absent
-        self.output_norm = w["output_norm.weight"].to(dev)
+        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        state = _read_weights(self.path, dtype, root) if cache else None
+        if state is None:
+            state = _weights_from_gguf(self.path, dtype)
+            if cache:
+                _write_weights(self.path, dtype, root, state)
+        from tokenizers import Tokenizer
+
+        self.config = cfg = LlamaConfig(**state["config"])
+        self.tokenizer = Tokenizer.from_str(state["tokenizer"])
+        self.eos_token_id = int(state["eos_token_id"])
+        w = {name: t.to(self.device) for name, t in state["tensors"].items()}
+        self.embedding = w["embedding"]  # (vocab, dim)
+        self.output = w.get("output", self.embedding)  # tied when the file has no output.weight
+        self.output_norm = w["output_norm"]
         self.layers = [
-            _Layer(
-                attn_norm=w[f"blk.{i}.attn_norm.weight"].to(dev),
-                wqkv=torch.cat([w[f"blk.{i}.attn_{p}.weight"] for p in "qkv"]).to(dev),
-                wo=w[f"blk.{i}.attn_output.weight"].to(dev),
-                ffn_norm=w[f"blk.{i}.ffn_norm.weight"].to(dev),
-                w_gate_up=torch.cat([w[f"blk.{i}.ffn_gate.weight"], w[f"blk.{i}.ffn_up.weight"]]).to(dev),
-                w_down=w[f"blk.{i}.ffn_down.weight"].to(dev),
-            )
-            for i in range(cfg.n_layers)
+            _Layer(**{f.name: w[f"{i}.{f.name}"] for f in dataclasses.fields(_Layer)}) for i in range(cfg.n_layers)
         ]
 
     @classmethod
@@ -621,6 +624,87 @@ class SmolLM2:
         torch.save({**cap.to_dict(), "sha256": _capture_digest(cap)}, tmp)
         os.replace(tmp, file)
         return cap
+
+
+_WEIGHTS_VERSION = 1  # bump when the stored layout changes
+
+
+def _weights_from_gguf(path: Path, dtype: torch.dtype) -> dict:
+    """The model's config, tokenizer (JSON), EOS id and weights in ``dtype``, read from the GGUF file.
+
+    Tensors: ``embedding`` ``(vocab, dim)``, ``output`` (only when not tied), ``output_norm`` and per layer
+    ``"{i}.{field}"`` for each :class:`_Layer` field; all on the CPU, contiguous."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    cfg = LlamaConfig.from_gguf(reader)
+    w = {t.name: _dequantize(t) for t in reader.tensors}
+    q_rows, kv_rows = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    expect = {
+        "token_embd.weight": (cfg.vocab_size, cfg.dim),
+        "blk.0.attn_q.weight": (q_rows, cfg.dim),
+        "blk.0.attn_k.weight": (kv_rows, cfg.dim),
+        "blk.0.ffn_down.weight": (cfg.dim, cfg.ffn_dim),
+    }
+    for name, shape in expect.items():
+        if name not in w or tuple(w[name].shape) != shape:
+            got = tuple(w[name].shape) if name in w else "missing"
+            raise ValueError(f"{path.name}: {name} has shape {got}, expected {shape}")
+    tensors = {"embedding": w["token_embd.weight"], "output_norm": w["output_norm.weight"]}
+    if "output.weight" in w:
+        tensors["output"] = w["output.weight"]
+    for i in range(cfg.n_layers):
+        b = f"blk.{i}."
+        layer = _Layer(
+            attn_norm=w[b + "attn_norm.weight"],
+            wqkv=torch.cat([w[b + f"attn_{p}.weight"] for p in "qkv"]),
+            wo=w[b + "attn_output.weight"],
+            ffn_norm=w[b + "ffn_norm.weight"],
+            w_gate_up=torch.cat([w[b + "ffn_gate.weight"], w[b + "ffn_up.weight"]]),
+            w_down=w[b + "ffn_down.weight"],
+        )
+        tensors.update({f"{i}.{f.name}": getattr(layer, f.name) for f in dataclasses.fields(_Layer)})
+    return {
+        "version": _WEIGHTS_VERSION,
+        "config": dataclasses.asdict(cfg),
+        "tokenizer": _build_tokenizer(reader).to_str(),
+        "eos_token_id": int(_field(reader, "tokenizer.ggml.eos_token_id")),
+        # exact: the float32 values dequantized from Q4_1 widen to float64
+        "tensors": {name: t.to(dtype).contiguous() for name, t in tensors.items()},
+    }
+
+
+def _weights_file(path: Path, dtype: torch.dtype, root: Path) -> Path:
+    st = path.stat()
+    key = hashlib.sha256(f"{path.name}:{st.st_size}:{st.st_mtime_ns}:w{_WEIGHTS_VERSION}:{dtype}".encode())
+    return root / "smollm2" / f"weights-{str(dtype).removeprefix('torch.')}-{key.hexdigest()[:20]}.pt"
+
+
+def _read_weights(path: Path, dtype: torch.dtype, root: Path) -> Optional[dict]:
+    """The stored weights of ``path`` in ``dtype``, memory-mapped; None when there are none or the file does
+    not load (then it is deleted, with a warning)."""
+    file = _weights_file(path, dtype, root)
+    if not file.exists():
+        return None
+    try:
+        state = torch.load(file, mmap=True, weights_only=True)
+        if state.get("version") != _WEIGHTS_VERSION or any(t.dtype != dtype for t in state["tensors"].values()):
+            raise ValueError("version or dtype do not match")
+        return state
+    except Exception as e:  # a truncated or foreign file: any failure to read means "not our weights"
+        warnings.warn(
+            f"weights cache {file}: unusable ({type(e).__name__}: {str(e)[:120]}); rebuilding it", stacklevel=3
+        )
+        file.unlink(missing_ok=True)
+        return None
+
+
+def _write_weights(path: Path, dtype: torch.dtype, root: Path, state: dict) -> None:
+    file = _weights_file(path, dtype, root)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(f".tmp{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, file)  # atomic: a concurrent reader sees no file or the whole file
 
 
 @functools.cache

