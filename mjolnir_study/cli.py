@@ -38,13 +38,12 @@ from .study import MAX_WORKERS
 
 __all__ = ["CLIError", "build_parser", "check_device", "check_out", "default_out", "main", "resolve_out"]
 
-# Measured on the 2-core CPU (model load included), with another job sharing the machine: --quick 19-30 s
-# wall (18 s CPU); the default 2 min 49 s - 3 min 50 s wall (2 min 29 s CPU), 2-3 min of it end to end.
+# Measured on the 2-core CPU, wall time, the model's stored weights present (2026-12-03): --quick 19-30 s
+# (earlier, with another job sharing the machine); the default 3 min 17 s - 3 min 52 s in four runs (study
+# 181-211 s, end to end 129-161 s of it; one worker process); --full 9 min 12 s (48 windows).
 QUICK_TIME = "25 s"
-DEFAULT_TIME = "3.5 minutes"  # 3 min 26 s wall measured 2026-12-03 (16 windows, 1 worker)
-# --full, measured 2026-12-03 on the same CPU while a stray process shared it: 14 min 34 s wall (9 min 9 s
-# CPU; end to end 700 s); alone it should take closer to the CPU time.
-FULL_TIME = "10-15 minutes"
+DEFAULT_TIME = "3.5 minutes"
+FULL_TIME = "9-10 minutes"
 TARGET_NAMES = tuple(TARGETS)  # --target's choices
 MAX_THREADS = max(1, os.cpu_count() or 1)  # more torch threads than cores only oversubscribes (99999 ran out of memory)
 SEED_MAX = 2**63 - 1  # the synthetic seeds add up to ~1e6 to it; torch generators take < 2**64
@@ -75,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument(
         "--full",
         action="store_true",
-        help=f"more data: 4 sequences per context point (about {FULL_TIME} on a 2-core CPU)",
+        help=f"more data: 48 end-to-end windows (6,096 tokens), 4 sequences per context point (about {FULL_TIME} "
+        "on a 2-core CPU)",
     )
     s.add_argument("--device", default="cpu", help="torch device for the emulator, references and model (cpu, cuda)")
     s.add_argument(

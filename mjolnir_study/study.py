@@ -313,14 +313,15 @@ class StudyConfig:
     @classmethod
     def default(cls, **overrides) -> "StudyConfig":
         """The default study (``mjolnir study``): 16 end-to-end windows (2,032 scored tokens), scored by one
-        worker process beside the rest of the study on a 2-core CPU; 3 min 26 s wall measured 2026-12-03."""
+        worker process beside the rest of the study on a 2-core CPU; 3 min 17 s - 3 min 52 s wall in four runs of
+        2026-12-03."""
         return cls(**overrides)
 
     @classmethod
     def full(cls, **overrides) -> "StudyConfig":
-        """The full study (``mjolnir study --full``): the default grid with 4 sequences per context-length
-        point (16 end-to-end windows, as the default; not re-timed since the default grew to 16)."""
-        return cls(**{"name": "full", "e2e_windows": 16, "context_num_seqs": 4, **overrides})
+        """The full study (``mjolnir study --full``): the default grid with 48 end-to-end windows (6,096 scored
+        tokens) and 4 sequences per context-length point; 9 min 12 s wall on a 2-core CPU (2026-12-03)."""
+        return cls(**{"name": "full", "e2e_windows": 48, "context_num_seqs": 4, **overrides})
 
     @classmethod
     def quick(cls, **overrides) -> "StudyConfig":

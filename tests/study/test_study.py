@@ -280,8 +280,11 @@ def test_window_starts_spread_over_the_text():
         window_starts(1000, 100, 0)
 
 
-def test_full_preset_scores_at_least_2000_tokens():
-    full = StudyConfig.full()
-    assert full.e2e_windows * (full.e2e_tokens - full.e2e_prefill - 1) >= 2000
+def test_default_scores_at_least_2000_tokens_and_full_three_times_as_many():
+    def scored(c):
+        return c.e2e_windows * (c.e2e_tokens - c.e2e_prefill - 1)
+
+    full, default = StudyConfig.full(), StudyConfig.default()
+    assert scored(default) >= 2000 and scored(full) >= 3 * scored(default)
     assert full.context_num_seqs > StudyConfig.default().context_num_seqs
     assert StudyConfig.parts_only(["end_to_end"], size="full").e2e_windows == full.e2e_windows
