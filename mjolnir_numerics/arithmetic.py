@@ -189,68 +189,6 @@ def block_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model: MmaModel
     return torch.where(nan, torch.full_like(result, math.nan), result)
 
 
-# -- the GEMM form of a chain on the CPU: the fast elements as one float64 GEMM per instruction ------------
-_LOW16, _HIGH16 = -16000, 16000  # int16 exponents of zero operands: out of every product's max (min)
-
-
-def _fraction_bits(x: torch.Tensor, emin: int) -> int:
-    """The most fraction bits any nonzero finite value of float64 ``x`` uses below its model exponent
-    (floor(log2 |x|), at least ``emin``): ``max (e - lowest set bit)``; 0 when there is no such value.
-    Every value is then a multiple of 2^(e - result)."""
-    nz = (x != 0) & torch.isfinite(x)
-    if not bool(nz.any()):
-        return 0
-    bits = x.view(torch.int64)
-    significand = (bits & ((1 << 52) - 1)) | (1 << 52)  # the operands' values are normal float64
-    lowest = _exponent_bits((significand & -significand).double())  # a power of two below 2^53: exact
-    low_bit = ((bits >> 52) & 0x7FF) - 1023 - 52 + lowest
-    return int(torch.where(nz, _exponent(x, emin) - low_bit, 0).amax())
-
-
-def _block_rows(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model: MmaModel, bits_a: int, bits_b: int):
-    """:func:`block_fma` of ``a[..., :, None, :]`` and ``b[..., None, :, :]``: one MMA instruction of a GEMM
-    tile, ``a (..., M, K)``, ``b (..., N, K)`` float64, ``c (..., M, N)`` float32; ``bits_a``, ``bits_b``:
-    :func:`_fraction_bits` of (a superset of) the operands. Same bits as :func:`block_fma`.
-
-    The fast test uses each element's exact smallest product exponent (the operands' exponents added
-    after broadcasting, as int16) and the fraction bits the operands actually use, so nearly every element
-    of real data passes it; those are one float64 GEMM (exact: every product and partial sum is a
-    multiple of the grid unit and below 2^53 of it, so any summation order gives the exact sum), rounded
-    toward zero. The others are gathered and take the model's formula."""
-    _, emin = OPERAND_FORMATS[model.operand]
-    ea, eb = _exponent(a, emin), _exponent(b, emin)
-    za, zb = a == 0, b == 0
-    e_prod = (
-        torch.where(za, _LOW16, ea).to(torch.int16)[..., :, None, :]
-        + torch.where(zb, _LOW16, eb).to(torch.int16)[..., None, :, :]
-    ).amax(-1)
-    e_min = (
-        torch.where(za, _HIGH16, ea).to(torch.int16)[..., :, None, :]
-        + torch.where(zb, _HIGH16, eb).to(torch.int16)[..., None, :, :]
-    ).amin(-1)
-    c64 = c.double().expand(torch.broadcast_shapes(e_prod.shape, c.shape))
-    ec = _exponent(c64, -126)
-    e_c = torch.where(c64 != 0, ec, _LOW16)
-    big = torch.clamp(torch.maximum(e_prod.long(), e_c), min=model.min_exponent)
-    keep = (big - e_min.long() <= 23 + model.extra_bits - bits_a - bits_b) & (
-        (c64 == 0) | (big - ec <= model.extra_bits)
-    )
-    slow = ~keep
-    n_slow = int(slow.sum())
-    if 2 * n_slow > slow.numel():  # mostly truncating: the model's formula everywhere
-        return block_fma(a[..., :, None, :], b[..., None, :, :], c, model, fast=False)
-    result = round_toward_zero_f32(torch.matmul(a, b.transpose(-1, -2)) + c64)
-    if n_slow:
-        idx = slow.nonzero(as_tuple=True)
-        lead = c64.shape[:-2]
-        a_s = a.expand(*lead, *a.shape[-2:])[idx[:-1]]  # (n, K): the row of each slow element
-        b_s = b.expand(*lead, *b.shape[-2:])[(*idx[:-2], idx[-1])]
-        unit = big[slow] - 23 - model.extra_bits
-        result[slow] = round_toward_zero_f32(_truncated_sum(a_s * b_s, c64[slow], unit))
-    nan = torch.isnan(a).any(-1)[..., :, None] | torch.isnan(b).any(-1)[..., None, :] | torch.isnan(c64)
-    return torch.where(nan, torch.full_like(result, math.nan), result)
-
-
 # -- the tile walks: which head dims (GEMM1) and keys (GEMM2) each MMA instruction of a tile adds -------
 WALKS = ("mma_sync_sm90", "tcgen05")
 SCALED_FORMATS = ("e2m1", "e3m2", "e2m3")
@@ -374,12 +312,8 @@ def chain_gemm(
     if fused is None:
         fused = fused_chain_available(a_rows.device)
     if not fused:
-        a, b = a_rows.double(), b_rows.double()
-        _, emin = OPERAND_FORMATS[model.operand]
-        bits_a, bits_b = _fraction_bits(a, emin), _fraction_bits(b, emin)
-        for g in groups.to(a_rows.device):
-            c = _block_rows(a.index_select(-1, g), b.index_select(-1, g), c, model, bits_a, bits_b)
-        return c
+        a, b = a_rows.double()[..., :, None, :], b_rows.double()[..., None, :, :]
+        return chain_fma(a, b, c, groups.to(a_rows.device), model)
     steps, k = groups.shape
     order = groups.reshape(-1).cpu()
     if torch.equal(order, torch.arange(order.numel())):  # consecutive groups: a view, no copy
