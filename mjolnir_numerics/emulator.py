@@ -228,6 +228,18 @@ def _e4m3_table(device) -> torch.Tensor:
     return _E4M3_TABLES[key]
 
 
+def _unique_rows(rows: torch.Tensor, n_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(rows, dim=0, return_inverse=True)`` of int64 page lists ``rows (A, n)`` with values in
+    ``[-1, n_pages)``: the same rows in the same (lexicographic) order. When the rows fit one int64 key
+    (``(n_pages + 1) ** n < 2**62``), a 1-D unique of the keys, several times faster on the CPU."""
+    base, n = n_pages + 1, rows.shape[1]
+    if base**n >= 1 << 62:
+        return torch.unique(rows, dim=0, return_inverse=True)
+    weights = torch.tensor([base ** (n - 1 - j) for j in range(n)], dtype=torch.int64, device=rows.device)
+    keys, inv = torch.unique(((rows + 1) * weights).sum(1), return_inverse=True)  # digits in [0, base): monotone
+    return (keys[:, None] // weights) % base - 1, inv
+
+
 class _TileSource:
     """One KV tile of every active chunk, gathered but not yet decoded (decoding happens per block of
     chunks, so the float64 values stay in cache between the decode and the tile's GEMM).
@@ -269,7 +281,7 @@ class _TileSource:
 
         if dev.type == "cpu" and offset is None:
             masked = torch.where(valid, pages, -1)  # -1: a page past the sequence's end (zeros)
-            uniq, inv = torch.unique(masked, dim=0, return_inverse=True)
+            uniq, inv = _unique_rows(masked, int(pool.shape[0]))
             if 2 * uniq.shape[0] <= masked.shape[0]:
                 vals = decode(uniq.clamp(min=0))  # (U, npp, PS, G, D)
                 vals = _e4m3_table(dev)[vals.long()] if self.codes else vals.double()

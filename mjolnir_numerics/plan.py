@@ -142,6 +142,8 @@ def _seq_lens(seq_lens) -> list[int]:
         raise ArgumentTypeError(f"seq_lens: expected a list of ints or an int tensor, got {type(seq_lens).__name__}")
     if not seq_lens:
         raise ValueError("seq_lens: expected at least one sequence")
+    if all(type(L) is int and L >= 0 for L in seq_lens):  # the common case, without a call per length
+        return list(seq_lens)
     return [check_int(f"seq_lens[{i}]", L, low=0) for i, L in enumerate(seq_lens)]
 
 

@@ -849,3 +849,18 @@ def test_prefix_shared_pages_give_the_bits_of_private_copies(fmt, q_path, monkey
     assert _equal(a[0], b[0]) and _equal(a[1], b[1])
     if q_path == "fp32_q_fp32_p":
         assert n_shared > 0, "the exact fallback never ran on the shared path"
+
+
+@pytest.mark.parametrize("n, n_pages", [(1, 50), (2, 300), (8, 20), (8, 5000), (2, 1)])
+def test_unique_rows_is_torch_unique_of_the_rows(n, n_pages):
+    """The 1-D key path (and the fallback where the keys would overflow) gives torch.unique(dim=0)'s rows,
+    order and inverse: page lists with -1 (past the end) and many repeats."""
+    from mjolnir_numerics.emulator import _unique_rows
+
+    rows = torch.randint(-1, n_pages, (300, n), generator=torch.Generator().manual_seed(n * n_pages))
+    rows[150:] = rows[:150].flip(0)
+    rows[0] = -1
+    rows[1] = n_pages - 1
+    want_u, want_i = torch.unique(rows, dim=0, return_inverse=True)
+    got_u, got_i = _unique_rows(rows, n_pages)
+    assert torch.equal(got_u, want_u) and torch.equal(got_i, want_i)
