@@ -39,10 +39,10 @@ from .study import MAX_WORKERS
 __all__ = ["CLIError", "build_parser", "check_device", "check_out", "default_out", "main", "resolve_out"]
 
 # Measured on the 2-core CPU, wall time, the model's stored weights present (2026-12-03): --quick 19-30 s
-# (earlier, with another job sharing the machine); the default 3 min 17 s - 3 min 52 s in four runs (study
-# 181-211 s, end to end 129-161 s of it; one worker process); --full 9 min 12 s (48 windows).
+# (earlier, with another job sharing the machine); the default 2 min 57 s and 3 min 7 s (study 167 and
+# 177 s; one worker process); --full 9 min 12 s (48 windows, before the last speed-up).
 QUICK_TIME = "25 s"
-DEFAULT_TIME = "3.5 minutes"
+DEFAULT_TIME = "3 minutes"
 FULL_TIME = "9-10 minutes"
 TARGET_NAMES = tuple(TARGETS)  # --target's choices
 MAX_THREADS = max(1, os.cpu_count() or 1)  # more torch threads than cores only oversubscribes (99999 ran out of memory)

@@ -313,8 +313,8 @@ class StudyConfig:
     @classmethod
     def default(cls, **overrides) -> "StudyConfig":
         """The default study (``mjolnir study``): 16 end-to-end windows (2,032 scored tokens), scored by one
-        worker process beside the rest of the study on a 2-core CPU; 3 min 17 s - 3 min 52 s wall in four runs of
-        2026-12-03."""
+        worker process beside the rest of the study on a 2-core CPU; about 3 minutes wall (2 min 57 s and 3 min 7 s
+        on 2026-12-03)."""
         return cls(**overrides)
 
     @classmethod
