@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -700,11 +701,18 @@ def _read_weights(path: Path, dtype: torch.dtype, root: Path) -> Optional[dict]:
 
 
 def _write_weights(path: Path, dtype: torch.dtype, root: Path, state: dict) -> None:
+    """Store ``state`` for later loads; a failure to write (a full disk, a read-only folder) is reported (a
+    warning) and leaves no file: the model is loaded either way."""
     file = _weights_file(path, dtype, root)
-    file.parent.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(f".tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, file)  # atomic: a concurrent reader sees no file or the whole file
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, tmp)
+        os.replace(tmp, file)  # atomic: a concurrent reader sees no file or the whole file
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        warnings.warn(f"weights cache {file}: not written ({e}); the next load parses the GGUF again", stacklevel=3)
 
 
 @functools.cache

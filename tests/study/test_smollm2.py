@@ -165,7 +165,8 @@ def _tensors(m: SmolLM2) -> list[torch.Tensor]:
 def test_stored_weights_give_the_model_of_the_gguf_and_a_bad_file_is_rebuilt(model, tmp_path):
     """The first load of a file stores its weights; the next maps them: the same tensors (float32 here:
     the float64 model's values narrowed exactly), config, tokenizer and EOS id as ``model``. A truncated
-    file is reported, deleted and rebuilt."""
+    file is reported, deleted and rebuilt; a cache folder that cannot be written is reported and the model
+    loads."""
     import warnings
 
     def same_as_model(m):
@@ -190,6 +191,10 @@ def test_stored_weights_give_the_model_of_the_gguf_and_a_bad_file_is_rebuilt(mod
         rebuilt = SmolLM2(dtype=torch.float32, cache_dir=tmp_path)
     same_as_model(rebuilt)
     assert file.stat().st_size == len(raw)
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    with pytest.warns(UserWarning, match="not written"):  # the cache cannot be written: loaded anyway
+        same_as_model(SmolLM2(dtype=torch.float32, cache_dir=blocker))
 
 
 def test_capture_shapes_rope_and_disk_cache(model, heldout_512, tmp_path):
