@@ -228,11 +228,12 @@ def _e4m3_table(device) -> torch.Tensor:
     return _E4M3_TABLES[key]
 
 
-def _unique_rows(rows: torch.Tensor, n_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.unique(rows, dim=0, return_inverse=True)`` of int64 page lists ``rows (A, n)`` with values in
-    ``[-1, n_pages)``: the same rows in the same (lexicographic) order. When the rows fit one int64 key
-    (``(n_pages + 1) ** n < 2**62``), a 1-D unique of the keys, several times faster on the CPU."""
-    base, n = n_pages + 1, rows.shape[1]
+def _unique_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(rows, dim=0, return_inverse=True)`` of int64 page lists ``rows (A, n)``, ``A >= 1``, with
+    values >= -1 (-1: past the sequence's end): the same rows in the same (lexicographic) order. When each
+    row fits one int64 key (``(max + 2) ** n < 2**62``), a 1-D unique of the keys, several times faster on
+    the CPU."""
+    base, n = int(rows.max()) + 2, rows.shape[1]
     if base**n >= 1 << 62:
         return torch.unique(rows, dim=0, return_inverse=True)
     weights = torch.tensor([base ** (n - 1 - j) for j in range(n)], dtype=torch.int64, device=rows.device)
@@ -281,7 +282,7 @@ class _TileSource:
 
         if dev.type == "cpu" and offset is None:
             masked = torch.where(valid, pages, -1)  # -1: a page past the sequence's end (zeros)
-            uniq, inv = _unique_rows(masked, int(pool.shape[0]))
+            uniq, inv = _unique_rows(masked)
             if 2 * uniq.shape[0] <= masked.shape[0]:
                 vals = decode(uniq.clamp(min=0))  # (U, npp, PS, G, D)
                 vals = _e4m3_table(dev)[vals.long()] if self.codes else vals.double()

@@ -398,7 +398,8 @@ def _window_scores(model: SmolLM2, tokens: torch.Tensor, prefill: int, jobs: Seq
         hook = emulated_attention(fmt, gran, q_dtype, recipe=recipe, knobs=knobs, target=target, digest=digest)
         logits = model.extend(prompt, tokens[prefill:], hook)[:-1]
         kl, agree, nll = [], [], []
-        for rows in torch.arange(logits.shape[0]).split(_SCORE_ROWS):  # row blocks: no (T, vocab) temporaries
+        for i in range(0, logits.shape[0], _SCORE_ROWS):  # row blocks: no (T, vocab) temporaries
+            rows = slice(i, i + _SCORE_ROWS)
             lp = F.log_softmax(logits[rows].double(), -1)
             kl.append((p_ref[rows] * (ref[rows] - lp)).sum(-1))
             agree.append((lp.argmax(-1) == ref_top1[rows]).double())

@@ -862,5 +862,5 @@ def test_unique_rows_is_torch_unique_of_the_rows(n, n_pages):
     rows[0] = -1
     rows[1] = n_pages - 1
     want_u, want_i = torch.unique(rows, dim=0, return_inverse=True)
-    got_u, got_i = _unique_rows(rows, n_pages)
+    got_u, got_i = _unique_rows(rows)
     assert torch.equal(got_u, want_u) and torch.equal(got_i, want_i)
