@@ -457,7 +457,7 @@ def _worker_main(spec: _WindowSpec, counter, results) -> None:
         results.put((None, traceback.format_exc()))
 
 
-_WORKER_EXIT_SECONDS = 30.0  # how long close() waits for a finished worker process (or the collecting thread)
+_WORKER_EXIT_SECONDS = 30.0  # how long close() waits for a finished worker process to exit
 
 
 class EndToEndRun:
@@ -616,8 +616,9 @@ class EndToEndRun:
         self._procs = []
         if self._drain_thread is not None:
             self._stop.set()
-            # a daemon thread: one blocked on a message a terminated worker left half-written is abandoned
-            self._drain_thread.join(timeout=_WORKER_EXIT_SECONDS)
+            # it sees the event within its 0.1 s poll; a daemon thread blocked on a message a terminated
+            # worker left half-written is abandoned
+            self._drain_thread.join(timeout=2.0)
             self._drain_thread = None
 
     def __enter__(self) -> "EndToEndRun":
