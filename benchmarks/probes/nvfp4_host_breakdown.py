@@ -22,24 +22,17 @@ from mjolnir_numerics.formats import E2M1
 from mjolnir_numerics.nvfp4 import NVFP4Tensor, _constant, _tables
 
 
-def per_call_us(fn, n: int = 200) -> float:
-    """Wall time per call of ``n`` back-to-back calls, the queue drained before and after."""
+def us_per_call(fn, n: int, *, host_only: bool = False) -> float:
+    """Wall time per call of ``n`` back-to-back calls, the queue drained first; the clock stops after the
+    queue drains again, or with ``host_only`` before (small inputs: the GPU keeps up, so that is the
+    Python and launch cost)."""
     fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(n):
         fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
-
-
-def host_us(fn, n: int = 2000) -> float:
-    """Host time per call (small inputs: the GPU keeps up, so this is the Python and launch cost)."""
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
+    if not host_only:
+        torch.cuda.synchronize()
     dt = (time.perf_counter() - t) / n * 1e6
     torch.cuda.synchronize()
     return dt
@@ -70,7 +63,7 @@ def main() -> None:
         ("nvfp4_quantize check=False", lambda: nvfp4_quantize(big, check=False)),
         ("  vector_norm(inf)", lambda: torch.linalg.vector_norm(big, float("inf"))),
     ):
-        print(f"  {name:30s} {per_call_us(fn):8.1f} us per call   {gpu_us(fn):8.1f} us of GPU")
+        print(f"  {name:30s} {us_per_call(fn, 200):8.1f} us per call   {gpu_us(fn):8.1f} us of GPU")
 
     x = torch.randn(8, 128, device="cuda")
     amax = torch.linalg.vector_norm(x, float("inf"))
@@ -102,7 +95,7 @@ def main() -> None:
     )  # fmt: skip
     print("host time per call, 1024 values:")
     for name, fn in steps:
-        print(f"  {name:40s} {host_us(fn):8.1f} us")
+        print(f"  {name:40s} {us_per_call(fn, 2000, host_only=True):8.1f} us")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,12 @@ KERNEL_VALUE_TOP = 320.0
 # code * scale / 8, i.e. half an e4m3 ulp: 2^-4 relative for normals, 2^-10 absolute below 2^-6.
 E4M3_HALF_ULP_REL = 2.0**-4
 E4M3_HALF_SUBNORMAL_SPACING = 2.0**-10
+# 4 over 6: two blocks' squared errors within this relative distance are a near-tie (a float32 sum of 16
+# terms, ~2^-21 relative error, can decide them either way) ...
+NEAR_TIE_REL = 2.0**-20
+# ... and within this one, closer than the float64 pairwise sum's own error (16 squares rounded, 4 levels of
+# additions: about 2^-50 relative)
+FLOAT64_SUM_REL = 2.0**-45
 
 
 def ref_nvfp4(x: np.ndarray, scale_floor=2.0**-9, convention="amax", group=16):
@@ -229,12 +235,12 @@ def test_four_over_six_decides_near_ties_as_exact_arithmetic_does():
     x, g = near_tie_blocks()
     (v6, s6), (v4, s4) = _candidates(x, g)
     exact6, exact4 = exact_block_sse(v6, x), exact_block_sse(v4, x)
-    near = [abs(a - b) <= 2.0**-20 * a for a, b in zip(exact6, exact4)]
+    near = [abs(a - b) <= NEAR_TIE_REL * a for a, b in zip(exact6, exact4)]
     assert sum(near) >= 500, f"only {sum(near)} near-ties built"
     chosen = nvfp4_quantize(x, global_value=g, four_over_six=True).scales.flatten()
     closer_than_float64 = 0  # ties closer than the float64 sum's own rounding: either choice is the spec's
     for i, (a, b) in enumerate(zip(exact6, exact4)):
-        if abs(a - b) <= 2.0**-45 * a and a != b:
+        if abs(a - b) <= FLOAT64_SUM_REL * a and a != b:
             closer_than_float64 += 1
             continue
         want = s4[i, 0] if b < a else s6[i, 0]
