@@ -329,15 +329,15 @@ def _chain_formula_f32(
     2^(E + 2) and c below 2^(E + 1); ``(a b) 2^-u`` is formed as two exact power-of-two scalings (2^-u
     can exceed float32's range: 2^min(-u, 127), then 2^max(-u - 127, 0); a result that underflows is
     below 1, so truncates to 0 either way), its conversion to int32 truncates toward zero (below 2^(25 +
-    extra_bits)), and groups of 2^(5 - extra_bits) such terms (the first also holding c's, below 2^(24 +
-    extra_bits)) add in int32 without overflow (below 2^30 + 2^26 for the models' 2 extra bits); the
-    groups add exactly in float64, and the sum is rounded toward zero to float32 as in
+    extra_bits)), and groups of 8 such terms (the first also holding c's, below 2^(24 + extra_bits)) add
+    in int32 without overflow (below 2^30 + 2^26 for extra_bits <= 2, every model's); the groups add
+    exactly in float64, and the sum is rounded toward zero to float32 as in
     :func:`_chain_formula`. A NaN operand gives NaN (flags per row and step; c carries it on); infinities
     are not modelled (as in :func:`block_fma`).
     """
-    if not 0 <= extra_bits <= 5:
-        raise ValueError(f"extra_bits: {extra_bits} leaves no room in an int32 partial sum (0..5 do)")
-    group = 1 << (5 - extra_bits)
+    if extra_bits > 2:  # (a guard, not a symbol: the group size must be a Python int)
+        raise ValueError(f"extra_bits: {extra_bits} leaves no room in an int32 partial sum of 8 terms (<= 2 do)")
+    group = 8
     a, b = a.float(), b.float()  # exact widening (float8, float16, bfloat16 operands), inside the kernel
     ea, eb = _exponent_f32(a, emin), _exponent_f32(b, emin)
     nan_a, nan_b = torch.isnan(a).any(-1), torch.isnan(b).any(-1)  # (..., M, S), (..., N, S)
