@@ -292,8 +292,9 @@ def _exponent_f32(x: torch.Tensor, emin: int) -> torch.Tensor:
 
 
 def _pow2_f32(e: torch.Tensor) -> torch.Tensor:
-    """``2.0 ** e`` as float32 from its bits, for int32 ``e`` in [-126, 127]."""
-    return ((e + 127) << 23).view(torch.float32)
+    """``2.0 ** e`` as float32 from its bits, for integer ``e`` in [-126, 127] (made int32 first: compiled
+    with the model's constants as symbols, inductor's Triton code computes ``e`` in int64)."""
+    return ((e + 127).to(torch.int32) << 23).view(torch.float32)
 
 
 def chain_f32_exact(a_max: float, a_lsb: int, b_max: float, b_lsb: int, length: int) -> bool:
