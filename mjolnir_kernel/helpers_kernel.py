@@ -344,8 +344,8 @@ class NVFP4EncodeKernel:
 
     def __init__(self, packed: bool, divisor: float, g_scale: float = 1.0, has_floor: bool = True,
                  g_divisor: float | None = None):  # fmt: skip
-        self.packed, self.divisor, self.g_scale, self.has_floor = bool(packed), float(divisor), float(g_scale), has_floor
-        self.g_divisor = None if g_divisor is None else float(g_divisor)
+        self.packed, self.divisor, self.g_scale = bool(packed), float(divisor), float(g_scale)
+        self.has_floor, self.g_divisor = has_floor, None if g_divisor is None else float(g_divisor)
 
     @cute.jit
     def __call__(

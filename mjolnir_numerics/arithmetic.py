@@ -429,4 +429,4 @@ def chain_gemm(
     if exact_f32 is None:
         exact_f32 = chain_f32_exact(*_range(a, man), *_range(b, man), a.shape[-2] * a.shape[-1])
     formula = _chain_formula_f32 if exact_f32 else _chain_formula
-    return _fused(formula)(a, b, c, model.extra_bits, model.min_exponent, emin)
+    return _fused(formula, extra_bits=model.extra_bits, min_exponent=model.min_exponent, emin=emin)(a, b, c)

@@ -487,7 +487,7 @@ def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
     return v.unflatten(-1, (steps, k))
 
 
-def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, rescale: bool, f32: bool, extra_bits, min_exponent, emin):
+def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, *, rescale: bool, f32: bool, extra_bits, min_exponent, emin):
     """Steps 8-9 of one tile as one function (what CUDA compiles into one graph): the row sums, O rescaled
     where a max moved (not on a chunk's first tile), then the P.V chain into O (in 32-bit arithmetic where
     ``f32``: ``arithmetic.chain_f32_exact`` holds). ``v``: float32 ``(A, G, D, steps, K)``; the rest as in
@@ -809,9 +809,12 @@ def _emulate(
         for j in range(n_w):
             t = slice(j * A, (j + 1) * A)
             if v_fused is not None:  # CUDA: the tile's whole update as one compiled graph
-                l_new, o_new = _fused(_tile_update)(
-                    corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_fused[t], s0 + j > 0, pv_f32, *mma[3]
-                )
+                extra_bits, min_exponent, emin = mma[3]
+                update = _fused(
+                    _tile_update, rescale=s0 + j > 0, f32=pv_f32, extra_bits=extra_bits, min_exponent=min_exponent,
+                    emin=emin,
+                )  # fmt: skip
+                l_new, o_new = update(corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_fused[t])
             else:
                 l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
                 o_new = o_a if s0 + j == 0 else rescale_o(o_a, corr[t], m_new[t], m_prev[t])

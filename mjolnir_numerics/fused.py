@@ -140,12 +140,14 @@ def for_device(fn, device, **static):
     return compiled(fn, **static) if available(device) else functools.partial(fn, **static)
 
 
-def compiled_many(fn):
-    """``fn`` compiled once per process for many problem shapes and formats (the emulator's graphs): the
+def compiled_many(fn, **static):
+    """``fn`` compiled once per process for many problem shapes and formats (the emulator's graphs), and
+    per value of its ``static`` keyword arguments (constants of the graph, not symbols: integer constants
+    traced as symbols make inductor's Triton code compute in int64 what the graph types as int32); the
     recompile limits are raised from torch's default of 8 around each call."""
-    key = (fn, "many")
+    key = (fn, "many", tuple(sorted(static.items())))
     if key not in _compiled:
-        graph = torch.compile(fn, dynamic=True, fullgraph=True)
+        graph = torch.compile(functools.partial(fn, **static) if static else fn, dynamic=True, fullgraph=True)
 
         def call(*args):
             with torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=8192):

@@ -7,6 +7,7 @@ per-binade histogram of a second, independent sweep: reports/hopper/2026-12-01-a
 CPU = CUDA."""
 
 import json
+import functools
 import math
 from pathlib import Path
 
@@ -212,7 +213,7 @@ def test_fused_chain_formula_equals_the_block_chain(exact_f32):
         want = chain_gemm(a, b, c, walk, SM90[operand], fused=False)
 
         saved = arithmetic._fused
-        arithmetic._fused = lambda fn: fn  # the formula itself, uncompiled
+        arithmetic._fused = lambda fn, **static: functools.partial(fn, **static)  # uncompiled
         try:
             got = chain_gemm(a, b, c, walk, SM90[operand], fused=True, exact_f32=exact_f32)
         finally:
