@@ -284,11 +284,11 @@ def _chain_formula(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extra_bits
 _LOW32 = -(1 << 20)  # the exponent of a zero operand or accumulator: below every other, out of every max
 
 
-def _exponent_f32(x: torch.Tensor, emin: int) -> torch.Tensor:
-    """floor(log2 |x|) of float32 ``x`` from its exponent field, at least ``emin`` (>= -126), int32;
-    ``_LOW32`` where x = 0 (a float32 subnormal reads -127 and is clamped)."""
+def _exponent_f32(x: torch.Tensor, emin: torch.Tensor) -> torch.Tensor:
+    """floor(log2 |x|) of float32 ``x`` from its exponent field, at least ``emin`` (an int32 tensor, >=
+    -126), int32; ``_LOW32`` where x = 0 (a float32 subnormal reads -127 and is clamped)."""
     e = ((x.view(torch.int32) >> 23) & 0xFF) - 127
-    return torch.where(x == 0, _LOW32, torch.clamp(e, min=emin))
+    return torch.where(x == 0, _LOW32, torch.maximum(e, emin))
 
 
 def _pow2_f32(e: torch.Tensor) -> torch.Tensor:
@@ -339,6 +339,11 @@ def _chain_formula_f32(
     if extra_bits > 2:  # (a guard, not a symbol: the group size must be a Python int)
         raise ValueError(f"extra_bits: {extra_bits} leaves no room in an int32 partial sum of 8 terms (<= 2 do)")
     group = 8
+    # the model's constants as int32 tensors: compiled, Python ints are traced as int64 symbols, and
+    # inductor's Triton code then computes in int64 what the graph types as int32 (and cannot bitcast it)
+    extra_bits, min_exponent, emin = (
+        torch.full((), v, dtype=torch.int32, device=c.device) for v in (extra_bits, min_exponent, emin)
+    )
     a, b = a.float(), b.float()  # exact widening (float8, float16, bfloat16 operands), inside the kernel
     ea, eb = _exponent_f32(a, emin), _exponent_f32(b, emin)
     nan_a, nan_b = torch.isnan(a).any(-1), torch.isnan(b).any(-1)  # (..., M, S), (..., N, S)
@@ -350,8 +355,8 @@ def _chain_formula_f32(
         for i in range(1, k):
             e_prod = torch.maximum(e_prod, ea_s[..., i] + eb_s[..., i])
         e_c = torch.where(c == 0, _LOW32, torch.clamp(((c.view(torch.int32) >> 23) & 0xFF) - 127, min=-126))
-        big = torch.clamp(torch.maximum(e_prod, e_c), min=min_exponent)
-        down = 23 + extra_bits - big  # -u
+        big = torch.maximum(torch.maximum(e_prod, e_c), min_exponent)
+        down = (extra_bits + 23) - big  # -u
         d1 = _pow2_f32(torch.clamp(down, max=127))
         d2 = _pow2_f32(torch.clamp(down - 127, min=0))
         total = None

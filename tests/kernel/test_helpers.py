@@ -35,6 +35,16 @@ def test_write_unsupported_names_what_the_writer_cannot_take():
     assert "scale rows" in helpers.write_unsupported(pool, scales, 128, 4)
 
 
+def test_the_host_side_block_is_the_kernels():
+    from mjolnir_kernel.compile import cutlass_available
+
+    if cutlass_available() is not None:
+        pytest.skip(cutlass_available())
+    from mjolnir_kernel import helpers_kernel
+
+    assert helpers.NVFP4_GROUP == helpers_kernel.NVFP4_GROUP
+
+
 @cuda_only
 def test_unchecked_write_to_a_slot_outside_the_pools_is_a_device_error():
     """Run in a child process: the trap leaves the CUDA context unusable."""
