@@ -284,17 +284,16 @@ def _chain_formula(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extra_bits
 _LOW32 = -(1 << 20)  # the exponent of a zero operand or accumulator: below every other, out of every max
 
 
-def _exponent_f32(x: torch.Tensor, emin: torch.Tensor) -> torch.Tensor:
-    """floor(log2 |x|) of float32 ``x`` from its exponent field, at least ``emin`` (an int32 tensor, >=
-    -126), int32; ``_LOW32`` where x = 0 (a float32 subnormal reads -127 and is clamped)."""
+def _exponent_f32(x: torch.Tensor, emin: int) -> torch.Tensor:
+    """floor(log2 |x|) of float32 ``x`` from its exponent field, at least ``emin`` (>= -126), int32;
+    ``_LOW32`` where x = 0 (a float32 subnormal reads -127 and is clamped)."""
     e = ((x.view(torch.int32) >> 23) & 0xFF) - 127
-    return torch.where(x == 0, _LOW32, torch.maximum(e, emin))
+    return torch.where(x == 0, _LOW32, torch.clamp(e, min=emin))
 
 
 def _pow2_f32(e: torch.Tensor) -> torch.Tensor:
-    """``2.0 ** e`` as float32 from its bits, for integer ``e`` in [-126, 127] (made int32 first: compiled
-    with the model's constants as symbols, inductor's Triton code computes ``e`` in int64)."""
-    return ((e + 127).to(torch.int32) << 23).view(torch.float32)
+    """``2.0 ** e`` as float32 from its bits, for int32 ``e`` in [-126, 127]."""
+    return ((e + 127) << 23).view(torch.float32)
 
 
 def chain_f32_exact(a_max: float, a_lsb: int, b_max: float, b_lsb: int, length: int) -> bool:
@@ -339,11 +338,6 @@ def _chain_formula_f32(
     if extra_bits > 2:  # (a guard, not a symbol: the group size must be a Python int)
         raise ValueError(f"extra_bits: {extra_bits} leaves no room in an int32 partial sum of 8 terms (<= 2 do)")
     group = 8
-    # the model's constants as int32 tensors: compiled, Python ints are traced as int64 symbols, and
-    # inductor's Triton code then computes in int64 what the graph types as int32 (and cannot bitcast it)
-    extra_bits, min_exponent, emin = (
-        torch.full((), v, dtype=torch.int32, device=c.device) for v in (extra_bits, min_exponent, emin)
-    )
     a, b = a.float(), b.float()  # exact widening (float8, float16, bfloat16 operands), inside the kernel
     ea, eb = _exponent_f32(a, emin), _exponent_f32(b, emin)
     nan_a, nan_b = torch.isnan(a).any(-1), torch.isnan(b).any(-1)  # (..., M, S), (..., N, S)
@@ -355,8 +349,8 @@ def _chain_formula_f32(
         for i in range(1, k):
             e_prod = torch.maximum(e_prod, ea_s[..., i] + eb_s[..., i])
         e_c = torch.where(c == 0, _LOW32, torch.clamp(((c.view(torch.int32) >> 23) & 0xFF) - 127, min=-126))
-        big = torch.maximum(torch.maximum(e_prod, e_c), min_exponent)
-        down = (extra_bits + 23) - big  # -u
+        big = torch.clamp(torch.maximum(e_prod, e_c), min=min_exponent)
+        down = 23 + extra_bits - big  # -u
         d1 = _pow2_f32(torch.clamp(down, max=127))
         d2 = _pow2_f32(torch.clamp(down - 127, min=0))
         total = None
@@ -371,6 +365,17 @@ def _chain_formula_f32(
         nan = nan_a[..., :, None, s] | nan_b[..., None, :, s] | torch.isnan(c)
         c = torch.where(nan, torch.full_like(out, math.nan), out)
     return c
+
+
+def chain_formula(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, model: str, f32: bool) -> torch.Tensor:
+    """The chain of ``MMA_MODELS[model]`` as its compiled graphs take it: :func:`_chain_formula_f32` where
+    ``f32`` (:func:`chain_f32_exact` holds), else :func:`_chain_formula`. The model goes in by name, so
+    that its integer constants are constants of the graph: passed as ints, ``torch.compile(dynamic=True)``
+    traces them as int64 symbols, and inductor's Triton code then computes in int64 what the 32-bit
+    formula types as int32 (and cannot bitcast it to float32; the H200, torch 2.11)."""
+    m = MMA_MODELS[model]
+    formula = _chain_formula_f32 if f32 else _chain_formula
+    return formula(a, b, c, m.extra_bits, m.min_exponent, OPERAND_FORMATS[m.operand][1])
 
 
 # The compile helper is shared with the fused helpers; these names are the emulator's.
@@ -433,5 +438,4 @@ def chain_gemm(
     man, emin = OPERAND_FORMATS[model.operand]
     if exact_f32 is None:
         exact_f32 = chain_f32_exact(*_range(a, man), *_range(b, man), a.shape[-2] * a.shape[-1])
-    formula = _chain_formula_f32 if exact_f32 else _chain_formula
-    return _fused(formula, extra_bits=model.extra_bits, min_exponent=model.min_exponent, emin=emin)(a, b, c)
+    return _fused(chain_formula, model=model.name, f32=bool(exact_f32))(a, b, c)

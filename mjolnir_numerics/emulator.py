@@ -56,10 +56,9 @@ import torch
 from .arithmetic import (
     MMA_MODELS,
     OPERAND_FORMATS,
-    _chain_formula,
-    _chain_formula_f32,
     _fused,
     chain_f32_exact,
+    chain_formula,
     fused_chain_available,
     kstep_groups,
 )
@@ -487,17 +486,16 @@ def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
     return v.unflatten(-1, (steps, k))
 
 
-def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, *, rescale: bool, f32: bool, extra_bits, min_exponent, emin):
+def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, *, rescale: bool, f32: bool, model: str):
     """Steps 8-9 of one tile as one function (what CUDA compiles into one graph): the row sums, O rescaled
     where a max moved (not on a chunk's first tile), then the P.V chain into O (in 32-bit arithmetic where
-    ``f32``: ``arithmetic.chain_f32_exact`` holds). ``v``: float32 ``(A, G, D, steps, K)``; the rest as in
-    the stages. Returns ``(l, o)``."""
+    ``f32``: ``arithmetic.chain_f32_exact`` holds) of the MMA model named ``model``. ``v``: float32 ``(A,
+    G, D, steps, K)``; the rest as in the stages. Returns ``(l, o)``."""
     l = accumulate_row_sum(corr, l, p_sum)
     if rescale:
         o = rescale_o(o, corr, m_new, m_prev)
     a = p_q[..., : o.shape[-2], :].unflatten(-1, (v.shape[-2], v.shape[-1]))
-    formula = _chain_formula_f32 if f32 else _chain_formula
-    return l, formula(a, v, o, extra_bits, min_exponent, emin)
+    return l, chain_formula(a, v, o, model=model, f32=f32)
 
 
 def emulate_decode(
@@ -809,11 +807,7 @@ def _emulate(
         for j in range(n_w):
             t = slice(j * A, (j + 1) * A)
             if v_fused is not None:  # CUDA: the tile's whole update as one compiled graph
-                extra_bits, min_exponent, emin = mma[3]
-                update = _fused(
-                    _tile_update, rescale=s0 + j > 0, f32=pv_f32, extra_bits=extra_bits, min_exponent=min_exponent,
-                    emin=emin,
-                )  # fmt: skip
+                update = _fused(_tile_update, rescale=s0 + j > 0, f32=pv_f32, model=mma[0].name)
                 l_new, o_new = update(corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_fused[t])
             else:
                 l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
