@@ -10,7 +10,7 @@ O and LSE of the two are identical in every bit (they must be: the emulator is t
 
     python -m benchmarks.bench_emulator_gpu                  # the issue's rows and the memory row
     python -m benchmarks.bench_emulator_gpu --quick          # small shapes (a smoke run)
-    python -m benchmarks.bench_emulator_gpu --rows b32_4k_e4m3q --repeat 1 --profile DIR  # + a profile
+    python -m benchmarks.bench_emulator_gpu --rows b32_4k --repeat 1
 
 Exits non-zero when a row's bits differ, or a ratio or memory goal is missed on the issue's rows.
 """
@@ -59,27 +59,7 @@ def _ms(fn, repeat: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def _profile(fn, path: str, top: int = 30) -> None:
-    """One call of ``fn`` under torch's profiler: wall time, CUDA time, launches, and the ``top`` kernels
-    and operators by CUDA time, written to ``path``."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    cuda_us = sum(e.self_device_time_total for e in kernels)
-    launches = sum(e.count for e in kernels)
-    with open(path, "w") as f:
-        f.write(f"# wall {wall * 1e3:.1f} ms (under the profiler), CUDA {cuda_us / 1e3:.1f} ms, {launches} kernels\n")
-        f.write(events.table(sort_by="self_device_time_total", row_limit=top, max_name_column_width=90))
-
-
-def bench_row(name, spec, repeat: int, kernel_iters: int, gen, profile_dir=None) -> dict:
+def bench_row(name, spec, repeat: int, kernel_iters: int, gen) -> dict:
     from benchmarks.bench_hopper_decode import build_pools
     from mjolnir_kernel import decode
     from mjolnir_numerics.cache import PagedKVCache
@@ -107,8 +87,6 @@ def bench_row(name, spec, repeat: int, kernel_iters: int, gen, profile_dir=None)
     base = torch.cuda.memory_allocated()
     emu_ms, (o_e, lse_e) = _ms(lambda: emulate_decode(q, cache, **kw), repeat)
     extra = torch.cuda.max_memory_allocated() - base
-    if profile_dir is not None:
-        _profile(lambda: emulate_decode(q, cache, **kw), f"{profile_dir}/profile_{name}.txt")
     same = torch.equal(o_k.view(torch.int16), o_e.view(torch.int16)) and torch.equal(
         lse_k.view(torch.int32), lse_e.view(torch.int32)
     )
@@ -126,7 +104,6 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default=None, help=f"comma-separated row names (default: all of {', '.join(ROWS)})")
     ap.add_argument("--repeat", type=int, default=3, help="timed emulator calls per row (median)")
     ap.add_argument("--kernel-iters", type=int, default=20, help="timed kernel calls per row (median)")
-    ap.add_argument("--profile", default=None, metavar="DIR", help="also profile one emulator call per row into DIR")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_emulator_gpu: needs a CUDA GPU that runs the Hopper kernel", file=sys.stderr)
@@ -148,7 +125,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     bad = False
     for name in names:
-        r = bench_row(name, table[name], args.repeat, args.kernel_iters, gen, args.profile)
+        r = bench_row(name, table[name], args.repeat, args.kernel_iters, gen)
         torch.cuda.empty_cache()  # the row's cache is freed with its frame
         ratio_ok = r["ratio"] <= RATIO_GOAL or name.endswith("_memory")
         mem_ok = r["mem_ratio"] <= MEMORY_GOAL

@@ -18,7 +18,6 @@ is first checked bit for bit against the CPU reference on a slice of its input.
 
     python -m benchmarks.bench_helpers                 # on a GPU; --csv FILE for the rows
     python -m benchmarks.bench_helpers --n 1048576 --iters 3
-    python -m benchmarks.bench_helpers --only nvfp4    # the cast and the rows of one group (repeatable)
 
 ``MJOLNIR_KERNELS=0`` measures the compiled formulas instead of the helper kernels (the header says which
 path ran). Exits 1 when a goal is missed.
@@ -38,7 +37,6 @@ from mjolnir_numerics import PagedKVCache, nvfp4_quantize, pack, quantize
 
 QUANTIZE_GOAL, PACK_GOAL, NVFP4_GOAL, WRITE_GOAL, PREFILL_GOAL = 2.0, 2.0, 3.0, 2.0, 0.5
 FORMATS = ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4")
-GROUPS = ("quantize", "pack", "nvfp4", "write", "prefill")  # --only: the rows of these
 
 
 def _time_us(fn, iters: int, inner: int) -> float:
@@ -84,15 +82,15 @@ def _free_slots(cache: PagedKVCache, n: int) -> torch.Tensor:
     return slots
 
 
-def _elementwise_rows(n: int, iters: int, inner: int, groups) -> list[dict]:
+def _elementwise_rows(n: int, iters: int, inner: int) -> list[dict]:
     x = (torch.randn(n, generator=torch.Generator().manual_seed(0)) * 4).cuda()
     cast_us = _time_us(partial(x.to, torch.float8_e4m3fn), iters, inner)
     out = [dict(row="torch cast e4m3", us=cast_us, ref="-", ratio=1.0, goal="-")]
-    for fmt in FORMATS[:4] if "quantize" in groups else ():
+    for fmt in FORMATS[:4]:
         assert torch.equal(quantize(x[: 1 << 20], fmt).cpu(), quantize(x[: 1 << 20].cpu(), fmt)), fmt
         us = _time_us(partial(quantize, x, fmt), iters, inner)
         out.append(dict(row=f"quantize {fmt}", us=us, ref="cast", ratio=us / cast_us, goal=f"<= {QUANTIZE_GOAL:g}x"))
-    for bits, fmt in ((8, "e4m3"), (6, "e2m3"), (4, "e2m1")) if "pack" in groups else ():
+    for bits, fmt in ((8, "e4m3"), (6, "e2m3"), (4, "e2m1")):
         codes = quantize(x, fmt).reshape(-1, 128)
         packed = pack(codes, bits)
         assert torch.equal(packed[:4096].cpu(), pack(codes[:4096].cpu(), bits)), bits
@@ -102,14 +100,9 @@ def _elementwise_rows(n: int, iters: int, inner: int, groups) -> list[dict]:
             goal = f"<= {PACK_GOAL:g}x" if not check else "-"
             name = f"pack {bits}-bit" + ("" if check else ", check=False")
             out.append(dict(row=name, us=us, ref=f"copy {copy_us:.1f} us", ratio=us / copy_us, goal=goal))
-    if "nvfp4" not in groups:
-        return out
     xr = x.reshape(-1, 128)
-    t_cpu = nvfp4_quantize(xr[:8192].cpu())
-    for check in (True, False):
-        t_gpu = nvfp4_quantize(xr[:8192], check=check)
-        assert torch.equal(t_gpu.codes.cpu(), t_cpu.codes) and torch.equal(t_gpu.scales.cpu(), t_cpu.scales)
-        assert torch.equal(t_gpu.global_scale.cpu(), t_cpu.global_scale), check
+    t_gpu, t_cpu = nvfp4_quantize(xr[:8192]), nvfp4_quantize(xr[:8192].cpu())
+    assert torch.equal(t_gpu.codes.cpu(), t_cpu.codes) and torch.equal(t_gpu.scales.cpu(), t_cpu.scales)
     for check in (True, False):
         us = _time_us(partial(nvfp4_quantize, xr, check=check), iters, inner)
         goal = f"<= {NVFP4_GOAL:g}x" if not check else "-"
@@ -167,17 +160,14 @@ def _prefill_rows(iters: int) -> list[dict]:
     return out
 
 
-def rows(n: int, iters: int, inner: int, groups=GROUPS) -> list[dict]:
-    """The rows of ``groups`` (see the module docstring and :data:`GROUPS`), in order; the cast with any of
-    the elementwise groups."""
-    out = []
-    if {"quantize", "pack", "nvfp4"} & set(groups):
-        out += _elementwise_rows(n, iters, inner, groups)
-    if "write" in groups:
-        out += [*_decode_rows(32, iters, inner), *_decode_rows(256, iters, inner)]
-    if "prefill" in groups:
-        out += _prefill_rows(iters)
-    return out
+def rows(n: int, iters: int, inner: int) -> list[dict]:
+    """Every row of the table (see the module docstring), in order."""
+    return [
+        *_elementwise_rows(n, iters, inner),
+        *_decode_rows(32, iters, inner),
+        *_decode_rows(256, iters, inner),
+        *_prefill_rows(iters),
+    ]
 
 
 def _meets(r: dict) -> bool:
@@ -195,7 +185,6 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=20, help="timings per row; the median is reported")
     parser.add_argument("--inner", type=int, default=20, help="back-to-back calls per timing")
     parser.add_argument("--csv", help="also write the rows to this CSV file")
-    parser.add_argument("--only", action="append", choices=GROUPS, help="only these rows (repeatable; default all)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print(
@@ -206,7 +195,7 @@ def main(argv=None) -> int:
 
     path = "helper kernels (mjolnir_kernel.helpers)" if fused.helper_kernels("cuda") else "compiled formulas"
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; quantize / pack / NVFP4 path: {path}")
-    table = rows(args.n, args.iters, args.inner, args.only or GROUPS)
+    table = rows(args.n, args.iters, args.inner)
     print(f"{'row':44s} {'us':>9s}  {'against':>22s} {'ratio':>7s}  goal")
     failed = 0
     for r in table:

@@ -22,10 +22,9 @@ from typing import Optional
 
 import torch
 
-__all__ = ["available", "quantize_f32", "pack_codes", "nvfp4_encode", "nvfp4_encode_from_amax"]
+__all__ = ["available", "quantize_f32", "pack_codes", "nvfp4_encode"]
 
 MAX_ELEMENTS = 1 << 40
-NVFP4_GROUP = 16  # values per NVFP4 block scale: helpers_kernel.NVFP4_GROUP (that module imports the DSL)
 _lock = threading.Lock()
 _compiled: dict = {}
 
@@ -157,8 +156,6 @@ _PACK_BUILDS = {4: functools.partial(_build_pack, 4), 6: functools.partial(_buil
 
 
 def _aligned(name: str, t: torch.Tensor, align: int) -> torch.Tensor:
-    if t.is_contiguous() and not t.data_ptr() % align:  # the usual case, without a dispatched call
-        return t
     t = t.contiguous()
     if t.data_ptr() % align:
         t = t.clone()  # a fresh allocation is aligned
@@ -199,34 +196,6 @@ def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
     return out
 
 
-_NVFP4_POINTERS = (("f32", 16), ("f32", 4), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4))  # x, g, g_out, tables
-
-
-def _nvfp4_build(packed: bool, divisor: float, g_scale: float, has_floor: bool, g_divisor: Optional[float]):
-    import cutlass
-
-    from .helpers_kernel import NVFP4EncodeKernel
-
-    kernel = NVFP4EncodeKernel(packed, divisor, g_scale, has_floor, g_divisor)
-    pointers = (*_NVFP4_POINTERS, ("u8", 8 if packed else 16), ("u8", 1))
-    return kernel, pointers, (*_int64(3), cutlass.Float32(1.0))
-
-
-def _nvfp4_launch(x, g, g_out, floor, tables, codes, scales, g_stride, device, *, packed, divisor, g_scale,
-                  g_divisor) -> None:  # fmt: skip
-    """One launch of the NVFP4 encoder (:class:`~mjolnir_kernel.helpers_kernel.NVFP4EncodeKernel`) of float32
-    ``x`` (contiguous, 16-byte aligned, at least one block) on ``device`` into ``codes`` and ``scales``."""
-    has_floor = floor is not None
-    build = functools.partial(_nvfp4_build, packed, divisor, g_scale, has_floor, g_divisor)
-    kernel = _kernel(("nvfp4", packed, divisor, g_scale, has_floor, g_divisor), device, build)
-    scalars = (x.numel() // NVFP4_GROUP, x.shape[-1] // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0)
-    kernel((x, g, g_out, *tables, codes, scales), scalars, device)
-
-
-def _float32(x: torch.Tensor) -> torch.Tensor:
-    return x if x.dtype == torch.float32 else x.float()
-
-
 def nvfp4_encode(
     x: torch.Tensor,
     g: torch.Tensor,
@@ -247,73 +216,40 @@ def nvfp4_encode(
         g: float32 global scales, ``(rows, 1)`` or one value (``()``, ``(1,)`` or ``(1, 1)``).
         floor: the block-scale floor, or None.
         e4m3_lut, e2m1_lut: the quantizers' round-to-odd tables; e4m3_values: float32 ``(256,)``.
-        divisor: the block scale's divisor of the block amax (e2m1's 6, or 4 for "4 over 6").
 
     Returns:
         codes uint8 ``(rows, d)`` (``packed``: ``(rows, d // 2)``) and scale codes uint8 ``(rows, d // 16)``.
     """
+    from .helpers_kernel import NVFP4_GROUP, NVFP4EncodeKernel
+
     rows, d = x.shape
-    device = x.device
-    x = _aligned("x", _float32(x), 16)
+    x = _aligned("x", x.float(), 16)
     _check_size("x", x.numel())
-    g = _float32(g)
+    g = g.float()
     if g.numel() == 1:
-        g_stride = 0  # the kernel reads the value at g's address
+        g, g_stride = g.reshape(1), 0
     elif g.shape == (rows, 1):
+        g = g.reshape(rows)
         g_stride = g.stride(0)
     else:
         raise ValueError(f"g: expected one value or shape ({rows}, 1), got {tuple(g.shape)}")
-    codes = torch.empty(rows, d // 2 if packed else d, dtype=torch.uint8, device=device)
-    scales = torch.empty(rows, d // NVFP4_GROUP, dtype=torch.uint8, device=device)
-    if codes.numel():
-        tables = (e4m3_lut, e2m1_lut, e4m3_values)
-        _nvfp4_launch(x, g, g, floor, tables, codes, scales, g_stride, device, packed=bool(packed),
-                      divisor=float(divisor), g_scale=float(g_scale), g_divisor=None)  # fmt: skip
+    codes = torch.empty(rows, d // 2 if packed else d, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(rows, d // NVFP4_GROUP, dtype=torch.uint8, device=x.device)
+    n_blocks = x.numel() // NVFP4_GROUP
+    if n_blocks == 0:
+        return codes, scales
+    has_floor = floor is not None
+
+    def build():
+        import cutlass
+
+        pointers = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4), ("u8", 8 if packed else 16), ("u8", 1))
+        return NVFP4EncodeKernel(packed, divisor, g_scale, has_floor), pointers, (*_int64(3), cutlass.Float32(1.0))
+
+    kernel = _kernel(("nvfp4", packed, float(divisor), float(g_scale), has_floor), x.device, build)
+    tensors = (x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales)
+    kernel(tensors, (n_blocks, d // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0), x.device)
     return codes, scales
-
-
-def nvfp4_encode_from_amax(
-    x: torch.Tensor,
-    amax: torch.Tensor,
-    floor: Optional[float],
-    e4m3_lut: torch.Tensor,
-    e2m1_lut: torch.Tensor,
-    e4m3_values: torch.Tensor,
-    *,
-    divisor: float,
-    g_divisor: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``nvfp4_quantize``'s one launch on CUDA: the NVFP4 encoder (:func:`nvfp4_encode`) of ``x`` under the
-    global scale ``g = fp32(amax / g_divisor)``, or 1 where that is not > 0, computed inside the kernel from
-    ``amax`` on the device (no wait, no other launch; ``helpers_kernel.global_scale`` says why its bits are
-    the spec's).
-
-    Args:
-        x: float32 ``(..., d)``, ``d`` a multiple of 16 (finite: an inf or NaN gives undefined codes).
-        amax: float32, one value on ``x``'s device: ``max |x|``.
-        floor, e4m3_lut, e2m1_lut, e4m3_values, divisor: as :func:`nvfp4_encode`.
-        g_divisor: the multiple of ``g`` that ``amax`` maps to (``nvfp4.GLOBAL_SCALE_CONVENTIONS``: 2688 or 448).
-
-    Returns:
-        codes uint8 ``x.shape``, scale codes uint8 ``(..., d // 16)`` and ``g``, float32 ``(..., 1)``: one value
-        broadcast (stride 0), written by the kernel.
-    """
-    lead, d = x.shape[:-1], x.shape[-1]
-    device = x.device
-    if amax.dtype != torch.float32 or amax.numel() != 1 or amax.device != device:
-        raise ValueError(f"amax: expected one float32 value on {device}, got {amax.dtype} {tuple(amax.shape)} "
-                         f"on {amax.device}")  # fmt: skip
-    x = _aligned("x", _float32(x), 16)
-    _check_size("x", x.numel())
-    codes = torch.empty(x.shape, dtype=torch.uint8, device=device)
-    scales = torch.empty((*lead, d // NVFP4_GROUP), dtype=torch.uint8, device=device)
-    if not codes.numel():  # nothing to launch: g is 1, as for amax 0
-        return codes, scales, torch.ones((), device=device).expand(*lead, 1)
-    g = torch.empty_strided((*lead, 1), (0,) * (len(lead) + 1), dtype=torch.float32, device=device)
-    tables = (e4m3_lut, e2m1_lut, e4m3_values)
-    _nvfp4_launch(x, amax, g, floor, tables, codes, scales, 0, device, packed=False, divisor=float(divisor),
-                  g_scale=1.0, g_divisor=float(g_divisor))  # fmt: skip
-    return codes, scales, g
 
 
 _STORE_ALIGN = {8: 16, 6: 4, 4: 8}  # bytes: the widest store of a 16-value chunk's codes

@@ -9,9 +9,7 @@ operations, so its bits are the spec's:
 * pack: the integer shifts and ors of ``fused.pack_codes``, 16 codes per thread;
 * NVFP4: one thread per 16-value block: ``amax`` (exact), the block scale ``e4m3(max(amax / divisor / g,
   floor))`` by two correctly rounded divisions (``div.rn.f32``) and the e4m3 table, ``total = scale * g``
-  (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total`` (``div.rn.f32``); the
-  global scale ``g`` is read per row, or computed from the tensor's amax (:func:`global_scale`, the
-  ``nvfp4_quantize`` rule) and written out by the first thread;
+  (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total`` (``div.rn.f32``);
 * the cache writer: one 16-value chunk of a new row per thread, encoded as above (element formats:
   ``lut[t]`` of ``x / descale``) and stored at its slot's address (:class:`CacheWriteKernel`).
 
@@ -297,19 +295,6 @@ def nvfp4_block(bits: list, g, floor, has_floor: bool, divisor: float, e4m3_lut,
     return codes, scale_code
 
 
-def global_scale(amax, divisor: float) -> Float32:
-    """``nvfp4_quantize``'s global scale from the tensor's ``amax``: ``fp32(amax / divisor)``, or 1 where that
-    is not > 0 (``amax`` 0, a quotient that underflows to 0, or NaN).
-
-    Same bits as the spec's ``_f32(amax / divisor)`` (float64 quotient rounded once to float32) and as a
-    float32 tensor division on CUDA or the CPU: all three are the correctly rounded float32 quotient.
-    ``div.rn.f32`` is IEEE division rounded to nearest even, subnormal results included (no ``.ftz``); the
-    float64 quotient of two float32 values rounded to float32 is the same value (double rounding is
-    innocuous: 53 >= 2 * 24 + 2, at any float32 exponent); ``divisor`` (2688 or 448) is exact in float32;
-    the comparison ``> 0`` (``setp.gt.f32``, no ``.ftz``) keeps a subnormal quotient."""
-    return positive_or_one(div_rn(amax, Float32(divisor)))
-
-
 def store_block(addr, codes: list, bits: int) -> None:
     """``fused.pack_codes`` of 16 valid codes stored at ``addr``: 16 bytes (8 bits; 16-byte aligned), 12
     (6 bits; 4-byte aligned) or 8 (4 bits; 8-byte aligned)."""
@@ -335,43 +320,39 @@ class NVFP4EncodeKernel:
     float32 values (16-byte aligned) in rows of ``16 * blocks_per_row``, one 16-value block per thread.
 
     Outputs: the codes, one per byte (``packed=False``, 16-byte aligned) or two per byte (``packed``, 8-byte
-    aligned), and one e4m3 scale code per block. The global scale, times ``g_scale`` (a power of two:
-    exact): with ``g_divisor`` None, per-row values ``g[row * g_stride]`` (``g_stride`` 0: one for all
-    rows); with ``g_divisor``, ``g`` holds the tensor's amax (float32, one value) and every thread computes
-    ``global_scale(amax, g_divisor)``, which the first thread also stores to ``g_out`` (unused otherwise).
-    With ``has_floor``, the block-scale floor ``floor``.
+    aligned), and one e4m3 scale code per block. Per-row global scales ``g[row * g_stride]`` (``g_stride``
+    0: one for all rows) times ``g_scale`` (a power of two: exact); with ``has_floor``, the block-scale floor
+    ``floor``.
     """
 
-    def __init__(self, packed: bool, divisor: float, g_scale: float = 1.0, has_floor: bool = True,
-                 g_divisor: float | None = None):  # fmt: skip
-        self.packed, self.divisor, self.g_scale = bool(packed), float(divisor), float(g_scale)
-        self.has_floor, self.g_divisor = has_floor, None if g_divisor is None else float(g_divisor)
+    def __init__(self, packed: bool, divisor: float, g_scale: float = 1.0, has_floor: bool = True):
+        self.packed, self.divisor, self.g_scale, self.has_floor = (
+            bool(packed),
+            float(divisor),
+            float(g_scale),
+            has_floor,
+        )
 
     @cute.jit
     def __call__(
-        self, x: cute.Pointer, g: cute.Pointer, g_out: cute.Pointer, e4m3_lut: cute.Pointer, e2m1_lut: cute.Pointer,
+        self, x: cute.Pointer, g: cute.Pointer, e4m3_lut: cute.Pointer, e2m1_lut: cute.Pointer,
         e4m3_values: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, n_blocks: Int64, blocks_per_row: Int64,
         g_stride: Int64, floor: Float32, stream: cuda.CUstream,
     ):  # fmt: skip
         self.kernel(
-            x, g, g_out, e4m3_lut, e2m1_lut, e4m3_values, codes, scales, n_blocks, blocks_per_row, g_stride, floor
+            x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales, n_blocks, blocks_per_row, g_stride, floor
         ).launch(grid=[_blocks(n_blocks, 1), 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(
-        self, x: cute.Pointer, g: cute.Pointer, g_out: cute.Pointer, e4m3_lut: cute.Pointer, e2m1_lut: cute.Pointer,
+        self, x: cute.Pointer, g: cute.Pointer, e4m3_lut: cute.Pointer, e2m1_lut: cute.Pointer,
         e4m3_values: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, n_blocks: Int64, blocks_per_row: Int64,
         g_stride: Int64, floor: Float32,
     ):  # fmt: skip
         blk = _thread_index()
         if blk < n_blocks:
             bits = load_block(x.toint() + blk * (GROUP * 4), False)
-            if cutlass.const_expr(self.g_divisor is None):
-                gv = as_f32(ld_b32(g.toint() + (blk // blocks_per_row) * g_stride * 4))
-            else:
-                gv = global_scale(as_f32(ld_b32(g.toint())), self.g_divisor)
-                if blk == 0:  # the result's global scale, before any g_scale
-                    st_b32(g_out.toint(), as_i32(gv))
+            gv = as_f32(ld_b32(g.toint() + (blk // blocks_per_row) * g_stride * 4))
             if cutlass.const_expr(self.g_scale != 1.0):
                 gv = mul_rn(gv, Float32(self.g_scale))
             c, scale_code = nvfp4_block(

@@ -46,7 +46,7 @@ from .fused import available, compiled_many
 
 __all__ = [
     "MmaModel", "MMA_MODELS", "OPERAND_FORMATS", "WALKS", "block_fma", "ideal_block", "round_toward_zero_f32",
-    "kstep_groups", "chain_fma", "chain_gemm", "chain_f32_exact", "fused_chain_available",
+    "kstep_groups", "chain_fma", "chain_gemm", "fused_chain_available",
 ]  # fmt: skip
 
 # operand format -> (fraction bits, smallest normal exponent)
@@ -280,117 +280,13 @@ def _chain_formula(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extra_bits
     return c
 
 
-# -- the same chain in 32-bit arithmetic, every instruction unrolled: one pointwise kernel on CUDA --------
-_LOW32 = -(1 << 20)  # the exponent of a zero operand or accumulator: below every other, out of every max
-
-
-def _exponent_f32(x: torch.Tensor, emin: int) -> torch.Tensor:
-    """floor(log2 |x|) of float32 ``x`` from its exponent field, at least ``emin`` (>= -126), int32;
-    ``_LOW32`` where x = 0 (a float32 subnormal reads -127 and is clamped)."""
-    e = ((x.view(torch.int32) >> 23) & 0xFF) - 127
-    return torch.where(x == 0, _LOW32, torch.clamp(e, min=emin))
-
-
-def _pow2_f32(e: torch.Tensor) -> torch.Tensor:
-    """``2.0 ** e`` as float32 from its bits, for int32 ``e`` in [-126, 127]."""
-    return ((e + 127) << 23).view(torch.float32)
-
-
-def chain_f32_exact(a_max: float, a_lsb: int, b_max: float, b_lsb: int, length: int) -> bool:
-    """Whether :func:`_chain_formula_f32` is exact for operands with magnitudes at most ``a_max`` and
-    ``b_max``, lowest set bits at least 2^``a_lsb`` and 2^``b_lsb``, over a contraction of ``length``:
-    every product is then an exact float32 (a normal or subnormal one: 2^(a_lsb + b_lsb) >= 2^-149; the
-    significands of two <= 11-bit operands have <= 22 bits) and no product, partial sum or accumulator
-    reaches 2^127 (``a_max b_max (length + 1) < 2^127``; the sums and their rounding are the float64
-    formula's own, overflow included). In the decode a bf16 operand's lowest bit is at
-    least 2^-133 and a KV value's 2^-9 (e4m3; fp6 and fp4 code values 2^-4 .. 2^-1)."""
-    return a_lsb + b_lsb >= -149 and a_max * b_max * (length + 1) < 2.0**127
-
-
-def _range(x: torch.Tensor, man: int) -> tuple[float, int]:
-    """``(max |x|, a lower bound of the exponent of x's lowest set bit)`` for operands with ``man``
-    fraction bits (a host synchronisation). An empty or all-zero ``x``: ``(0.0, 0)``."""
-    mag = x.float().abs()
-    nonzero = mag[mag > 0]
-    if not nonzero.numel():
-        return 0.0, 0
-    return float(nonzero.amax()), math.frexp(float(nonzero.amin()))[1] - 1 - man
-
-
-def _chain_formula_f32(
-    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extra_bits: int, min_exponent: int, emin: int
-):
-    """:func:`_chain_formula` (same arguments, same bits) in float32 and int32 arithmetic, every product
-    of every instruction written out, so that ``torch.compile`` makes the whole chain one pointwise kernel
-    over the ``(..., M, N)`` outputs (no reduction, no intermediate in memory).
-
-    Exact where :func:`chain_f32_exact` holds (the caller checks): for step s, with
-    ``E = max(max_k (ea + eb), ec, min_exponent)`` and ``u = E - 23 - extra_bits``, a product is below
-    2^(E + 2) and c below 2^(E + 1); ``(a b) 2^-u`` is formed as two exact power-of-two scalings (2^-u
-    can exceed float32's range: 2^min(-u, 127), then 2^max(-u - 127, 0); a result that underflows is
-    below 1, so truncates to 0 either way), its conversion to int32 truncates toward zero (below 2^(25 +
-    extra_bits)), and groups of 8 such terms (the first also holding c's, below 2^(24 + extra_bits)) add
-    in int32 without overflow (below 2^30 + 2^26 for extra_bits <= 2, every model's); the groups add
-    exactly in float64, and the sum is rounded toward zero to float32 as in
-    :func:`_chain_formula`. A NaN operand gives NaN (flags per row and step; c carries it on); infinities
-    are not modelled (as in :func:`block_fma`).
-    """
-    if extra_bits > 2:  # (a guard, not a symbol: the group size must be a Python int)
-        raise ValueError(f"extra_bits: {extra_bits} leaves no room in an int32 partial sum of 8 terms (<= 2 do)")
-    group = 8
-    a, b = a.float(), b.float()  # exact widening (float8, float16, bfloat16 operands), inside the kernel
-    ea, eb = _exponent_f32(a, emin), _exponent_f32(b, emin)
-    nan_a, nan_b = torch.isnan(a).any(-1), torch.isnan(b).any(-1)  # (..., M, S), (..., N, S)
-    k = a.shape[-1]
-    for s in range(a.shape[-2]):
-        a_s, b_s = a[..., :, None, s, :], b[..., None, :, s, :]  # (..., M, 1, K), (..., 1, N, K)
-        ea_s, eb_s = ea[..., :, None, s, :], eb[..., None, :, s, :]
-        e_prod = ea_s[..., 0] + eb_s[..., 0]
-        for i in range(1, k):
-            e_prod = torch.maximum(e_prod, ea_s[..., i] + eb_s[..., i])
-        e_c = torch.where(c == 0, _LOW32, torch.clamp(((c.view(torch.int32) >> 23) & 0xFF) - 127, min=-126))
-        big = torch.clamp(torch.maximum(e_prod, e_c), min=min_exponent)
-        down = 23 + extra_bits - big  # -u
-        d1 = _pow2_f32(torch.clamp(down, max=127))
-        d2 = _pow2_f32(torch.clamp(down - 127, min=0))
-        total = None
-        for g0 in range(0, k, group):
-            part = (c * d1 * d2).to(torch.int32) if g0 == 0 else None
-            for i in range(g0, min(k, g0 + group)):
-                term = (a_s[..., i] * b_s[..., i] * d1 * d2).to(torch.int32)
-                part = term if part is None else part + term
-            total = part.double() if total is None else total + part.double()
-        unit = (-down).to(torch.int64)
-        out = round_toward_zero_f32(total * _pow2(unit))
-        nan = nan_a[..., :, None, s] | nan_b[..., None, :, s] | torch.isnan(c)
-        c = torch.where(nan, torch.full_like(out, math.nan), out)
-    return c
-
-
-def chain_formula(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, model: str, f32: bool) -> torch.Tensor:
-    """The chain of ``MMA_MODELS[model]`` as its compiled graphs take it: :func:`_chain_formula_f32` where
-    ``f32`` (:func:`chain_f32_exact` holds), else :func:`_chain_formula`. The model goes in by name, so
-    that its integer constants are constants of the graph: passed as ints, ``torch.compile(dynamic=True)``
-    traces them as int64 symbols, and inductor's Triton code then computes in int64 what the 32-bit
-    formula types as int32 (and cannot bitcast it to float32; the H200, torch 2.11)."""
-    m = MMA_MODELS[model]
-    formula = _chain_formula_f32 if f32 else _chain_formula
-    return formula(a, b, c, m.extra_bits, m.min_exponent, OPERAND_FORMATS[m.operand][1])
-
-
 # The compile helper is shared with the fused helpers; these names are the emulator's.
 fused_chain_available = available
 _fused = compiled_many
 
 
 def chain_gemm(
-    a_rows: torch.Tensor,
-    b_rows: torch.Tensor,
-    c: torch.Tensor,
-    groups: torch.Tensor,
-    model: MmaModel,
-    fused=None,
-    exact_f32=None,
+    a_rows: torch.Tensor, b_rows: torch.Tensor, c: torch.Tensor, groups: torch.Tensor, model: MmaModel, fused=None
 ) -> torch.Tensor:
     """The chain of MMA instructions of one GEMM tile: ``c (..., M, N)`` plus ``a_rows[.., i, :] .
     b_rows[.., j, :]``, one :func:`block_fma` per row of ``groups`` (the contraction indices it adds, in
@@ -402,12 +298,8 @@ def chain_gemm(
         c: float32 ``(..., M, N)``.
         groups: int64 ``(steps, k)``, each index of ``range(K)`` at most once.
         model: an :class:`MmaModel` (not an ideal one: those add the whole contraction at once).
-        fused: evaluate the chain's formula compiled (no tensor of products); None: where
-            :func:`fused_chain_available`. The bits are the same.
-        exact_f32: on the fused path, whether :func:`chain_f32_exact` holds for these operands (the caller
-            knows: the emulator checks its Q once per call), so that :func:`_chain_formula_f32` (one
-            kernel, 32-bit arithmetic) runs instead of the float64 :func:`_chain_formula`; None: measure
-            the operands (a host synchronisation).
+        fused: evaluate :func:`_chain_formula` compiled (one pass over the operands per instruction, no
+            tensor of products); None: where :func:`fused_chain_available`. The bits are the same.
 
     Returns:
         float32 ``(..., M, N)``.
@@ -433,9 +325,5 @@ def chain_gemm(
     # float8 operands widen to float32 first: Triton fails to compile float8 inside the formula (H200,
     # torch 2.11, Triton 3.6)
     a, b = (x.float() if x.element_size() == 1 else x for x in (a, b))
-    # b with its N outputs innermost in memory: consecutive outputs (threads) read consecutive values
-    b = b.movedim(-3, -1).contiguous().movedim(-1, -3)
-    man, emin = OPERAND_FORMATS[model.operand]
-    if exact_f32 is None:
-        exact_f32 = chain_f32_exact(*_range(a, man), *_range(b, man), a.shape[-2] * a.shape[-1])
-    return _fused(chain_formula, model=model.name, f32=bool(exact_f32))(a, b, c)
+    _, emin = OPERAND_FORMATS[model.operand]
+    return _fused(_chain_formula)(a, b, c, model.extra_bits, model.min_exponent, emin)

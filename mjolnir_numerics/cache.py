@@ -164,11 +164,6 @@ def _scatter_rows(pool: torch.Tensor, page: torch.Tensor, off: torch.Tensor, row
     raw[page, off] = rows
 
 
-def _e4m3_tables(device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The e4m3 code values and round-to-odd table on ``device`` (for the fused page decode)."""
-    return E4M3.values(device), _round_to_odd_lut(E4M3, device)
-
-
 def _decode(codes: torch.Tensor, fmt: Format, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """float32 values of valid uint8 codes (what ``dequantize`` returns, without its range check:
     callers pass whole bytes of an 8-bit format or unpacked codes): int32 indices into the table.
@@ -358,12 +353,6 @@ class PagedKVCache:
         rounding (``code * scale * 2^-3``, the format's own dequantization up to the descale)."""
         pool, scales = self._pool(which)
         idx = pages.long().to(pool.device).reshape(-1)
-        if kernel_view and fused.available(pool.device):  # one compiled graph, no chunks, the same values
-            block = isinstance(self.fmt, BlockScaledFormat)
-            out = fused.compiled(
-                fused.page_values, bits=self.fmt.bits, group=self.fmt.group if block else 1, shift=KERNEL_SHIFT
-            )(pool, idx, scales, self.element_format.values(pool.device), *_e4m3_tables(pool.device))
-            return out.view(*pages.shape, *out.shape[1:])
         if idx.device.type == "cpu" and idx.numel() > 1:  # pages shared by sequences (a prefix cache): decode once
             uniq, inverse = torch.unique(idx, return_inverse=True)  # (on CUDA, unique would wait for the device)
             if uniq.numel() < idx.numel():

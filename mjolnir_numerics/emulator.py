@@ -53,15 +53,7 @@ from typing import Optional, Union
 
 import torch
 
-from .arithmetic import (
-    MMA_MODELS,
-    OPERAND_FORMATS,
-    _fused,
-    chain_f32_exact,
-    chain_formula,
-    fused_chain_available,
-    kstep_groups,
-)
+from .arithmetic import MMA_MODELS, OPERAND_FORMATS, _chain_formula, _fused, fused_chain_available, kstep_groups
 from .cache import PagedKVCache, check_descale, descale_table
 from .capability import HEAD_DIMS, unsupported_reason
 from .checks import ArgumentTypeError, check_bool, check_choice, check_f32
@@ -286,7 +278,7 @@ class _TileSource:
         def decode(p: torch.Tensor) -> torch.Tensor:  # (..., PS, G, D) per page index
             if self.codes:  # gathered as float8 (torch's uint8 gather path is ~40x slower on CPU), kept as codes
                 return pool[p.to(pool.device)].view(torch.uint8).to(dev)
-            return cache._page_values(which, p.to(pool.device), kernel_view=True).to(dev)  # valid by construction
+            return cache.page_values(which, p.to(pool.device)).to(dev)
 
         if dev.type == "cpu" and offset is None:
             masked = torch.where(valid, pages, -1)  # -1: a page past the sequence's end (zeros)
@@ -414,16 +406,13 @@ def _unstack_rows(x: torch.Tensor, a: int) -> torch.Tensor:
     return x.reshape(g, a, ar // a, k).transpose(0, 1)
 
 
-def _score_step(
-    q_a: torch.Tensor, q_norm, n_rows: int, k_src: "_TileSource", blocks, ws: dict, q_sig_bits, mma, f32=False
-):
+def _score_step(q_a: torch.Tensor, q_norm, n_rows: int, k_src: "_TileSource", blocks, ws: dict, q_sig_bits, mma):
     """Step 3 for one tile of every active chunk, block by block: S float32 ``(A, G, N, T)``.
     ``q_a``: float64 Q rows ``(A, G, M, D)`` (zero-padded past ``n_rows``); ``q_norm`` their norms (wide Q);
-    ``mma``: None (the ideal arithmetic) or (model, head-dim groups, key groups) of the hardware's;
-    ``f32``: the fused chain may run in 32-bit arithmetic (``arithmetic.chain_f32_exact`` holds)."""
+    ``mma``: None (the ideal arithmetic) or (model, head-dim groups, key groups) of the hardware's."""
     a, g, rows, _ = q_a.shape
     if mma is not None and fused_chain_available(q_a.device):  # one fused chain over every tile
-        return score_tile_mma(q_a[:, :, :n_rows], k_src.operand(), mma[0], mma[1], exact_f32=f32)
+        return score_tile_mma(q_a[:, :, :n_rows], k_src.operand(), mma[0], mma[1])
     if mma is not None:
         s = torch.empty((a, g, n_rows, TILE_KEYS), dtype=torch.float32, device=q_a.device)
         for a0, a1 in blocks:
@@ -486,16 +475,15 @@ def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
     return v.unflatten(-1, (steps, k))
 
 
-def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, *, rescale: bool, f32: bool, model: str):
+def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, rescale: bool, extra_bits, min_exponent, emin):
     """Steps 8-9 of one tile as one function (what CUDA compiles into one graph): the row sums, O rescaled
-    where a max moved (not on a chunk's first tile), then the P.V chain into O (in 32-bit arithmetic where
-    ``f32``: ``arithmetic.chain_f32_exact`` holds) of the MMA model named ``model``. ``v``: float32 ``(A,
-    G, D, steps, K)``; the rest as in the stages. Returns ``(l, o)``."""
+    where a max moved (not on a chunk's first tile), then the P.V chain into O. ``v``: float32 ``(A, G,
+    D, steps, K)``; the rest as in the stages. Returns ``(l, o)``."""
     l = accumulate_row_sum(corr, l, p_sum)
     if rescale:
         o = rescale_o(o, corr, m_new, m_prev)
     a = p_q[..., : o.shape[-2], :].unflatten(-1, (v.shape[-2], v.shape[-1]))
-    return l, chain_formula(a, v, o, model=model, f32=f32)
+    return l, _chain_formula(a, v, o, extra_bits, min_exponent, emin)
 
 
 def emulate_decode(
@@ -696,16 +684,6 @@ def _emulate(
         constants = (model.extra_bits, model.min_exponent, OPERAND_FORMATS[model.operand][1])
         mma = (model, *kstep_groups(tgt.walk, fmt.name, q_dtype, d), constants)
 
-    # the fused chains in 32-bit arithmetic where every product is an exact float32 (one check per call):
-    # KV operands are at most 448 with lowest bits >= 2^-9 (e4m3 values, fp6 / fp4 code values); P at most
-    # 448 (e4m3) or twice its scale (bf16, lowest bit >= 2^-133); Q e4m3, or bf16 below 2^110 or so
-    s_f32 = pv_f32 = False
-    if mma is not None and fused_chain_available(q.device):
-        q_max = 448.0 if fp8_q else float(q.float().abs().amax()) if q.numel() else 0.0
-        s_f32 = chain_f32_exact(q_max, -9 if fp8_q else -133, 448.0, -9, d)
-        p_max, p_lsb = (448.0, -9) if p_format == "e4m3" else (2.0 * p_scale, -133)
-        pv_f32 = chain_f32_exact(p_max, p_lsb, 448.0, -9, TILE_KEYS)
-
     dev = q.device
     kd = cache.descale_table("k").float().to(dev)
     vd = cache.descale_table("v").float().to(dev)
@@ -788,7 +766,7 @@ def _emulate(
         k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev)
         q_a = rep(q_c[sel])
         q_n = None if q_norm_c is None else rep(q_norm_c[sel])
-        s_t = _score_step(q_a, q_n, N, k_src, blocks, ws, q_sig_bits, mma, s_f32)
+        s_t = _score_step(q_a, q_n, N, k_src, blocks, ws, q_sig_bits, mma)
         del k_src, q_a
         s_t = mask_tile(s_t, keys, last)
         m_prev, m_new, m_use = running_column_max(m[sel], s_t.view(n_w, A, G, N, T))
@@ -807,8 +785,9 @@ def _emulate(
         for j in range(n_w):
             t = slice(j * A, (j + 1) * A)
             if v_fused is not None:  # CUDA: the tile's whole update as one compiled graph
-                update = _fused(_tile_update, rescale=s0 + j > 0, f32=pv_f32, model=mma[0].name)
-                l_new, o_new = update(corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_fused[t])
+                l_new, o_new = _fused(_tile_update)(
+                    corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_fused[t], s0 + j > 0, *mma[3]
+                )
             else:
                 l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
                 o_new = o_a if s0 + j == 0 else rescale_o(o_a, corr[t], m_new[t], m_prev[t])

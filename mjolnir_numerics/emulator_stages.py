@@ -506,7 +506,7 @@ def score_tile(
     return settle_f32(z, q_norm[..., :, None], k_norm, grid[..., :, None], q64, k64)
 
 
-def score_tile_mma(q: torch.Tensor, k_tile: torch.Tensor, model, groups: torch.Tensor, exact_f32=None) -> torch.Tensor:
+def score_tile_mma(q: torch.Tensor, k_tile: torch.Tensor, model, groups: torch.Tensor) -> torch.Tensor:
     """Step 3 under a hardware MMA model (``mjolnir_numerics.arithmetic``): ``S = K . Q`` as the kernel's
     chain of MMA instructions forms it, from 0, one instruction per row of ``groups`` (the head dims it
     adds, in issue order: ``arithmetic.kstep_groups``).
@@ -515,13 +515,12 @@ def score_tile_mma(q: torch.Tensor, k_tile: torch.Tensor, model, groups: torch.T
         q: ``(C, G, M, D)`` float query rows; k_tile: ``(C, G, T, D)`` float key values (the MMA's
             operands, exact in the model's operand format; any float dtype that holds them, float8 too).
         model: an ``arithmetic.MmaModel``; groups: int64 ``(steps, K)``.
-        exact_f32: passed to ``arithmetic.chain_gemm``.
 
     Returns:
         float32 ``(C, G, M, T)``.
     """
     c = torch.zeros(q.shape[:-1] + (k_tile.shape[-2],), dtype=torch.float32, device=q.device)
-    return chain_gemm(q, k_tile, c, groups, model, exact_f32=exact_f32)
+    return chain_gemm(q, k_tile, c, groups, model)
 
 
 def row_norm(x: torch.Tensor, dim: int) -> torch.Tensor:

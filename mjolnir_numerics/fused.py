@@ -46,7 +46,6 @@ __all__ = [
     "nvfp4_codes",
     "nvfp4_codes_packed",
     "nvfp4_decode",
-    "page_values",
 ]
 
 _compiled: dict = {}
@@ -140,14 +139,12 @@ def for_device(fn, device, **static):
     return compiled(fn, **static) if available(device) else functools.partial(fn, **static)
 
 
-def compiled_many(fn, **static):
-    """``fn`` compiled once per process for many problem shapes and formats (the emulator's graphs), and
-    per value of its ``static`` keyword arguments (constants of the graph, not symbols: integer constants
-    traced as symbols make inductor's Triton code compute in int64 what the graph types as int32); the
+def compiled_many(fn):
+    """``fn`` compiled once per process for many problem shapes and formats (the emulator's graphs): the
     recompile limits are raised from torch's default of 8 around each call."""
-    key = (fn, "many", tuple(sorted(static.items())))
+    key = (fn, "many")
     if key not in _compiled:
-        graph = torch.compile(functools.partial(fn, **static) if static else fn, dynamic=True, fullgraph=True)
+        graph = torch.compile(fn, dynamic=True, fullgraph=True)
 
         def call(*args):
             with torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=8192):
@@ -255,35 +252,3 @@ def nvfp4_decode(codes, scale_codes, g, e4m3_lut, e4m3_values, e2m1_values, *, g
     values = (c * s * g.unsqueeze(-1)).flatten(-2)
     kernel = e4m3_values[quantize_f32(c * s * shift, e4m3_lut).long()].flatten(-2)
     return values, kernel
-
-
-def unpack_codes(raw: torch.Tensor, *, bits: int) -> torch.Tensor:
-    """:func:`~mjolnir_numerics.packing.unpack` of bytes ``(..., n)`` (no checks): int32 codes
-    ``(..., n * 8 / bits)``."""
-    b = raw.to(torch.int32)
-    if bits == 8:
-        return b
-    if bits == 4:
-        return torch.stack([b & 0x0F, b >> 4], dim=-1).flatten(-2)
-    b = b.unflatten(-1, (b.shape[-1] // 3, 3))
-    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
-    return torch.stack([(word >> s) & 0x3F for s in (0, 6, 12, 18)], dim=-1).flatten(-2)
-
-
-def page_values(pool, idx, scales, values, e4m3_values, e4m3_lut, *, bits: int, group: int, shift: float):
-    """What the kernel's MMA reads from the pages ``idx`` of a cache pool: the code values, and for a
-    block-scaled format (``scales`` not None) ``e4m3(code * scale * shift)``, float32 ``(n, PS, h_k, d)``.
-
-    Args:
-        pool: a one-byte pool ``(pages, PS, h_k, row)`` (any layout view); idx: int64 ``(n,)`` valid page
-            indices; scales: the pool's scale codes ``(pages, PS, h_k, d // group)`` or None.
-        values: float32 code values of the element format; e4m3_values, e4m3_lut: the e4m3 code values
-            and round-to-odd table (:func:`nvfp4_decode`'s).
-    """
-    v = values[unpack_codes(pool.view(torch.uint8)[idx], bits=bits).long()]
-    if scales is None:
-        return v
-    group = _literal_group(group)
-    s = e4m3_values[scales.view(torch.uint8)[idx].long()].unsqueeze(-1)
-    c = v.unflatten(-1, (v.shape[-1] // group, group))
-    return e4m3_values[quantize_f32(c * s * shift, e4m3_lut).long()].flatten(-2)

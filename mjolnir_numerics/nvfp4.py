@@ -124,15 +124,6 @@ def _f32(v: float) -> float:
     return struct.unpack("f", struct.pack("f", v))[0]
 
 
-def _global_scale(amax: torch.Tensor, divisor: float) -> torch.Tensor:
-    """The global scale of a tensor whose ``max |x|`` is ``amax`` (float32 ``()`` on any device), without a
-    wait: ``fp32(amax / divisor)`` (a float32 tensor division: correctly rounded, the bits of :func:`_f32`),
-    or 1 where that is not > 0 (amax 0, a quotient that underflows, NaN), as the checked path's host value.
-    The CUDA encoder kernel computes the same inside (``mjolnir_kernel.helpers_kernel.global_scale``)."""
-    q = amax / _constant(divisor, amax.device)
-    return torch.where(q > 0, q, _constant(1.0, amax.device))
-
-
 def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int, divisor: float, **packed):
     """Codes and block-scale codes of ``x (..., d)`` (:func:`~mjolnir_numerics.fused.nvfp4_block_scales`, then
     :func:`~mjolnir_numerics.fused.nvfp4_codes`; with
@@ -236,8 +227,7 @@ def nvfp4_quantize(
         check: check the values (finite ``x``; a ``global_value`` that is positive, finite and fits the
             data), which needs the device's answer. ``False`` is the serving loop's call: no wait for the
             device (capturable in a CUDA graph) and the same bits for valid input; the caller guarantees
-            those (inf / NaN in ``x`` then give undefined codes, never an error: the derived ``g`` is inf
-            for an inf and 1 for a NaN).
+            those (inf / NaN in ``x`` then give undefined codes, never an error).
 
     Returns:
         :class:`NVFP4Tensor`.
@@ -263,24 +253,16 @@ def nvfp4_quantize(
     x = x.float()
     lead, d = x.shape[:-1], x.shape[-1]
     divisor = GLOBAL_SCALE_CONVENTIONS[global_scale]
-    kernels = fused.helper_kernels(x.device)
-    if global_value is None:
-        # max |x| in one pass (NaN and inf propagate); the inf-norm is a max: exact
+    if not check and global_value is None:  # g on the device: no wait
         amax = torch.linalg.vector_norm(x, float("inf")) if x.numel() else torch.zeros((), device=x.device)
-        amax_value = float(amax) if check else None  # the one wait
-        if check and not math.isfinite(amax_value):
+        g = torch.where(amax > 0, amax / _constant(divisor, x.device), _constant(1.0, x.device))
+    elif global_value is None:
+        # max |x| in one pass and one wait (NaN and inf propagate); the inf-norm is a max: exact
+        amax = float(torch.linalg.vector_norm(x, float("inf"))) if x.numel() else 0.0
+        if not math.isfinite(amax):
             raise ValueError("x: holds inf or NaN; NVFP4 scales are computed from amax and need finite values")
-        if kernels is not None and group == 16 and not four_over_six:  # one launch, g computed inside
-            e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
-            codes, scale_codes, g = kernels.nvfp4_encode_from_amax(
-                x, amax, scale_floor, e4m3_lut, e2m1_lut, e4m3_values, divisor=E2M1.max_normal, g_divisor=divisor
-            )
-            return NVFP4Tensor(codes=codes, scales=scale_codes, global_scale=g, group=group)
-        if check:
-            g_value = _f32(amax_value / divisor)  # the fp32 division's bits (see _f32)
-            g = torch.full((), g_value if g_value > 0 else 1.0, dtype=torch.float32, device=x.device)  # 0: any g
-        else:  # g on the device: no wait
-            g = _global_scale(amax, divisor)
+        g_value = _f32(amax / divisor)  # the fp32 division's bits (see _f32)
+        g = torch.full((), g_value if g_value > 0 else 1.0, dtype=torch.float32, device=x.device)  # 0: any g
     else:
         if isinstance(global_value, torch.Tensor):
             g = check_tensor("global_value", global_value, kind="float").to(torch.float32, copy=False).to(x.device)
@@ -298,6 +280,7 @@ def nvfp4_quantize(
         if not bool(torch.isfinite(x.abs().amax() if x.numel() else torch.zeros(()))):
             raise ValueError("x: holds inf or NaN; NVFP4 scales are computed from amax and need finite values")
         check_scale_fits("global_value", x, g, E2M1.max_normal * E4M3.max_normal, NVFP4_SMALLEST)
+    kernels = fused.helper_kernels(x.device)
     if kernels is not None and group == 16 and not four_over_six and g_one is not None:  # one launch
         e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
         codes, scale_codes = kernels.nvfp4_encode(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import math
 import os
@@ -791,8 +790,8 @@ def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatc
     monkeypatch.setattr(emulator, "_window", lambda *args: window)
     monkeypatch.setattr(emulator, "fused_chain_available", lambda device: True)
     monkeypatch.setattr(arithmetic, "fused_chain_available", lambda device: True)
-    monkeypatch.setattr(arithmetic, "_fused", lambda fn, **static: functools.partial(fn, **static))
-    monkeypatch.setattr(emulator, "_fused", lambda fn, **static: functools.partial(fn, **static))
+    monkeypatch.setattr(arithmetic, "_fused", lambda fn: fn)
+    monkeypatch.setattr(emulator, "_fused", lambda fn: fn)
     monkeypatch.setattr(stages, "_sync_free", lambda x: True)
     name, target = key.split("/")
     if name.startswith("random_"):

@@ -8,7 +8,6 @@ writer, and a decode-step write captured in a CUDA graph.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
@@ -374,27 +373,3 @@ def test_write_hands_the_one_launch_writer_the_caches_rows(fmt, monkeypatch):
     else:
         assert calls[0][5] is None and torch.equal(kw["lut"], _round_to_odd_lut(E3M2, "cpu"))
     assert all(torch.equal(a, b) for a, b in zip(before, _pool_bytes(cache)))  # the stand-in wrote nothing
-
-
-@pytest.mark.parametrize("fmt,layout", list(itertools.product(FORMATS, LAYOUTS)))
-def test_page_decode_formula_is_page_values(fmt, layout, monkeypatch):
-    """The fused page decode (run eagerly here; CUDA compiles it) gives the chunked reference decode's
-    values for every format and layout, pages in any order and repeated."""
-    cache = _caches(fmt, layout, "per_head", "cpu")
-    pages = torch.tensor([[3, 0, 5], [5, 5, 1]])
-    want = {w: cache.page_values(w, pages) for w in ("k", "v")}
-    monkeypatch.setattr(fused, "available", lambda device: True)
-    monkeypatch.setattr(fused, "compiled", lambda fn, **static: functools.partial(fn, **static))
-    for w in ("k", "v"):
-        got = cache.page_values(w, pages)
-        assert got.shape == want[w].shape and torch.equal(got, want[w]), f"{fmt} {layout} {w}"
-
-
-@cuda_only
-@pytest.mark.parametrize("fmt", list(FORMATS))
-def test_cuda_page_values_are_the_cpu_ones(fmt):
-    """The compiled page decode on CUDA against the CPU's reference decode (every format)."""
-    cpu, gpu = _caches(fmt, "nhd", "per_head", "cpu"), _caches(fmt, "nhd", "per_head", "cuda")
-    pages = torch.arange(cpu.num_pages).flip(0)
-    for w in ("k", "v"):
-        assert torch.equal(gpu.page_values(w, pages.cuda()).cpu(), cpu.page_values(w, pages)), f"{fmt} {w}"
