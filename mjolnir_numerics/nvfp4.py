@@ -255,7 +255,9 @@ def nvfp4_quantize(
     divisor = GLOBAL_SCALE_CONVENTIONS[global_scale]
     if not check and global_value is None:  # g on the device: no wait
         amax = torch.linalg.vector_norm(x, float("inf")) if x.numel() else torch.zeros((), device=x.device)
-        g = torch.where(amax > 0, amax / _constant(divisor, x.device), _constant(1.0, x.device))
+        q = amax / _constant(divisor, x.device)  # a tensor division: correctly rounded (the bits of _f32)
+        g = torch.where(q > 0, q, _constant(1.0, x.device))  # 1 where the checked path's value is 0: amax 0,
+        # or a quotient that underflows
     elif global_value is None:
         # max |x| in one pass and one wait (NaN and inf propagate); the inf-norm is a max: exact
         amax = float(torch.linalg.vector_norm(x, float("inf"))) if x.numel() else 0.0

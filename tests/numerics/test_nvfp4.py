@@ -359,6 +359,13 @@ def test_unchecked_quantize_gives_the_checked_bits():
         for name in ("codes", "scales", "global_scale"):
             assert torch.equal(getattr(a, name), getattr(b, name)), (name, kw)
     assert torch.equal(nvfp4_quantize(torch.zeros(2, 16), check=False).global_scale, torch.ones(2, 1))
+    # amax > 0 whose amax / 2688 underflows to 0 (2^-149 / 2688) or not (2^-137): both paths agree
+    for tiny in (2.0**-149, 2.0**-140, 2.0**-137):
+        x = torch.zeros(2, 16)
+        x[1, 3] = tiny
+        a, b = nvfp4_quantize(x), nvfp4_quantize(x, check=False)
+        for name in ("codes", "scales", "global_scale"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), (name, tiny)
 
 
 def test_check_false_skips_the_value_checks_only():
