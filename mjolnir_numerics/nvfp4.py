@@ -124,6 +124,14 @@ def _f32(v: float) -> float:
     return struct.unpack("f", struct.pack("f", v))[0]
 
 
+def _global_scale(amax: torch.Tensor, divisor: float) -> torch.Tensor:
+    """The global scale of a tensor whose ``max |x|`` is ``amax`` (float32 ``()`` on any device), without a
+    wait: ``amax / divisor`` as a float32 tensor division (correctly rounded: the bits of :func:`_f32`), or
+    1 where that is not > 0 (amax 0, or a quotient that underflows), as the checked path's host value."""
+    q = amax / _constant(divisor, amax.device)
+    return torch.where(q > 0, q, _constant(1.0, amax.device))
+
+
 def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int, divisor: float, **packed):
     """Codes and block-scale codes of ``x (..., d)`` (:func:`~mjolnir_numerics.fused.nvfp4_block_scales`, then
     :func:`~mjolnir_numerics.fused.nvfp4_codes`; with
@@ -255,9 +263,7 @@ def nvfp4_quantize(
     divisor = GLOBAL_SCALE_CONVENTIONS[global_scale]
     if not check and global_value is None:  # g on the device: no wait
         amax = torch.linalg.vector_norm(x, float("inf")) if x.numel() else torch.zeros((), device=x.device)
-        q = amax / _constant(divisor, x.device)  # a tensor division: correctly rounded (the bits of _f32)
-        g = torch.where(q > 0, q, _constant(1.0, x.device))  # 1 where the checked path's value is 0: amax 0,
-        # or a quotient that underflows
+        g = _global_scale(amax, divisor)
     elif global_value is None:
         # max |x| in one pass and one wait (NaN and inf propagate); the inf-norm is a max: exact
         amax = float(torch.linalg.vector_norm(x, float("inf"))) if x.numel() else 0.0

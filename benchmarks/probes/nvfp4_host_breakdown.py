@@ -19,7 +19,7 @@ import torch
 from mjolnir_numerics import fused, nvfp4_quantize
 from mjolnir_numerics.checks import check_bool, check_int, check_tensor
 from mjolnir_numerics.formats import E2M1
-from mjolnir_numerics.nvfp4 import NVFP4Tensor, _constant, _tables
+from mjolnir_numerics.nvfp4 import NVFP4Tensor, _global_scale, _tables
 
 
 def us_per_call(fn, n: int, *, host_only: bool = False) -> float:
@@ -67,7 +67,7 @@ def main() -> None:
 
     x = torch.randn(8, 128, device="cuda")
     amax = torch.linalg.vector_norm(x, float("inf"))
-    g = torch.where(amax > 0, amax / _constant(6 * 448.0, x.device), _constant(1.0, x.device))
+    g = _global_scale(amax, 6 * 448.0)
     e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
     codes, scales = kernels.nvfp4_encode(x, g.float(), 2.0**-9, e4m3_lut, e2m1_lut, e4m3_values, divisor=6.0)
     steps = (
@@ -78,8 +78,7 @@ def main() -> None:
             check_bool("b", False))),
         ("x.float(); shape", lambda: (x.float(), x.shape[:-1], x.shape[-1])),
         ("vector_norm(inf)", lambda: torch.linalg.vector_norm(x, float("inf"))),
-        ("where(amax > 0, amax / c, c)", lambda: torch.where(
-            amax > 0, amax / _constant(6 * 448.0, x.device), _constant(1.0, x.device))),
+        ("_global_scale(amax, 6 * 448)", lambda: _global_scale(amax, 6 * 448.0)),
         ("float(vector_norm) (a wait)", lambda: float(torch.linalg.vector_norm(x, float("inf")))),
         ("torch.full((), v, cuda)", lambda: torch.full((), 1.5, dtype=torch.float32, device=x.device)),
         ("g.float(); broadcast_to", lambda: torch.broadcast_to(g.float(), (8, 1))),
