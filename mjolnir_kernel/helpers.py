@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["available", "quantize_f32", "pack_codes", "nvfp4_encode"]
+__all__ = ["available", "quantize_f32", "pack_codes", "nvfp4_encode", "write_unsupported", "CacheWriter", "write_kv"]
 
 MAX_ELEMENTS = 1 << 40
 _lock = threading.Lock()
@@ -140,10 +140,10 @@ def _int64(n: int) -> tuple:
     return tuple(cutlass.Int64(1) for _ in range(n))
 
 
-def _build_quantize():
+def _build_quantize(fmt):
     from .helpers_kernel import QuantizeKernel
 
-    return QuantizeKernel(), (("f32", 16), ("u8", 1), ("u8", 4)), _int64(1)
+    return QuantizeKernel(fmt), (("f32", 16), ("u8", 1), ("u8", 4)), _int64(1)
 
 
 def _build_pack(bits: int):
@@ -152,10 +152,13 @@ def _build_pack(bits: int):
     return PackKernel(bits), (("u8", 16), ("u8", 8)), _int64(1)
 
 
+_QUANTIZE_BUILDS: dict = {}
 _PACK_BUILDS = {4: functools.partial(_build_pack, 4), 6: functools.partial(_build_pack, 6)}
 
 
 def _aligned(name: str, t: torch.Tensor, align: int) -> torch.Tensor:
+    if t.is_contiguous() and t.data_ptr() % align == 0:
+        return t
     t = t.contiguous()
     if t.data_ptr() % align:
         t = t.clone()  # a fresh allocation is aligned
@@ -169,15 +172,20 @@ def _check_size(name: str, n: int) -> None:
         raise ValueError(f"{name}: {n} elements; the helper kernels take at most 2^40")
 
 
-def quantize_f32(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
-    """``fused.quantize_f32`` on CUDA: the codes of float32 ``x`` (any shape) through the round-to-odd table
-    ``lut`` (uint8 ``(65536,)`` on ``x``'s device). Returns uint8 of ``x``'s shape."""
+def quantize_f32(x: torch.Tensor, lut: torch.Tensor, fmt) -> torch.Tensor:
+    """``fused.quantize_f32`` on CUDA: the ``fmt`` (an element :class:`~mjolnir_numerics.formats.Format`) codes
+    of float32 ``x`` (any shape); ``lut`` is the format's round-to-odd table (uint8 ``(65536,)`` on ``x``'s
+    device), which the kernel takes for inf, NaN and magnitudes of 2^120 and more. Returns uint8 of ``x``'s
+    shape."""
     x = _aligned("x", x, 16)
     n = x.numel()
     _check_size("x", n)
     out = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     if n:
-        _kernel(("quantize",), x.device, _build_quantize)((x, lut, out), (n,), x.device)
+        build = _QUANTIZE_BUILDS.get(fmt.name) or _QUANTIZE_BUILDS.setdefault(
+            fmt.name, functools.partial(_build_quantize, fmt)
+        )
+        _kernel(("quantize", fmt.name), x.device, build)((x, lut, out), (n,), x.device)
     return out
 
 
@@ -207,18 +215,22 @@ def nvfp4_encode(
     divisor: float,
     packed: bool = False,
     g_scale: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    global_divisor: Optional[float] = None,
+) -> tuple[torch.Tensor, ...]:
     """The NVFP4 encoder (``fused.nvfp4_block_scales`` then ``fused.nvfp4_codes``; ``packed``: codes two per
-    byte, under ``g * g_scale``) on CUDA, block 16.
+    byte, under ``g * g_scale``) on CUDA, block 16, in one launch.
 
     Args:
         x: float32 ``(rows, d)``, ``d`` a multiple of 16, finite.
-        g: float32 global scales, ``(rows, 1)`` or one value (``()``, ``(1,)`` or ``(1, 1)``).
+        g: float32 global scales, ``(rows, 1)`` or one value (``()``, ``(1,)`` or ``(1, 1)``); with
+            ``global_divisor``, one value: ``max |x|`` of the whole tensor, from which the kernel computes the
+            global scale as ``nvfp4._global_scale(amax, global_divisor)`` does (no wait for the device).
         floor: the block-scale floor, or None.
         e4m3_lut, e2m1_lut: the quantizers' round-to-odd tables; e4m3_values: float32 ``(256,)``.
 
     Returns:
-        codes uint8 ``(rows, d)`` (``packed``: ``(rows, d // 2)``) and scale codes uint8 ``(rows, d // 16)``.
+        codes uint8 ``(rows, d)`` (``packed``: ``(rows, d // 2)``) and scale codes uint8 ``(rows, d // 16)``;
+        with ``global_divisor`` also the global scale, float32 ``()``.
     """
     from .helpers_kernel import NVFP4_GROUP, NVFP4EncodeKernel
 
@@ -228,7 +240,7 @@ def nvfp4_encode(
     g = g.float()
     if g.numel() == 1:
         g, g_stride = g.reshape(1), 0
-    elif g.shape == (rows, 1):
+    elif g.shape == (rows, 1) and global_divisor is None:
         g = g.reshape(rows)
         g_stride = g.stride(0)
     else:
@@ -236,20 +248,25 @@ def nvfp4_encode(
     codes = torch.empty(rows, d // 2 if packed else d, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, d // NVFP4_GROUP, dtype=torch.uint8, device=x.device)
     n_blocks = x.numel() // NVFP4_GROUP
-    if n_blocks == 0:
-        return codes, scales
-    has_floor = floor is not None
+    g_out = g
+    if global_divisor is not None:  # the kernel writes g (1 where there is nothing to encode)
+        g_out = (torch.empty if n_blocks else torch.ones)((), dtype=torch.float32, device=x.device)
+    if n_blocks:
+        has_floor = floor is not None
 
-    def build():
-        import cutlass
+        def build():
+            import cutlass
 
-        pointers = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4), ("u8", 8 if packed else 16), ("u8", 1))
-        return NVFP4EncodeKernel(packed, divisor, g_scale, has_floor), pointers, (*_int64(3), cutlass.Float32(1.0))
+            pointers = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4), ("u8", 8 if packed else 16),
+                        ("u8", 1), ("f32", 4))  # fmt: skip
+            kernel = NVFP4EncodeKernel(packed, divisor, g_scale, has_floor, global_divisor)
+            return kernel, pointers, (*_int64(3), cutlass.Float32(1.0))
 
-    kernel = _kernel(("nvfp4", packed, float(divisor), float(g_scale), has_floor), x.device, build)
-    tensors = (x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales)
-    kernel(tensors, (n_blocks, d // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0), x.device)
-    return codes, scales
+        key = ("nvfp4", packed, float(divisor), float(g_scale), has_floor, global_divisor)
+        kernel = _kernel(key, x.device, build)
+        tensors = (x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales, g_out)
+        kernel(tensors, (n_blocks, d // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0), x.device)
+    return (codes, scales) if global_divisor is None else (codes, scales, g_out)
 
 
 _STORE_ALIGN = {8: 16, 6: 4, 4: 8}  # bytes: the widest store of a 16-value chunk's codes
@@ -260,7 +277,7 @@ def _byte_strides(t: torch.Tensor) -> tuple[int, int, int]:
 
 
 def write_unsupported(pool: torch.Tensor, scales: Optional[torch.Tensor], head_dim: int, bits: int) -> Optional[str]:
-    """Why :func:`write_rows` cannot store rows into ``pool`` (a ``(pages, PS, h_k, row)`` view), or None:
+    """Why a :class:`CacheWriter` cannot store rows into ``pool`` (a ``(pages, PS, h_k, row)`` view), or None:
     ``head_dim`` must be a multiple of 16 and every row start aligned for the chunk stores."""
     if head_dim % 16:
         return f"head_dim {head_dim} is not a multiple of 16"
@@ -272,67 +289,142 @@ def write_unsupported(pool: torch.Tensor, scales: Optional[torch.Tensor], head_d
     return None
 
 
-def write_rows(
-    x: torch.Tensor,
-    slots: torch.Tensor,
-    seq_ids: Optional[torch.Tensor],
-    descale: torch.Tensor,
-    pool: torch.Tensor,
-    scales: Optional[torch.Tensor],
-    *,
-    bits: int,
-    page_size: int,
-    lut: torch.Tensor,
-    nvfp4_tables: Optional[tuple] = None,
-    floor: Optional[float] = None,
-    g_scale: float = 1.0,
-) -> None:
-    """The cache writer's encode-and-store of K or V in one launch (no host synchronisation).
+MAX_WRITE_CHUNKS = 1 << 30  # 16-value chunks of K (or V) per write: the writer's index arithmetic
+WRITE_CHUNKS_PER_THREAD = 1  # tuning: consecutive chunks each writer thread loads, then encodes
+
+
+class CacheWriter:
+    """The cache writer's encode-and-store of K and V in one launch (no host synchronisation), bound to one
+    cache's pools: everything that does not change from write to write (strides, descales, tables, the
+    kernel's constants) is worked out once, so that a call costs little more than the launch.
 
     Args:
-        x: ``(n, h_k, d)`` float rows in real units (float32 and bfloat16 are read directly; float16 is
-            widened first).
-        slots: int64 ``(n,)``; seq_ids: int64 ``(n,)``, needed for per-(sequence, head) descales.
-        descale: float32 ``()``, ``(h_k,)`` or ``(num_seqs, h_k)`` (NVFP4: the kernel descale ``8 g``).
-        pool: ``(pages, PS, h_k, row)`` byte view (:func:`write_unsupported` is None for it); scales: NVFP4's
-            ``(pages, PS, h_k, d / 16)`` scale view, else None.
-        bits: the format's bits; lut: its round-to-odd table (NVFP4: e4m3's); nvfp4_tables: NVFP4's (e2m1
-            round-to-odd table, e4m3 code values); floor: NVFP4's block-scale floor or None; g_scale: NVFP4's
-            global scale per unit of descale (a power of two).
+        descales: K's and V's float32 descales, each ``()``, ``(h_k,)`` or ``(num_seqs, h_k)`` (NVFP4: the
+            kernel descale ``8 g``), on the pools' device. They are read at each launch (an in-place change
+            is seen), except where K's and V's differ in shape, when both are expanded to one layout here.
+        pools: K's and V's ``(pages, PS, h_k, row)`` byte views with the same strides
+            (:func:`write_unsupported` is None for each); scales: NVFP4's ``(pages, PS, h_k, d / 16)`` scale
+            views, else ``(None, None)``.
+        element: the element format's name (NVFP4: ``"e2m1"``); page_size: a power of two; head_dim: ``d``.
+        lut: the element format's round-to-odd table (NVFP4: e4m3's, for the block scales); nvfp4_tables:
+            NVFP4's (e2m1 round-to-odd table, e4m3 code values); floor: NVFP4's block-scale floor or None;
+            g_scale: NVFP4's global scale per unit of descale (a power of two).
+
+    ``writer(k, v, slots, seq_ids)`` stores rows ``k, v (n, h_k, d)`` (real units; float32 and bfloat16 are
+    read directly, float16 or K and V of different dtypes are widened to float32 first; fewer than 2^34
+    values each) at integer ``slots (n,)``; ``seq_ids (n,)`` is needed for per-(sequence, head) descales.
     """
-    from .helpers_kernel import CacheWriteKernel
 
-    n, heads, d = x.shape
-    if x.dtype not in (torch.float32, torch.bfloat16):
-        x = x.float()
-    x = _aligned("x", x, 16)
-    if x.numel() == 0:
-        return
-    slots = slots.to(torch.int64).contiguous()
-    per_seq = descale.dim() == 2
-    if per_seq:
-        if seq_ids is None:
-            raise ValueError("seq_ids: per-(sequence, kv head) descales need the sequence of every token")
-        seq_ids = seq_ids.to(torch.int64).contiguous()
-        ds_seq, ds_head, num_seqs = descale.stride(0), descale.stride(1), descale.shape[0]
-    else:
-        seq_ids, ds_seq, ds_head, num_seqs = slots, 0, (descale.stride(0) if descale.numel() > 1 else 0), 1
-    nvfp4 = nvfp4_tables is not None
-    e2m1_lut, e4m3_values = nvfp4_tables if nvfp4 else (lut, lut)
-    scale_view = scales if scales is not None else pool
-    pool_strides, sc_strides = _byte_strides(pool), _byte_strides(scale_view)
-    bf16 = x.dtype == torch.bfloat16
-    has_floor = floor is not None
+    def __init__(
+        self,
+        descales: tuple,
+        pools: tuple,
+        scales: tuple,
+        *,
+        element: str,
+        page_size: int,
+        head_dim: int,
+        lut: torch.Tensor,
+        nvfp4_tables: Optional[tuple] = None,
+        floor: Optional[float] = None,
+        g_scale: float = 1.0,
+        chunks: int = WRITE_CHUNKS_PER_THREAD,
+    ):
+        from mjolnir_numerics.formats import FORMATS
 
-    def build():
-        import cutlass
+        from .helpers_kernel import GROUP, fast_divmod_constants
 
-        pointers = (("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4),
-                    ("u8", _STORE_ALIGN[bits]), ("u8", 1))  # fmt: skip
-        kernel = CacheWriteKernel(bits, nvfp4, bf16, per_seq, has_floor, g_scale)
-        return kernel, pointers, (*_int64(14), cutlass.Float32(1.0))
+        if page_size & (page_size - 1):
+            raise ValueError(f"page_size: the writer takes a power of two, got {page_size}")
+        if pools[0].stride() != pools[1].stride():
+            raise ValueError("pools: K's and V's pools must have the same strides")
+        if head_dim % GROUP:
+            raise ValueError(f"head_dim: the writer takes a multiple of {GROUP}, got {head_dim}")
+        self.element, self.bits, self.chunks = element, FORMATS[element].bits, chunks
+        heads = pools[0].shape[2]
+        k_ds, v_ds = _shared_layout(*(ds.float() for ds in descales), heads)
+        self.per_seq = k_ds.dim() == 2
+        if self.per_seq:
+            ds_seq, ds_head, num_seqs = k_ds.stride(0), k_ds.stride(1), k_ds.shape[0]
+        else:
+            ds_seq, ds_head, num_seqs = 0, (k_ds.stride(0) if k_ds.numel() > 1 else 0), 1
+        self.nvfp4 = nvfp4_tables is not None
+        e2m1_lut, e4m3_values = nvfp4_tables if self.nvfp4 else (lut, lut)
+        k_sc, v_sc = scales if scales[0] is not None else pools
+        self.has_floor, self.g_scale = floor is not None, float(g_scale)
+        self.tensors = (k_ds, v_ds, lut, e2m1_lut, e4m3_values, *pools, k_sc, v_sc)
+        cpr = head_dim // GROUP
+        self.scalars = (
+            *fast_divmod_constants(cpr), cpr, *fast_divmod_constants(heads), heads, page_size.bit_length() - 1,
+            page_size * pools[0].shape[0], num_seqs, *_byte_strides(pools[0]), *_byte_strides(k_sc), ds_seq, ds_head,
+            float(floor) if self.has_floor else 0.0,
+        )  # fmt: skip
+        self.device = pools[0].device
+        self._kernels: dict = {}
 
-    kernel = _kernel(("write", bits, nvfp4, bf16, per_seq, has_floor, float(g_scale)), x.device, build)
-    tensors = (x, slots, seq_ids, descale, lut, e2m1_lut, e4m3_values, pool, scale_view)
-    sizes = (x.numel() // 16, heads, d // 16, page_size, pool.shape[0], num_seqs)
-    kernel(tensors, (*sizes, *pool_strides, *sc_strides, ds_seq, ds_head, float(floor) if has_floor else 0.0), x.device)
+    def _kernel(self, bf16: bool) -> _Launcher:
+        hit = self._kernels.get(bf16)
+        if hit is None:
+            from .helpers_kernel import CacheWriteKernel
+
+            key = ("write", self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale, self.chunks)
+
+            def build():
+                import cutlass
+
+                pool = ("u8", _STORE_ALIGN[self.bits])
+                pointers = (("f32", 16), ("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("f32", 4), ("u8", 1),
+                            ("u8", 1), ("f32", 4), pool, pool, ("u8", 1), ("u8", 1))  # fmt: skip
+                kernel = CacheWriteKernel(
+                    self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale, self.chunks
+                )
+                return kernel, pointers, (*_int64(18), cutlass.Float32(1.0))
+
+            hit = self._kernels[bf16] = _kernel(key, self.device, build)
+        return hit
+
+    def __call__(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, seq_ids: Optional[torch.Tensor]) -> None:
+        if k.dtype != v.dtype or k.dtype not in (torch.float32, torch.bfloat16):
+            k, v = k.float(), v.float()
+        k, v = _aligned("k", k, 16), _aligned("v", v, 16)
+        n_chunks = k.numel() // 16
+        if n_chunks == 0:
+            return
+        if n_chunks >= MAX_WRITE_CHUNKS:
+            raise ValueError(f"k: {k.numel()} values; the writer takes fewer than {MAX_WRITE_CHUNKS * 16} per call")
+        if slots.dtype != torch.int64 or not slots.is_contiguous():
+            slots = slots.to(torch.int64).contiguous()
+        if self.per_seq:
+            if seq_ids is None:
+                raise ValueError("seq_ids: per-(sequence, kv head) descales need the sequence of every token")
+            if seq_ids.dtype != torch.int64 or not seq_ids.is_contiguous():
+                seq_ids = seq_ids.to(torch.int64).contiguous()
+        else:
+            seq_ids = slots
+        launcher = self._kernel(k.dtype == torch.bfloat16)
+        launcher((k, v, slots, seq_ids, *self.tensors), (n_chunks, *self.scalars), k.device)
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+    seq_ids: Optional[torch.Tensor],
+    descales: tuple,
+    pools: tuple,
+    scales: tuple,
+    **options,
+) -> None:
+    """One write of K and V by a :class:`CacheWriter` made for it (``options``: its keyword arguments but
+    ``head_dim``, which ``k`` gives)."""
+    CacheWriter(descales, pools, scales, head_dim=k.shape[-1], **options)(k, v, slots, seq_ids)
+
+
+def _shared_layout(k_ds: torch.Tensor, v_ds: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K's and V's descales with one shape and one set of strides (the writer's launch shares them): as they
+    are where they already agree (any cache's do), else both expanded to the finer granularity."""
+    if k_ds.shape == v_ds.shape and k_ds.stride() == v_ds.stride():
+        return k_ds, v_ds
+    rows = max(ds.shape[0] if ds.dim() == 2 else 1 for ds in (k_ds, v_ds))
+    shape = (rows, heads) if max(k_ds.dim(), v_ds.dim()) == 2 else (heads,)
+    return torch.broadcast_to(k_ds, shape).contiguous(), torch.broadcast_to(v_ds, shape).contiguous()

@@ -9,9 +9,17 @@ operations, so its bits are the spec's:
 * pack: the integer shifts and ors of ``fused.pack_codes``, 16 codes per thread;
 * NVFP4: one thread per 16-value block: ``amax`` (exact), the block scale ``e4m3(max(amax / divisor / g,
   floor))`` by two correctly rounded divisions (``div.rn.f32``) and the e4m3 table, ``total = scale * g``
-  (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total`` (``div.rn.f32``);
+  (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total``;
 * the cache writer: one 16-value chunk of a new row per thread, encoded as above (element formats:
-  ``lut[t]`` of ``x / descale``) and stored at its slot's address (:class:`CacheWriteKernel`).
+  ``lut[t]`` of ``x / descale``) and stored at its slot's address, K and V in one launch
+  (:class:`CacheWriteKernel`).
+
+The element quotients ``x / divisor`` are the correctly rounded float32 quotients, but computed the way
+correctly rounded division is built from a reciprocal (:func:`quotient_fast`: one reciprocal ``div.rn.f32``
+per 16 values, then a product and two FMAs per value; Markstein's theorem) wherever that sequence is exact
+(:func:`fast_division_ok`: every ``|x| < 2^100`` and ``2^-20 <= divisor < 2^20``), and by ``div.rn.f32``
+elsewhere. docs/kernels.md has the argument; tests/kernel/test_helpers.py checks the sequence against
+correctly rounded division.
 
 Every kernel reads and writes through 4- to 16-byte vector accesses; the host checks the alignment they
 need and that sizes fit, and the launch has no host synchronisation (so it can be captured in a CUDA
@@ -20,12 +28,16 @@ graph).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.cutlass_dsl import T, dsl_user_op
+
+from mjolnir_numerics.formats import FORMATS
 
 from .hopper.ptx import _asm, _f32, _i32, _struct, _unpack
 
@@ -95,6 +107,22 @@ def mul_rn(a, b, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
+def cvt_e4m3x2(lo, hi, *, loc=None, ip=None) -> Int32:
+    """Two float32 converted by the hardware's ``cvt.rn.satfinite.e4m3x2.f32`` (the spec's e4m3 rounding):
+    ``lo``'s code in bits 0-7, ``hi``'s in bits 8-15."""
+    text = "{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.e4m3x2.f32 t, $2, $1;\n\tcvt.u32.u16 $0, t;\n\t}"
+    return Int32(_asm(T.i32(), [_f32(lo, loc, ip), _f32(hi, loc, ip)], text, "=r,f,f"))
+
+
+@dsl_user_op
+def fma_rn(a, b, c, *, loc=None, ip=None) -> Float32:
+    """``fp32(a * b + c)`` with one rounding (``fma.rn.f32``)."""
+    return Float32(
+        _asm(T.f32(), [_f32(a, loc, ip), _f32(b, loc, ip), _f32(c, loc, ip)], "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f")
+    )
+
+
+@dsl_user_op
 def ld_b64(gmem_addr, *, loc=None, ip=None):
     """An 8-byte read-only global load (an int64 slot or sequence id)."""
     return Int64(_asm(T.i64(), [_addr(gmem_addr, loc, ip)], "ld.global.nc.b64 $0, [$1];", "=l,l"))
@@ -141,6 +169,19 @@ def trap(*, loc=None, ip=None) -> None:
     _asm(None, [], "trap;", "", side_effects=True)
 
 
+def quantize_words(qs: list, lut) -> list:
+    """The codes of float32 bits ``qs`` through the round-to-odd table at address ``lut``, packed four to a
+    word (lowest first)."""
+    c = [quantize_word(q, lut) for q in qs]
+    return [c[4 * i] | (c[4 * i + 1] << 8) | (c[4 * i + 2] << 16) | (c[4 * i + 3] << 24) for i in range(len(c) // 4)]
+
+
+def e4m3_words(qs: list) -> list:
+    """16 e4m3 codes of float32 bits ``qs`` by the hardware conversion, packed four to a word (lowest first)."""
+    pairs = [cvt_e4m3x2(as_f32(qs[2 * i]), as_f32(qs[2 * i + 1])) for i in range(len(qs) // 2)]
+    return [pairs[2 * i] | (pairs[2 * i + 1] << 16) for i in range(len(pairs) // 2)]
+
+
 @cute.jit
 def round_to_odd_index(bits: Int32) -> Int32:
     """The bfloat16 bits of float32 ``bits`` rounded to odd (bit 0 of the result is the sticky bit of the
@@ -166,10 +207,15 @@ def _blocks(n, per_thread):
 
 # -- quantize ---------------------------------------------------------------------------------------
 class QuantizeKernel:
-    """``out[i] = lut[round_to_odd_index(x[i])]`` for ``n`` float32 ``x`` (16-byte aligned), uint8 ``out``
-    (4-byte aligned): four values per thread (one 16-byte load, one 4-byte store)."""
+    """``out[i] = code(x[i])`` for ``n`` float32 ``x`` (16-byte aligned), uint8 ``out`` (4-byte aligned): four
+    values per thread (one 16-byte load, one 4-byte store), through the round-to-odd table ``lut``; e4m3 by the
+    hardware conversion where all four are finite (the spec's codes either way: every float32 is tested on a
+    GPU)."""
 
     VEC = 4
+
+    def __init__(self, fmt):
+        self.fmt = fmt
 
     @cute.jit
     def __call__(self, x: cute.Pointer, lut: cute.Pointer, out: cute.Pointer, n: Int64, stream: cuda.CUstream):
@@ -181,10 +227,13 @@ class QuantizeKernel:
         x0, lut0, out0 = x.toint(), lut.toint(), out.toint()
         if i + self.VEC <= n:
             w = ld_v4_b32(x0 + i * 4)
-            word = Int32(0)
-            for j in cutlass.range_constexpr(self.VEC):
-                word = word | (quantize_word(w[j], lut0) << (8 * j))
-            st_b32(out0 + i, word)
+            if cutlass.const_expr(self.fmt.name == "e4m3"):
+                if abs_max_bits(w) < 0x7F800000:  # finite
+                    st_b32(out0 + i, e4m3_words(w)[0])
+                else:
+                    st_b32(out0 + i, quantize_words(w, lut0)[0])
+            else:
+                st_b32(out0 + i, quantize_words(w, lut0)[0])
         else:
             for j in cutlass.range_constexpr(self.VEC):
                 if i + j < n:
@@ -257,6 +306,11 @@ class PackKernel:
 
 
 # -- 16-value blocks: the pieces the NVFP4 encoder and the cache writer share (straight-line code) -------
+# The quotients x / divisor of a block come from a reciprocal where that is exact (quotient_fast); these are
+# the bounds of fast_division_ok, as float32 bit patterns.
+FAST_DIVISOR_LOW = 0x35800000  # 2^-20
+FAST_DIVISOR_HIGH = 0x49800000  # 2^20
+FAST_ABS_X_LIMIT = 0x71800000  # 2^100
 
 
 def load_block(addr, bf16: bool) -> list:
@@ -274,25 +328,74 @@ def load_block(addr, bf16: bool) -> list:
     return bits
 
 
-def block_codes(bits: list, divisor_value, lut) -> list:
-    """Element codes ``lut[round_to_odd(x / divisor)]`` (``fused.encode_elements``: one ``div.rn.f32``)."""
-    return [quantize_word(as_i32(div_rn(as_f32(b), divisor_value)), lut) for b in bits]
-
-
-def nvfp4_block(bits: list, g, floor, has_floor: bool, divisor: float, e4m3_lut, e2m1_lut, e4m3_values) -> tuple:
-    """The NVFP4 encoder (``fused.nvfp4_block_scales`` then ``fused.nvfp4_codes``) of one block: (16 e2m1
-    codes, the e4m3 scale code); the block scale is at least ``floor`` where ``has_floor``."""
-    amax = Int32(0)  # |x| compared as integers: exact for finite floats
+def abs_max_bits(bits: list) -> Int32:
+    """``max |x|`` of a block as float32 bits: an integer max of the magnitudes' bits (exact for non-NaN)."""
+    amax = Int32(0)
     for b in bits:
         amax = max_s32(amax, b & 0x7FFFFFFF)
-    scaled = div_rn(div_rn(as_f32(amax), Float32(divisor)), g)
+    return amax
+
+
+def fast_division_ok(amax_bits, divisor):
+    """Whether :func:`quotient_fast` gives the correctly rounded quotient's codes for a whole block: every
+    ``|x| < 2^100`` (``amax_bits``; NaN and inf fail) and ``2^-20 <= divisor < 2^20``. In that range a quotient
+    of ``|x| >= 2^-100`` is a normal float32 whose residual ``x - divisor * q0`` is exact (no underflow), so
+    Markstein's theorem applies; one of ``|x| < 2^-100`` is below ``2^-77`` either way, and every format
+    rounds it to the zero code of its sign."""
+    d = as_i32(divisor)
+    return (amax_bits < FAST_ABS_X_LIMIT) & (d >= FAST_DIVISOR_LOW) & (d < FAST_DIVISOR_HIGH)
+
+
+def quotient_fast(b, divisor, neg_divisor, recip) -> Int32:
+    """The bits of ``fp32(x / divisor)`` for float32 bits ``b`` of ``x``, given ``recip = fp32(1 / divisor)``
+    (correctly rounded): ``q0 = fp32(x * recip)`` is within an ulp, the residual ``x - divisor * q0`` is exact
+    in one FMA, and ``q0 + residual * recip`` rounded once is the correctly rounded quotient (Markstein's
+    theorem; no overflow or underflow where :func:`fast_division_ok` holds). The sign is ``x``'s, as the
+    quotient's is (also where it rounds to zero)."""
+    x = as_f32(b)
+    q0 = mul_rn(x, recip)
+    q1 = fma_rn(fma_rn(neg_divisor, q0, x), recip, q0)
+    return (as_i32(q1) & 0x7FFFFFFF) | (b & -2147483648)  # | the sign bit of x
+
+
+def block_codes(bits: list, divisor_value, lut, keep=None) -> list:
+    """Element codes ``lut[round_to_odd(x / divisor)]`` (``fused.encode_elements``), each quotient by
+    ``div.rn.f32``; ``keep``: a mask the quotients' bits are and-ed with first (NVFP4's zero blocks)."""
+    out = []
+    for b in bits:
+        q = as_i32(div_rn(as_f32(b), divisor_value))
+        out.append(quantize_word(q if keep is None else q & keep, lut))
+    return out
+
+
+def quotients_fast(bits: list, divisor_value, keep=None) -> list:
+    """The bits of ``x / divisor`` for a block (:func:`quotient_fast`, one reciprocal per block), the correctly
+    rounded quotients where :func:`fast_division_ok` holds; ``keep``: a mask they are and-ed with."""
+    recip = div_rn(Float32(1.0), divisor_value)
+    neg = -divisor_value
+    qs = [quotient_fast(b, divisor_value, neg, recip) for b in bits]
+    return qs if keep is None else [q & keep for q in qs]
+
+
+def store_block_fast(addr, qs: list, lut, bits: int, e4m3: bool) -> None:
+    """:func:`store_block` (``bits`` per code) of the codes of quotients ``qs`` (finite: where
+    :func:`fast_division_ok` holds): e4m3 (``e4m3``) by the hardware conversion, else through ``lut``."""
+    if e4m3:
+        st_v4_b32(addr, *e4m3_words(qs))
+    else:
+        store_block(addr, [quantize_word(q, lut) for q in qs], bits)
+
+
+def nvfp4_scale(amax_bits, g, floor, has_floor: bool, divisor: float, e4m3_lut, e4m3_values) -> tuple:
+    """The NVFP4 block scale (``fused.nvfp4_block_scales``) of a block whose ``max |x|`` has bits
+    ``amax_bits``: (its e4m3 code, ``total = fp32(scale) * g``); the scale is at least ``floor`` where
+    ``has_floor``."""
+    scaled = div_rn(div_rn(as_f32(amax_bits), Float32(divisor)), g)
     if has_floor:
         scaled = max_f32(scaled, floor)
     scale_code = quantize_word(as_i32(scaled), e4m3_lut)
     total = mul_rn(as_f32(ld_b32(e4m3_values + Int64(scale_code) * 4)), g)
-    keep, divisor_value = positive_mask(total), positive_or_one(total)
-    codes = [quantize_word(as_i32(div_rn(as_f32(b), divisor_value)) & keep, e2m1_lut) for b in bits]
-    return codes, scale_code
+    return scale_code, total
 
 
 def store_block(addr, codes: list, bits: int) -> None:
@@ -320,119 +423,178 @@ class NVFP4EncodeKernel:
     float32 values (16-byte aligned) in rows of ``16 * blocks_per_row``, one 16-value block per thread.
 
     Outputs: the codes, one per byte (``packed=False``, 16-byte aligned) or two per byte (``packed``, 8-byte
-    aligned), and one e4m3 scale code per block. Per-row global scales ``g[row * g_stride]`` (``g_stride``
-    0: one for all rows) times ``g_scale`` (a power of two: exact); with ``has_floor``, the block-scale floor
-    ``floor``.
+    aligned), and one e4m3 scale code per block. The global scale: per-row values ``g[row * g_stride]``
+    (``g_stride`` 0: one for all rows) times ``g_scale`` (a power of two: exact); or, with
+    ``global_divisor``, computed from ``amax = g[0]`` (``max |x|`` of the whole tensor) as
+    ``nvfp4._global_scale`` does (``amax / global_divisor`` correctly rounded, 1 where that is not > 0) and
+    written to ``g_out[0]`` by the first thread. With ``has_floor``, the block-scale floor ``floor``.
     """
 
-    def __init__(self, packed: bool, divisor: float, g_scale: float = 1.0, has_floor: bool = True):
-        self.packed, self.divisor, self.g_scale, self.has_floor = (
-            bool(packed),
-            float(divisor),
-            float(g_scale),
-            has_floor,
-        )
+    def __init__(
+        self,
+        packed: bool,
+        divisor: float,
+        g_scale: float = 1.0,
+        has_floor: bool = True,
+        global_divisor: Optional[float] = None,
+    ):
+        self.packed, self.divisor, self.g_scale = bool(packed), float(divisor), float(g_scale)
+        self.has_floor = bool(has_floor)
+        self.global_divisor = None if global_divisor is None else float(global_divisor)
 
     @cute.jit
     def __call__(
         self, x: cute.Pointer, g: cute.Pointer, e4m3_lut: cute.Pointer, e2m1_lut: cute.Pointer,
-        e4m3_values: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, n_blocks: Int64, blocks_per_row: Int64,
-        g_stride: Int64, floor: Float32, stream: cuda.CUstream,
+        e4m3_values: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, g_out: cute.Pointer, n_blocks: Int64,
+        blocks_per_row: Int64, g_stride: Int64, floor: Float32, stream: cuda.CUstream,
     ):  # fmt: skip
         self.kernel(
-            x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales, n_blocks, blocks_per_row, g_stride, floor
+            x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales, g_out, n_blocks, blocks_per_row, g_stride, floor
         ).launch(grid=[_blocks(n_blocks, 1), 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(
         self, x: cute.Pointer, g: cute.Pointer, e4m3_lut: cute.Pointer, e2m1_lut: cute.Pointer,
-        e4m3_values: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, n_blocks: Int64, blocks_per_row: Int64,
-        g_stride: Int64, floor: Float32,
+        e4m3_values: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, g_out: cute.Pointer, n_blocks: Int64,
+        blocks_per_row: Int64, g_stride: Int64, floor: Float32,
     ):  # fmt: skip
         blk = _thread_index()
         if blk < n_blocks:
             bits = load_block(x.toint() + blk * (GROUP * 4), False)
-            gv = as_f32(ld_b32(g.toint() + (blk // blocks_per_row) * g_stride * 4))
+            if cutlass.const_expr(self.global_divisor is not None):
+                gv = positive_or_one(div_rn(as_f32(ld_b32(g.toint())), Float32(self.global_divisor)))
+                if blk == 0:
+                    st_b32(g_out.toint(), as_i32(gv))
+            else:
+                gv = as_f32(ld_b32(g.toint() + (blk // blocks_per_row) * g_stride * 4))
             if cutlass.const_expr(self.g_scale != 1.0):
                 gv = mul_rn(gv, Float32(self.g_scale))
-            c, scale_code = nvfp4_block(
-                bits, gv, floor, self.has_floor, self.divisor, e4m3_lut.toint(), e2m1_lut.toint(),
-                e4m3_values.toint(),
-            )  # fmt: skip
+            amax = abs_max_bits(bits)
+            scale_code, total = nvfp4_scale(
+                amax, gv, floor, self.has_floor, self.divisor, e4m3_lut.toint(), e4m3_values.toint()
+            )
             st_b8(scales.toint() + blk, scale_code)
-            if cutlass.const_expr(self.packed):
-                store_block(codes.toint() + blk * 8, c, 4)
+            keep, divisor = positive_mask(total), positive_or_one(total)
+            dst = codes.toint() + blk * (8 if self.packed else 16)
+            if fast_division_ok(amax, divisor):
+                store_block_fast(
+                    dst, quotients_fast(bits, divisor, keep), e2m1_lut.toint(), 4 if self.packed else 8, False
+                )
             else:
-                store_block(codes.toint() + blk * 16, c, 8)
+                store_block(dst, block_codes(bits, divisor, e2m1_lut.toint(), keep), 4 if self.packed else 8)
 
 
 # -- the cache writer ----------------------------------------------------------------------------------
-class CacheWriteKernel:
-    """``PagedKVCache.write`` of one of K / V in one launch: encode each new row and store it at its slot.
+def fast_divmod_constants(divisor: int) -> tuple[int, int]:
+    """``(multiplier, shift)`` with ``n // divisor == (n * multiplier) >> shift`` for every ``0 <= n < 2^32``
+    (Granlund and Montgomery, 1994: ``shift = 32 + ceil(log2 divisor)``, ``multiplier = ceil(2^shift /
+    divisor) < 2^33``); the product stays below 2^63 for ``n < 2^30``."""
+    if divisor < 1:
+        raise ValueError(f"divisor: expected a positive integer, got {divisor}")
+    shift = 32 + (divisor - 1).bit_length()
+    return -(-(1 << shift) // divisor), shift
 
-    Rows ``x (n, h_k, d)`` (float32 or bfloat16, contiguous, ``d`` a multiple of 16), one 16-value chunk per
-    thread (2 to 8 chunks per thread measured slower on the H200: reports/helpers). Token ``t``'s row for head
-    ``h`` goes to byte ``page * pool_page + off * pool_row + h * pool_head`` of the pool
-    (``page, off = divmod(slots[t], page_size)``); its descale is ``descale[seq_ids[t] * ds_seq + h * ds_head]``
-    (``per_seq``; else ``h * ds_head``). Element formats store ``pack(lut[round_to_odd(x / descale)])``
-    (``fused.encode_elements``); NVFP4 stores the packed codes
-    and block scales of ``fused.nvfp4_codes_packed`` under ``g = descale * g_scale`` (scales at
-    ``page * sc_page + off * sc_row + h * sc_head``). A slot outside ``[0, page_size * num_pages)`` or a
-    sequence id outside ``[0, num_seqs)`` traps (a device-side error), so nothing is written out of bounds.
+
+class CacheWriteKernel:
+    """``PagedKVCache.write`` of K and V in one launch: encode each new row and store it at its slot.
+
+    The grid's second dimension picks K (0) or V (1): the same slots, sequence ids and strides, each its own
+    rows, descales and pools. Rows ``x (n, h_k, d)`` (float32 or bfloat16, contiguous, ``d`` a multiple of 16)
+    are cut into 16-value chunks, ``chunks`` consecutive ones per thread, whose values are all loaded before
+    any is encoded (the last thread repeats the last chunk where ``n_chunks`` leaves it short: the same bytes
+    stored twice). Chunk ``t`` is row ``t // chunks_per_row`` and token ``row // heads`` (divisions by
+    multiplication: :func:`fast_divmod_constants`; ``n_chunks < 2^30``). Token ``t``'s row for head ``h`` goes
+    to byte ``page * pool_page + off * pool_row + h * pool_head`` of the pool (``page, off = divmod(slots[t],
+    2^page_shift)``); its descale is ``descale[seq_ids[t] * ds_seq + h * ds_head]`` (``per_seq``; else ``h *
+    ds_head``). Element formats store ``pack(code(x / descale))`` (``fused.encode_elements``); NVFP4 stores the
+    packed codes and block scales of ``fused.nvfp4_codes_packed`` under ``g = descale * g_scale`` (scales at
+    ``page * sc_page + off * sc_row + h * sc_head``). A slot outside ``[0, num_slots)`` or a sequence id outside
+    ``[0, num_seqs)`` traps (a device-side error) before the thread reads or writes through it, so nothing is
+    written out of bounds.
     """
 
-    def __init__(self, bits: int, nvfp4: bool, bf16: bool, per_seq: bool, has_floor: bool, g_scale: float):
-        self.bits, self.nvfp4, self.bf16, self.per_seq = bits, bool(nvfp4), bool(bf16), bool(per_seq)
-        self.has_floor, self.g_scale = bool(has_floor), float(g_scale)
+    def __init__(
+        self, element: str, nvfp4: bool, bf16: bool, per_seq: bool, has_floor: bool, g_scale: float, chunks: int = 1
+    ):
+        self.fmt = FORMATS[element]  # NVFP4: e2m1
+        self.bits, self.nvfp4, self.bf16, self.per_seq = self.fmt.bits, bool(nvfp4), bool(bf16), bool(per_seq)
+        self.has_floor, self.g_scale, self.chunks = bool(has_floor), float(g_scale), int(chunks)
 
     @cute.jit
     def __call__(
-        self, x: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, descale: cute.Pointer, lut: cute.Pointer,
-        e2m1_lut: cute.Pointer, e4m3_values: cute.Pointer, pool: cute.Pointer, scales: cute.Pointer,
-        n_chunks: Int64, heads: Int64, chunks_per_row: Int64, page_size: Int64, num_pages: Int64, num_seqs: Int64,
-        pool_page: Int64, pool_row: Int64, pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64,
-        ds_seq: Int64, ds_head: Int64, floor: Float32, stream: cuda.CUstream,
+        self, k: cute.Pointer, v: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, k_descale: cute.Pointer,
+        v_descale: cute.Pointer, lut: cute.Pointer, e2m1_lut: cute.Pointer, e4m3_values: cute.Pointer,
+        k_pool: cute.Pointer, v_pool: cute.Pointer, k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int64,
+        row_mul: Int64, row_shift: Int64, chunks_per_row: Int64, token_mul: Int64, token_shift: Int64,
+        heads: Int64, page_shift: Int64, num_slots: Int64, num_seqs: Int64, pool_page: Int64, pool_row: Int64,
+        pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64, ds_seq: Int64, ds_head: Int64,
+        floor: Float32, stream: cuda.CUstream,
     ):  # fmt: skip
         self.kernel(
-            x, slots, seq_ids, descale, lut, e2m1_lut, e4m3_values, pool, scales, n_chunks, heads, chunks_per_row,
-            page_size, num_pages, num_seqs, pool_page, pool_row, pool_head, sc_page, sc_row, sc_head, ds_seq,
-            ds_head, floor,
-        ).launch(grid=[_blocks(n_chunks, 1), 1, 1], block=[THREADS, 1, 1], stream=stream)  # fmt: skip
+            k, v, slots, seq_ids, k_descale, v_descale, lut, e2m1_lut, e4m3_values, k_pool, v_pool, k_scales, v_scales,
+            n_chunks, row_mul, row_shift, chunks_per_row, token_mul, token_shift, heads, page_shift, num_slots,
+            num_seqs, pool_page, pool_row, pool_head, sc_page, sc_row, sc_head, ds_seq, ds_head, floor,
+        ).launch(grid=[_blocks(n_chunks, self.chunks), 2, 1], block=[THREADS, 1, 1], stream=stream)  # fmt: skip
 
     @cute.kernel
     def kernel(
-        self, x: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, descale: cute.Pointer, lut: cute.Pointer,
-        e2m1_lut: cute.Pointer, e4m3_values: cute.Pointer, pool: cute.Pointer, scales: cute.Pointer,
-        n_chunks: Int64, heads: Int64, chunks_per_row: Int64, page_size: Int64, num_pages: Int64, num_seqs: Int64,
-        pool_page: Int64, pool_row: Int64, pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64,
-        ds_seq: Int64, ds_head: Int64, floor: Float32,
+        self, k: cute.Pointer, v: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, k_descale: cute.Pointer,
+        v_descale: cute.Pointer, lut: cute.Pointer, e2m1_lut: cute.Pointer, e4m3_values: cute.Pointer,
+        k_pool: cute.Pointer, v_pool: cute.Pointer, k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int64,
+        row_mul: Int64, row_shift: Int64, chunks_per_row: Int64, token_mul: Int64, token_shift: Int64,
+        heads: Int64, page_shift: Int64, num_slots: Int64, num_seqs: Int64, pool_page: Int64, pool_row: Int64,
+        pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64, ds_seq: Int64, ds_head: Int64,
+        floor: Float32,
     ):  # fmt: skip
-        t = _thread_index()
-        if t < n_chunks:
-            row = t // chunks_per_row
-            chunk = t - row * chunks_per_row
-            token = row // heads
-            head = row - token * heads
-            slot = ld_b64(slots.toint() + token * 8)
-            if (slot < 0) | (slot >= page_size * num_pages):
-                trap()
-            ds_at = head * ds_head
-            if cutlass.const_expr(self.per_seq):
-                seq = ld_b64(seq_ids.toint() + token * 8)
-                if (seq < 0) | (seq >= num_seqs):
+        bidx, which, _ = cute.arch.block_idx()
+        tid, _, _ = cute.arch.thread_idx()
+        t0 = (Int64(bidx) * THREADS + Int64(tid)) * self.chunks
+        if t0 < n_chunks:
+            v_mask = -Int64(which)  # all ones for V: base = k + ((v - k) & v_mask)
+            x = k.toint() + ((v.toint() - k.toint()) & v_mask)
+            ts, blocks = [], []
+            for j in cutlass.range_constexpr(self.chunks):  # every load first
+                t = t0 + j
+                if cutlass.const_expr(j > 0):
+                    t = t - Int64(t >= n_chunks)  # past the end: the last chunk again
+                ts.append(t)
+                blocks.append(load_block(x + t * (GROUP * (2 if self.bf16 else 4)), self.bf16))
+            for j in cutlass.range_constexpr(self.chunks):
+                t, bits = ts[j], blocks[j]
+                row = (t * row_mul) >> row_shift
+                chunk = t - row * chunks_per_row
+                token = (row * token_mul) >> token_shift
+                head = row - token * heads
+                slot = ld_b64(slots.toint() + token * 8)
+                ds_at = head * ds_head
+                if cutlass.const_expr(self.per_seq):
+                    seq = ld_b64(seq_ids.toint() + token * 8)
+                    if (seq < 0) | (seq >= num_seqs):
+                        trap()
+                    ds_at = ds_at + seq * ds_seq
+                ds = as_f32(ld_b32(k_descale.toint() + ((v_descale.toint() - k_descale.toint()) & v_mask) + ds_at * 4))
+                if (slot < 0) | (slot >= num_slots):
                     trap()
-                ds_at = ds_at + seq * ds_seq
-            bits = load_block(x.toint() + t * (GROUP * (2 if self.bf16 else 4)), self.bf16)
-            ds = as_f32(ld_b32(descale.toint() + ds_at * 4))
-            page = slot // page_size
-            off = slot - page * page_size
-            dst = pool.toint() + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
-            if cutlass.const_expr(self.nvfp4):
-                c, scale_code = nvfp4_block(
-                    bits, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0, lut.toint(), e2m1_lut.toint(),
-                    e4m3_values.toint(),
-                )  # fmt: skip
-                st_b8(scales.toint() + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
-                store_block(dst, c, 4)
-            else:
-                store_block(dst, block_codes(bits, ds, lut.toint()), self.bits)
+                page = slot >> page_shift
+                off = slot - (page << page_shift)
+                pool = k_pool.toint() + ((v_pool.toint() - k_pool.toint()) & v_mask)
+                dst = pool + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
+                amax = abs_max_bits(bits)
+                if cutlass.const_expr(self.nvfp4):
+                    scale_code, total = nvfp4_scale(
+                        amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0, lut.toint(),
+                        e4m3_values.toint(),
+                    )  # fmt: skip
+                    sc = k_scales.toint() + ((v_scales.toint() - k_scales.toint()) & v_mask)
+                    st_b8(sc + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
+                    keep, divisor = positive_mask(total), positive_or_one(total)
+                    if fast_division_ok(amax, divisor):
+                        store_block_fast(dst, quotients_fast(bits, divisor, keep), e2m1_lut.toint(), 4, False)
+                    else:
+                        store_block(dst, block_codes(bits, divisor, e2m1_lut.toint(), keep), 4)
+                else:
+                    if fast_division_ok(amax, ds):
+                        e4m3 = self.fmt.name == "e4m3"
+                        store_block_fast(dst, quotients_fast(bits, ds), lut.toint(), self.bits, e4m3)
+                    else:
+                        store_block(dst, block_codes(bits, ds, lut.toint()), self.bits)

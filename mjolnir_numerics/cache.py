@@ -26,7 +26,7 @@ or one per (sequence, kv head). For NVFP4 the cache keeps the descale the *kerne
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 import torch
@@ -217,6 +217,7 @@ class PagedKVCache:
     v_descale: torch.Tensor
     storage: tuple = ()
     nvfp4_options: Optional[dict] = None
+    _writers: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # per helper module
 
     def __post_init__(self):
         self.validate()
@@ -419,34 +420,35 @@ class PagedKVCache:
             return d[seq_ids.to(self.device).long()].unsqueeze(-1)
         return d.reshape(1, -1, 1)
 
-    def _write_kernels(self):
-        """``mjolnir_kernel.helpers`` where its one-launch writer takes this cache's rows, else None."""
+    def _writer(self):
+        """The one-launch writer of ``mjolnir_kernel.helpers`` for this cache (made on first use, then kept), or
+        None where the helper kernels do not run or cannot take this cache's rows (four-over-six NVFP4, a head
+        dim or pool rows the writer does not take)."""
         kernels = fused.helper_kernels(self.device)
         if kernels is None or (self.nvfp4_options or {}).get("four_over_six", False):
             return None
+        key = id(kernels)
+        if key not in self._writers:
+            self._writers[key] = self._make_writer(kernels)
+        return self._writers[key]
+
+    def _make_writer(self, kernels):
         bits = 4 if self.is_block_scaled else self.fmt.bits
         if any(kernels.write_unsupported(*self._pool(w), self.head_dim, bits) for w in ("k", "v")):
             return None
-        return kernels
-
-    def _write_kernel(self, kernels, which: str, x: torch.Tensor, slots: torch.Tensor, seq_ids) -> None:
-        """Encode and store rows ``x (n, h_k, d)`` of ``which`` at ``slots`` in one launch of ``kernels``
-        (:meth:`_write_kernels`): the bits of :meth:`_encode_rows` and the scatter."""
-        pool, scales = self._pool(which)
-        descale = (self.k_descale if which == "k" else self.v_descale).to(self.device)
-        seq = None if seq_ids is None else seq_ids.to(self.device)
+        descales = (self.k_descale.to(self.device), self.v_descale.to(self.device))
+        pools, scales = (self.k_pool, self.v_pool), (self.k_scales, self.v_scales)
+        common = dict(page_size=self.page_size, head_dim=self.head_dim)
         if self.is_block_scaled:
             floor = (self.nvfp4_options or {}).get("scale_floor", DEFAULT_SCALE_FLOOR)
             e4m3_lut, e2m1_lut = _round_to_odd_lut(E4M3, self.device), _round_to_odd_lut(E2M1, self.device)
-            kernels.write_rows(
-                x, slots, seq, descale, pool, scales, bits=4, page_size=self.page_size, lut=e4m3_lut,
-                nvfp4_tables=(e2m1_lut, E4M3.values(self.device)), floor=floor, g_scale=KERNEL_SHIFT,
+            tables = (e2m1_lut, E4M3.values(self.device))
+            return kernels.CacheWriter(
+                descales, pools, scales, element="e2m1", lut=e4m3_lut, nvfp4_tables=tables, floor=floor,
+                g_scale=KERNEL_SHIFT, **common,
             )  # fmt: skip
-        else:
-            kernels.write_rows(
-                x, slots, seq, descale, pool, None, bits=self.fmt.bits, page_size=self.page_size,
-                lut=_round_to_odd_lut(self.fmt, self.device),
-            )  # fmt: skip
+        lut = _round_to_odd_lut(self.fmt, self.device)
+        return kernels.CacheWriter(descales, pools, (None, None), element=self.fmt.name, lut=lut, **common)
 
     def _encode_rows(self, x: torch.Tensor, descale: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Rows ``x (n, h_k, d)`` (real units) under descales broadcastable to ``(n, h_k, 1)``, as the pools
@@ -492,8 +494,8 @@ class PagedKVCache:
                 of its rows, a non-finite value stores as the hardware converts it). Shapes and dtypes are
                 always checked.
 
-        On CUDA each of K and V is encoded and stored by one kernel launch (``mjolnir_kernel.helpers`` where
-        the CuTe DSL is installed; else one compiled encoder and one ``index_put_``), with the CPU's bits. A
+        On CUDA K and V are encoded and stored by one kernel launch (``mjolnir_kernel.helpers`` where the
+        CuTe DSL is installed; else one compiled encoder and one ``index_put_`` for each), with the CPU's bits. A
         checked write is all or nothing: every argument is checked before any byte of the pools changes (and
         nothing after the checks can fail), so a refused write leaves the cache as it was.
         """
@@ -522,10 +524,9 @@ class PagedKVCache:
         slots = slot_mapping.to(self.device).long()
         if check:
             self._check_write(k, v, slots, seq_ids, allow_nonfinite)
-        kernels = self._write_kernels()
-        if kernels is not None:  # one launch per K and V: encode and store (CUDA)
-            for which, x in (("k", k), ("v", v)):
-                self._write_kernel(kernels, which, x, slots, seq_ids)
+        writer = self._writer()
+        if writer is not None:  # one launch for K and V: encode and store (CUDA)
+            writer(k, v, slots, None if seq_ids is None else seq_ids.to(self.device))
             return
         encoded = [
             (which, *self._encode_rows(x, self._row_descale(which, seq_ids))) for which, x in (("k", k), ("v", v))

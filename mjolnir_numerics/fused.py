@@ -86,12 +86,12 @@ def helper_kernels(device):
     return helpers if helpers is not None and helpers.available(device) else None
 
 
-def quantize_codes(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+def quantize_codes(x: torch.Tensor, lut: torch.Tensor, fmt) -> torch.Tensor:
     """:func:`quantize_f32` of a float32 / float16 / bfloat16 CUDA tensor (any shape) with the fastest path
     on its device: the helper kernel, else the compiled formula."""
     kernels = helper_kernels(x.device)
     if kernels is not None:
-        return kernels.quantize_f32(x.float(), lut)
+        return kernels.quantize_f32(x.float(), lut, fmt)
     return compiled(quantize_f32)(x.reshape(-1), lut).view(x.shape)
 
 

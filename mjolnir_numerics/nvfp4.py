@@ -261,8 +261,19 @@ def nvfp4_quantize(
     x = x.float()
     lead, d = x.shape[:-1], x.shape[-1]
     divisor = GLOBAL_SCALE_CONVENTIONS[global_scale]
+    kernels = fused.helper_kernels(x.device) if group == 16 and not four_over_six else None
     if not check and global_value is None:  # g on the device: no wait
         amax = torch.linalg.vector_norm(x, float("inf")) if x.numel() else torch.zeros((), device=x.device)
+        if kernels is not None:  # one launch after the amax: g = _global_scale(amax, divisor) in the kernel
+            e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
+            codes, scale_codes, g = kernels.nvfp4_encode(
+                x.reshape(-1, d), amax, scale_floor, e4m3_lut, e2m1_lut, e4m3_values, divisor=E2M1.max_normal,
+                global_divisor=divisor,
+            )  # fmt: skip
+            return NVFP4Tensor(
+                codes=codes.view(x.shape), scales=scale_codes.view(*lead, d // group),
+                global_scale=torch.broadcast_to(g, (*lead, 1)), group=group,
+            )  # fmt: skip
         g = _global_scale(amax, divisor)
     elif global_value is None:
         # max |x| in one pass and one wait (NaN and inf propagate); the inf-norm is a max: exact
@@ -288,8 +299,7 @@ def nvfp4_quantize(
         if not bool(torch.isfinite(x.abs().amax() if x.numel() else torch.zeros(()))):
             raise ValueError("x: holds inf or NaN; NVFP4 scales are computed from amax and need finite values")
         check_scale_fits("global_value", x, g, E2M1.max_normal * E4M3.max_normal, NVFP4_SMALLEST)
-    kernels = fused.helper_kernels(x.device)
-    if kernels is not None and group == 16 and not four_over_six and g_one is not None:  # one launch
+    if kernels is not None and g_one is not None:  # one launch
         e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
         codes, scale_codes = kernels.nvfp4_encode(
             x.reshape(-1, d), g_one, scale_floor, e4m3_lut, e2m1_lut, e4m3_values, divisor=E2M1.max_normal

@@ -124,7 +124,7 @@ def quantize(x: torch.Tensor, fmt: Union[str, Format]) -> torch.Tensor:
     f = get_element_format(fmt)
     _check_float_dtype(x, "x")
     if x.dtype != torch.float64 and fused.available(x.device):  # one kernel, the same formula and bits
-        return fused.quantize_codes(x, _round_to_odd_lut(f, x.device))
+        return fused.quantize_codes(x, _round_to_odd_lut(f, x.device), f)
     x = _check_float_input(x, "x")
     if x.dtype == torch.float64:
         return _exact_codes(x, f)

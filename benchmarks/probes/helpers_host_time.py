@@ -26,14 +26,15 @@ def host_us(fn, n=2000):
     return dt
 
 
-lut = _round_to_odd_lut(FORMATS["e4m3"], "cuda")
+e4m3 = FORMATS["e4m3"]
+lut = _round_to_odd_lut(e4m3, "cuda")
 for n in (1024, 1 << 24):
     x = torch.randn(n, device="cuda")
     c = quantize(x, "e2m1").reshape(-1, 128) if n > 1024 else quantize(x, "e2m1").reshape(-1, 16)
     print(f"n={n}: tvm-ffi {helpers._tvm_ffi()}")
     print(f"  cast                  {host_us(lambda: x.to(torch.float8_e4m3fn)):8.1f} us host")
     print(f"  torch.empty           {host_us(lambda: torch.empty(n, dtype=torch.uint8, device='cuda')):8.1f} us host")
-    print(f"  helpers.quantize_f32  {host_us(lambda: helpers.quantize_f32(x, lut)):8.1f} us host")
+    print(f"  helpers.quantize_f32  {host_us(lambda: helpers.quantize_f32(x, lut, e4m3)):8.1f} us host")
     print(f"  quantize()            {host_us(lambda: quantize(x, 'e4m3')):8.1f} us host")
     print(f"  pack(check=False)     {host_us(lambda: pack(c, 4, check=False)):8.1f} us host")
     comp = fused.compiled(fused.quantize_f32)

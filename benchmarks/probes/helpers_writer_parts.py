@@ -1,18 +1,87 @@
-"""Where the prefill writer's time goes (H200, 2026-12-02; reports/helpers/2026-12-02-h200-kernels-probes.txt):
-the landed kernel against variants without the table lookup, without the division, and without both. The
-variants exist only for timing (their bits are wrong). One of K / V: 32K tokens x 8 heads x d 128.
+"""Where the prefill writer's time goes, and what each design choice of its kernel buys: the landed kernel (K
+and V in one launch; quotients from a reciprocal; e4m3 codes by the hardware conversion, the others through
+the round-to-odd table; one 16-value chunk per thread) against variants, side by side in one run:
+
+* ``2 / 4 chunks per thread``: each thread loads 2 or 4 consecutive chunks before encoding any;
+* ``arithmetic codes``: fp6 / fp4 codes by float arithmetic instead of the table (``element_code`` below:
+  the magnitude rounded on the format's grid by adding and subtracting a power of two, then rescaled so that
+  float32's encoding is the format's; the same codes, checked on every float32 on the CPU, 2026-12-04);
+* ``tables for e4m3``: e4m3 codes through the table as well;
+* ``div.rn everywhere``: every quotient by ``div.rn.f32``, no reciprocal;
+* ``neither``: no division, no rounding (loads, index arithmetic, packing and stores; wrong bits).
+
+K and V: 32K tokens x 8 heads x d 128 each, bfloat16 and float32, per-head descales, page size 16; time per
+call of 20 calls back to back (CUDA events), through :class:`mjolnir_kernel.helpers.CacheWriter`.
 
     python -m benchmarks.probes.helpers_writer_parts      # on a GPU with the CuTe DSL
 """
 
-# ruff: noqa: B023, E402  (a one-off probe: its lambdas run inside the loop that binds them)
+# ruff: noqa: B023  (a one-off probe: its lambdas run inside the loop that binds them)
+
+import math
 
 import torch
+from cutlass import Float32, Int32
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 import mjolnir_kernel.helpers_kernel as hk
 from mjolnir_kernel import helpers
+from mjolnir_kernel.hopper.ptx import _asm, _f32, _i32
 from mjolnir_numerics.formats import FORMATS
 from mjolnir_numerics.quantize import _round_to_odd_lut
+
+
+@dsl_user_op
+def add_rn(a, b, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm(T.f32(), [_f32(a, loc, ip), _f32(b, loc, ip)], "add.rn.f32 $0, $1, $2;", "=f,f,f"))
+
+
+@dsl_user_op
+def min_f32(a, b, *, loc=None, ip=None) -> Float32:
+    return Float32(_asm(T.f32(), [_f32(a, loc, ip), _f32(b, loc, ip)], "min.f32 $0, $1, $2;", "=f,f,f"))
+
+
+@dsl_user_op
+def min_s32(a, b, *, loc=None, ip=None) -> Int32:
+    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)], "min.s32 $0, $1, $2;", "=r,r,r"))
+
+
+def element_code(q, fmt):
+    """The ``fmt`` code of a finite float32 (bits ``q``, ``|q| < 2^120``) by arithmetic: ``C = 2^(E + 23 - m)``
+    (``E`` the exponent of ``|q|`` clamped to the format's, ``m`` its mantissa bits) makes one float32 addition
+    round to nearest-even on the format's grid (subnormals included); saturate; scale by ``2^(-emin - 126)``,
+    after which float32's encoding is the format's shifted left by ``23 - m``; the sign is ``q``'s."""
+    m, top = fmt.man_bits, math.frexp(fmt.max_normal)[1] - 1
+    mag = q & 0x7FFFFFFF
+    e = min_s32(hk.max_s32(mag & 0x7F800000, (127 + fmt.min_exponent) << 23), (127 + top) << 23)
+    c = hk.as_f32(e + ((23 - m) << 23))
+    y = min_f32(add_rn(add_rn(hk.as_f32(mag), c), -c), Float32(fmt.max_normal))
+    code = hk.as_i32(hk.mul_rn(y, Float32(2.0 ** (-fmt.min_exponent - 126)))) >> (23 - m)
+    return code | ((q >> (32 - fmt.bits)) & fmt.sign_mask)
+
+
+def _arithmetic_store(element):
+    fmt = FORMATS[element]
+    original = hk.store_block_fast
+
+    def store(addr, qs, lut, bits, e4m3):
+        if e4m3:
+            return original(addr, qs, lut, bits, e4m3)
+        hk.store_block(addr, [element_code(q, fmt) for q in qs], bits)
+
+    return store
+
+
+def _table_store(addr, qs, lut, bits, e4m3):
+    hk.store_block(addr, [hk.quantize_word(q, lut) for q in qs], bits)
+
+
+NEITHER = {
+    "quotients_fast": lambda bits, divisor, keep=None: bits,
+    "store_block_fast": lambda addr, qs, lut, bits, e4m3: hk.store_block(
+        addr, [(q >> 24) & ((1 << bits) - 1) for q in qs], bits
+    ),
+}
 
 
 def t_us(fn, iters=20):
@@ -29,36 +98,51 @@ def t_us(fn, iters=20):
 
 def main():
     n, h, d = 32768, 8, 128
-    x16 = (torch.randn(n, h, d, device="cuda") * 3).to(torch.bfloat16)
-    x32 = x16.float()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    k16 = (torch.randn(n, h, d, device="cuda", generator=gen) * 3).to(torch.bfloat16)
+    v16 = torch.randn(n, h, d, device="cuda", generator=gen).to(torch.bfloat16)
     slots = torch.randperm(n + 4096, device="cuda")[:n]
-    desc = torch.rand(h, device="cuda") + 0.01
-    orig = hk.block_codes
-    variants = {
-        "product": orig,
-        "no lookup": lambda bits, dv, lut: [
-            hk.round_to_odd_index(hk.as_i32(hk.div_rn(hk.as_f32(b), dv))) & 0x3F for b in bits
-        ],
-        "no division": lambda bits, dv, lut: [
-            hk.quantize_word(hk.as_i32(hk.mul_rn(hk.as_f32(b), dv)), lut) for b in bits
-        ],
-        "neither": lambda bits, dv, lut: [hk.round_to_odd_index(b) & 0x3F for b in bits],
-    }
+    desc = (torch.rand(h, device="cuda") + 0.01, torch.rand(h, device="cuda") + 0.01)
+    saved = {name: getattr(hk, name) for name in ("fast_division_ok", "quotients_fast", "store_block_fast")}
+    print(f"device {torch.cuda.get_device_name()}; K and V in one launch, time per call of 20 back to back")
     try:
-        for bits, fmt in ((8, "e4m3"), (6, "e3m2"), (4, "e2m1")):
-            pool = torch.empty((n + 4096) // 16, 16, h, d * bits // 8, dtype=torch.uint8, device="cuda")
-            lut = _round_to_odd_lut(FORMATS[fmt], "cuda")
-            for name, fn in variants.items():
-                hk.block_codes = fn  # read when the kernel is traced
+        for element in ("e4m3", "e3m2", "e2m1"):
+            bits = FORMATS[element].bits
+            pools = [
+                torch.empty((n + 4096) // 16, 16, h, d * bits // 8, dtype=torch.uint8, device="cuda") for _ in "kv"
+            ]
+            lut = _round_to_odd_lut(FORMATS[element], "cuda")
+            variants = {
+                "product": ({}, 1),
+                "2 chunks per thread": ({}, 2),
+                "4 chunks per thread": ({}, 4),
+                "div.rn everywhere": ({"fast_division_ok": lambda amax, dv: amax < 0}, 1),
+                "neither": (NEITHER, 1),
+            }
+            variants["tables for e4m3" if element == "e4m3" else "arithmetic codes"] = (
+                {"store_block_fast": _table_store if element == "e4m3" else _arithmetic_store(element)},
+                1,
+            )
+            ref = None
+            for name, (patch, chunks) in variants.items():
+                for attr, value in saved.items():
+                    setattr(hk, attr, patch.get(attr, value))  # read when the kernel is traced
                 helpers._compiled.clear()
-                for x in (x16, x32):
-                    us = t_us(
-                        lambda: helpers.write_rows(x, slots, None, desc, pool, None, bits=bits, page_size=16, lut=lut)
+                for k, v in ((k16, v16), (k16.float(), v16.float())):
+                    writer = helpers.CacheWriter(
+                        desc, pools, (None, None), element=element, page_size=16, head_dim=d, lut=lut, chunks=chunks
                     )
-                    gbs = x.numel() * x.element_size() / us / 1e3
-                    print(f"{fmt} {name:12s} {str(x.dtype):15s} {us:7.1f} us  {gbs:6.0f} GB/s of input (one of K, V)")
+                    us = t_us(lambda: writer(k, v, slots, None))
+                    same = "-"
+                    if name != "neither" and k.dtype == torch.bfloat16:
+                        got = [p.clone() for p in pools]
+                        ref = ref or got
+                        same = "same bytes" if all(torch.equal(a, b) for a, b in zip(ref, got)) else "BYTES DIFFER"
+                    gbs = 2 * k.numel() * k.element_size() / us / 1e3
+                    print(f"{element} {name:22s} {str(k.dtype):15s} {us:7.1f} us {gbs:6.0f} GB/s of input  {same}")
     finally:
-        hk.block_codes = orig
+        for attr, value in saved.items():
+            setattr(hk, attr, value)
         helpers._compiled.clear()
 
 

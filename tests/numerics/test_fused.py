@@ -343,33 +343,79 @@ def test_cuda_write_of_narrow_heads(fmt, head_dim, cuda_path):
 @pytest.mark.parametrize("fmt", ["e3m2", "nvfp4"])
 def test_write_hands_the_one_launch_writer_the_caches_rows(fmt, monkeypatch):
     """What ``PagedKVCache.write`` passes to the helper kernels' writer (run on the CPU with a recording
-    stand-in; the kernel's bits are the CUDA tests'): both pools, their descales, the slots, the format's
-    bits and tables, NVFP4's floor and kernel shift; and nothing else is written."""
+    stand-in; the kernel's bits are the CUDA tests'): a writer made once per cache with both pools, their
+    descales, the element format and tables, NVFP4's floor and kernel shift; K, V, the slots and sequences in
+    one call per write; and nothing else is written."""
     from mjolnir_kernel import helpers
     from mjolnir_numerics.nvfp4 import DEFAULT_SCALE_FLOOR, KERNEL_SHIFT
 
-    calls = []
+    made, calls = [], []
 
     class Recorder:
         write_unsupported = staticmethod(helpers.write_unsupported)
 
-        @staticmethod
-        def write_rows(x, slots, seq_ids, descale, pool, scales, **kw):
-            calls.append((x, slots, seq_ids, descale, pool, scales, kw))
+        class CacheWriter:
+            def __init__(self, descales, pools, scales, **kw):
+                made.append((descales, pools, scales, kw))
+
+            def __call__(self, k, v, slots, seq_ids):
+                calls.append((k, v, slots, seq_ids))
 
     cache = _caches(fmt, "nhd", "per_seq_head", "cpu")
     before = _pool_bytes(cache)
     monkeypatch.setattr(fused, "helper_kernels", lambda device: Recorder)
     k, v, slots, seqs = _decode_step(cache, 8, seed=6)
     cache.write(k, v, slots, seq_ids=seqs, check=False)
-    assert len(calls) == 2 and [c[4] is p for c, p in zip(calls, (cache.k_pool, cache.v_pool))] == [True, True]
-    assert torch.equal(calls[0][0], k) and torch.equal(calls[1][0], v) and torch.equal(calls[0][1], slots)
-    assert torch.equal(calls[0][2], seqs) and torch.equal(calls[1][3], cache.v_descale)
-    kw = calls[0][6]
-    assert kw["page_size"] == 16 and kw["bits"] == (4 if fmt == "nvfp4" else 6)
+    cache.write(v, k, slots, seq_ids=seqs, check=False)
+    assert len(made) == 1 and len(calls) == 2  # one writer per cache, one call per write
+    descales, pools, scales, kw = made[0]
+    assert pools[0] is cache.k_pool and pools[1] is cache.v_pool
+    for (ck, cv, cslots, cseqs), (want_k, want_v) in zip(calls, ((k, v), (v, k))):
+        assert torch.equal(ck, want_k) and torch.equal(cv, want_v)
+        assert torch.equal(cslots, slots) and torch.equal(cseqs, seqs)
+    assert torch.equal(descales[0], cache.k_descale) and torch.equal(descales[1], cache.v_descale)
+    assert kw["page_size"] == 16 and kw["head_dim"] == 128 and kw["element"] == ("e2m1" if fmt == "nvfp4" else fmt)
     if fmt == "nvfp4":
-        assert calls[0][5] is cache.k_scales and kw["floor"] == DEFAULT_SCALE_FLOOR and kw["g_scale"] == KERNEL_SHIFT
+        assert scales[0] is cache.k_scales and scales[1] is cache.v_scales
+        assert kw["floor"] == DEFAULT_SCALE_FLOOR and kw["g_scale"] == KERNEL_SHIFT
         assert torch.equal(kw["lut"], _round_to_odd_lut(E4M3, "cpu"))
     else:
-        assert calls[0][5] is None and torch.equal(kw["lut"], _round_to_odd_lut(E3M2, "cpu"))
+        assert scales == (None, None) and torch.equal(kw["lut"], _round_to_odd_lut(E3M2, "cpu"))
     assert all(torch.equal(a, b) for a, b in zip(before, _pool_bytes(cache)))  # the stand-in wrote nothing
+
+
+# Descales at and beyond the ends of the writer kernel's fast division (quotients from a reciprocal where
+# 2^-20 <= descale < 2^20, div.rn.f32 elsewhere), and between them.
+WRITER_DESCALES = (2.0**-20, 2.0**-20 * (1 - 2.0**-24), 2.0**20 * (1 - 2.0**-24), 2.0**20, 0.37, 1e-3, 1e6, 3e-9, 3e10)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_cuda_write_of_every_bfloat16_under_any_descale_is_the_cpu_write(fmt, cuda_path):
+    """Every finite bfloat16 value as K (and reversed as V), written with ``check=False`` under each of
+    :data:`WRITER_DESCALES`: the CPU writer's bytes (saturated quotients, tiny ones and zeros of both signs)."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    vals = bits.view(torch.bfloat16)
+    vals = vals[torch.isfinite(vals.float())]  # 65280 values: 255 tokens x 2 heads x 128
+    k = vals.view(-1, 2, 128)
+    v = k.flip(0)
+    for descale in WRITER_DESCALES:
+        ds = torch.tensor(descale)
+        caches = [
+            PagedKVCache.from_float(
+                torch.zeros(1, 16, 2, 128),
+                torch.zeros(1, 16, 2, 128),
+                fmt,
+                page_size=16,
+                granularity="per_tensor",
+                k_descale=ds,
+                v_descale=ds,
+                spare_pages=16,
+                shuffle=False,
+                device=dev,
+            )  # fmt: skip
+            for dev in ("cpu", "cuda")
+        ]
+        slots = torch.arange(16, 16 + k.shape[0])
+        caches[0].write(k, v, slots, check=False)
+        caches[1].write(k.cuda(), v.cuda(), slots.cuda(), check=False)
+        assert all(torch.equal(a, b) for a, b in zip(_pool_bytes(caches[0]), _pool_bytes(caches[1]))), (fmt, descale)

@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from conftest import cuda_only
+from conftest import DEVICES, cuda_only
 
 from mjolnir_numerics import E2M1, E4M3, NVFP4Tensor, dequantize, nvfp4_quantize, pack, quantize
 
@@ -351,21 +351,25 @@ def test_cuda_gives_the_cpu_result():
             assert torch.equal(getattr(a, name), getattr(b, name).cpu()), f"{name} differs on CUDA with {kw}"
 
 
-def test_unchecked_quantize_gives_the_checked_bits():
+@pytest.mark.parametrize("device", DEVICES)
+def test_unchecked_quantize_gives_the_checked_bits(device):
+    """``check=False`` (on CUDA: the global scale computed inside the encoder's one launch) gives the checked
+    path's bits, the CPU's, also where amax is 0 or ``amax / 2688`` underflows."""
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(6, 64, generator=gen) * torch.exp2(torch.empty(6, 64).uniform_(-8, 8, generator=gen))
     for kw in ({}, {"global_scale": "flashinfer"}, {"global_value": 0.02}, {"scale_floor": None}):
-        a, b = nvfp4_quantize(x, **kw), nvfp4_quantize(x, **kw, check=False)
+        a, b = nvfp4_quantize(x, **kw), nvfp4_quantize(x.to(device), **kw, check=False)
         for name in ("codes", "scales", "global_scale"):
-            assert torch.equal(getattr(a, name), getattr(b, name)), (name, kw)
-    assert torch.equal(nvfp4_quantize(torch.zeros(2, 16), check=False).global_scale, torch.ones(2, 1))
+            assert torch.equal(getattr(a, name), getattr(b, name).cpu()), (name, kw)
+    zero = nvfp4_quantize(torch.zeros(2, 16, device=device), check=False)
+    assert torch.equal(zero.global_scale.cpu(), torch.ones(2, 1)) and not zero.codes.any()
     # amax > 0 whose amax / 2688 underflows to 0 (2^-149 / 2688) or not (2^-137): both paths agree
     for tiny in (2.0**-149, 2.0**-140, 2.0**-137):
         x = torch.zeros(2, 16)
         x[1, 3] = tiny
-        a, b = nvfp4_quantize(x), nvfp4_quantize(x, check=False)
+        a, b = nvfp4_quantize(x), nvfp4_quantize(x.to(device), check=False)
         for name in ("codes", "scales", "global_scale"):
-            assert torch.equal(getattr(a, name), getattr(b, name)), (name, tiny)
+            assert torch.equal(getattr(a, name), getattr(b, name).cpu()), (name, tiny)
 
 
 def test_check_false_skips_the_value_checks_only():
