@@ -204,13 +204,21 @@ def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
     return out
 
 
+def _build_nvfp4(packed: bool, divisor: float, g_scale: float, has_floor: bool, global_divisor: Optional[float]):
+    import cutlass
+
+    from .helpers_kernel import NVFP4EncodeKernel
+
+    pointers = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 8 if packed else 16), ("u8", 1), ("f32", 4))
+    kernel = NVFP4EncodeKernel(packed, divisor, g_scale, has_floor, global_divisor)
+    return kernel, pointers, (*_int64(3), cutlass.Float32(1.0))
+
+
 def nvfp4_encode(
     x: torch.Tensor,
     g: torch.Tensor,
     floor: Optional[float],
-    e4m3_lut: torch.Tensor,
     e2m1_lut: torch.Tensor,
-    e4m3_values: torch.Tensor,
     *,
     divisor: float,
     packed: bool = False,
@@ -226,20 +234,21 @@ def nvfp4_encode(
             ``global_divisor``, one value: ``max |x|`` of the whole tensor, from which the kernel computes the
             global scale as ``nvfp4._global_scale(amax, global_divisor)`` does (no wait for the device).
         floor: the block-scale floor, or None.
-        e4m3_lut, e2m1_lut: the quantizers' round-to-odd tables; e4m3_values: float32 ``(256,)``.
+        e2m1_lut: e2m1's round-to-odd table (the block scales are rounded by the hardware's e4m3 conversion).
 
     Returns:
         codes uint8 ``(rows, d)`` (``packed``: ``(rows, d // 2)``) and scale codes uint8 ``(rows, d // 16)``;
         with ``global_divisor`` also the global scale, float32 ``()``.
     """
-    from .helpers_kernel import NVFP4_GROUP, NVFP4EncodeKernel
+    from .helpers_kernel import NVFP4_GROUP
 
     rows, d = x.shape
-    x = _aligned("x", x.float(), 16)
+    x = _aligned("x", x if x.dtype == torch.float32 else x.float(), 16)
     _check_size("x", x.numel())
-    g = g.float()
+    if g.dtype != torch.float32:
+        g = g.float()
     if g.numel() == 1:
-        g, g_stride = g.reshape(1), 0
+        g_stride = 0  # the kernel reads g[0]
     elif g.shape == (rows, 1) and global_divisor is None:
         g = g.reshape(rows)
         g_stride = g.stride(0)
@@ -253,18 +262,11 @@ def nvfp4_encode(
         g_out = (torch.empty if n_blocks else torch.ones)((), dtype=torch.float32, device=x.device)
     if n_blocks:
         has_floor = floor is not None
-
-        def build():
-            import cutlass
-
-            pointers = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4), ("u8", 8 if packed else 16),
-                        ("u8", 1), ("f32", 4))  # fmt: skip
-            kernel = NVFP4EncodeKernel(packed, divisor, g_scale, has_floor, global_divisor)
-            return kernel, pointers, (*_int64(3), cutlass.Float32(1.0))
-
-        key = ("nvfp4", packed, float(divisor), float(g_scale), has_floor, global_divisor)
-        kernel = _kernel(key, x.device, build)
-        tensors = (x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales, g_out)
+        key = ("nvfp4", packed, divisor, g_scale, has_floor, global_divisor)
+        kernel = _compiled.get((key, x.device.index)) or _kernel(
+            key, x.device, functools.partial(_build_nvfp4, packed, divisor, g_scale, has_floor, global_divisor)
+        )
+        tensors = (x, g, e2m1_lut, codes, scales, g_out)
         kernel(tensors, (n_blocks, d // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0), x.device)
     return (codes, scales) if global_divisor is None else (codes, scales, g_out)
 
@@ -306,9 +308,9 @@ class CacheWriter:
             (:func:`write_unsupported` is None for each); scales: NVFP4's ``(pages, PS, h_k, d / 16)`` scale
             views, else ``(None, None)``.
         element: the element format's name (NVFP4: ``"e2m1"``); page_size: a power of two; head_dim: ``d``.
-        lut: the element format's round-to-odd table (NVFP4: e4m3's, for the block scales); nvfp4_tables:
-            NVFP4's (e2m1 round-to-odd table, e4m3 code values); floor: NVFP4's block-scale floor or None;
-            g_scale: NVFP4's global scale per unit of descale (a power of two).
+        lut: the element format's round-to-odd table; nvfp4: NVFP4 (block scales rounded by the hardware's e4m3
+            conversion), floor: its block-scale floor or None, g_scale: its global scale per unit of descale (a
+            power of two).
 
     ``writer(k, v, slots, seq_ids)`` stores rows ``k, v (n, h_k, d)`` (real units; float32 and bfloat16 are
     read directly, float16 or K and V of different dtypes are widened to float32 first; fewer than 2^34
@@ -325,7 +327,7 @@ class CacheWriter:
         page_size: int,
         head_dim: int,
         lut: torch.Tensor,
-        nvfp4_tables: Optional[tuple] = None,
+        nvfp4: bool = False,
         floor: Optional[float] = None,
         g_scale: float = 1.0,
         chunks: int = WRITE_CHUNKS_PER_THREAD,
@@ -348,11 +350,10 @@ class CacheWriter:
             ds_seq, ds_head, num_seqs = k_ds.stride(0), k_ds.stride(1), k_ds.shape[0]
         else:
             ds_seq, ds_head, num_seqs = 0, (k_ds.stride(0) if k_ds.numel() > 1 else 0), 1
-        self.nvfp4 = nvfp4_tables is not None
-        e2m1_lut, e4m3_values = nvfp4_tables if self.nvfp4 else (lut, lut)
+        self.nvfp4 = bool(nvfp4)
         k_sc, v_sc = scales if scales[0] is not None else pools
         self.has_floor, self.g_scale = floor is not None, float(g_scale)
-        self.tensors = (k_ds, v_ds, lut, e2m1_lut, e4m3_values, *pools, k_sc, v_sc)
+        self.tensors = (k_ds, v_ds, lut, *pools, k_sc, v_sc)
         cpr = head_dim // GROUP
         self.scalars = (
             *fast_divmod_constants(cpr), cpr, *fast_divmod_constants(heads), heads, page_size.bit_length() - 1,
@@ -373,8 +374,8 @@ class CacheWriter:
                 import cutlass
 
                 pool = ("u8", _STORE_ALIGN[self.bits])
-                pointers = (("f32", 16), ("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("f32", 4), ("u8", 1),
-                            ("u8", 1), ("f32", 4), pool, pool, ("u8", 1), ("u8", 1))  # fmt: skip
+                pointers = (("f32", 16), ("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("f32", 4), ("u8", 1), pool,
+                            pool, ("u8", 1), ("u8", 1))  # fmt: skip
                 kernel = CacheWriteKernel(
                     self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale, self.chunks
                 )

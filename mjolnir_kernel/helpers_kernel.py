@@ -115,6 +115,15 @@ def cvt_e4m3x2(lo, hi, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
+def e4m3_value(code, *, loc=None, ip=None) -> Float32:
+    """The value of e4m3 code ``code`` (low byte) as float32: ``cvt.rn.f16x2.e4m3x2`` then ``cvt.f32.f16``, both
+    exact (e4m3 values are float16 values)."""
+    text = ("{\n\t.reg .b16 c, lo, hi;\n\t.reg .b32 h;\n\tcvt.u16.u32 c, $1;\n\tcvt.rn.f16x2.e4m3x2 h, c;\n\t"
+            "mov.b32 {lo, hi}, h;\n\tcvt.f32.f16 $0, lo;\n\t}")  # fmt: skip
+    return Float32(_asm(T.f32(), [_i32(code, loc, ip)], text, "=f,r"))
+
+
+@dsl_user_op
 def fma_rn(a, b, c, *, loc=None, ip=None) -> Float32:
     """``fp32(a * b + c)`` with one rounding (``fma.rn.f32``)."""
     return Float32(
@@ -386,16 +395,16 @@ def store_block_fast(addr, qs: list, lut, bits: int, e4m3: bool) -> None:
         store_block(addr, [quantize_word(q, lut) for q in qs], bits)
 
 
-def nvfp4_scale(amax_bits, g, floor, has_floor: bool, divisor: float, e4m3_lut, e4m3_values) -> tuple:
+def nvfp4_scale(amax_bits, g, floor, has_floor: bool, divisor: float) -> tuple:
     """The NVFP4 block scale (``fused.nvfp4_block_scales``) of a block whose ``max |x|`` has bits
     ``amax_bits``: (its e4m3 code, ``total = fp32(scale) * g``); the scale is at least ``floor`` where
-    ``has_floor``."""
+    ``has_floor``. The scale, never negative or NaN for finite values, is rounded to e4m3 by the hardware
+    conversion and widened back exactly (no table lookups)."""
     scaled = div_rn(div_rn(as_f32(amax_bits), Float32(divisor)), g)
     if has_floor:
         scaled = max_f32(scaled, floor)
-    scale_code = quantize_word(as_i32(scaled), e4m3_lut)
-    total = mul_rn(as_f32(ld_b32(e4m3_values + Int64(scale_code) * 4)), g)
-    return scale_code, total
+    scale_code = cvt_e4m3x2(scaled, Float32(0.0))  # the high byte: the code of +0, 0
+    return scale_code, mul_rn(e4m3_value(scale_code), g)
 
 
 def store_block(addr, codes: list, bits: int) -> None:
@@ -444,19 +453,18 @@ class NVFP4EncodeKernel:
 
     @cute.jit
     def __call__(
-        self, x: cute.Pointer, g: cute.Pointer, e4m3_lut: cute.Pointer, e2m1_lut: cute.Pointer,
-        e4m3_values: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, g_out: cute.Pointer, n_blocks: Int64,
-        blocks_per_row: Int64, g_stride: Int64, floor: Float32, stream: cuda.CUstream,
+        self, x: cute.Pointer, g: cute.Pointer, e2m1_lut: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer,
+        g_out: cute.Pointer, n_blocks: Int64, blocks_per_row: Int64, g_stride: Int64, floor: Float32,
+        stream: cuda.CUstream,
     ):  # fmt: skip
-        self.kernel(
-            x, g, e4m3_lut, e2m1_lut, e4m3_values, codes, scales, g_out, n_blocks, blocks_per_row, g_stride, floor
-        ).launch(grid=[_blocks(n_blocks, 1), 1, 1], block=[THREADS, 1, 1], stream=stream)
+        self.kernel(x, g, e2m1_lut, codes, scales, g_out, n_blocks, blocks_per_row, g_stride, floor).launch(
+            grid=[_blocks(n_blocks, 1), 1, 1], block=[THREADS, 1, 1], stream=stream
+        )
 
     @cute.kernel
     def kernel(
-        self, x: cute.Pointer, g: cute.Pointer, e4m3_lut: cute.Pointer, e2m1_lut: cute.Pointer,
-        e4m3_values: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, g_out: cute.Pointer, n_blocks: Int64,
-        blocks_per_row: Int64, g_stride: Int64, floor: Float32,
+        self, x: cute.Pointer, g: cute.Pointer, e2m1_lut: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer,
+        g_out: cute.Pointer, n_blocks: Int64, blocks_per_row: Int64, g_stride: Int64, floor: Float32,
     ):  # fmt: skip
         blk = _thread_index()
         if blk < n_blocks:
@@ -470,9 +478,7 @@ class NVFP4EncodeKernel:
             if cutlass.const_expr(self.g_scale != 1.0):
                 gv = mul_rn(gv, Float32(self.g_scale))
             amax = abs_max_bits(bits)
-            scale_code, total = nvfp4_scale(
-                amax, gv, floor, self.has_floor, self.divisor, e4m3_lut.toint(), e4m3_values.toint()
-            )
+            scale_code, total = nvfp4_scale(amax, gv, floor, self.has_floor, self.divisor)
             st_b8(scales.toint() + blk, scale_code)
             keep, divisor = positive_mask(total), positive_or_one(total)
             dst = codes.toint() + blk * (8 if self.packed else 16)
@@ -523,24 +529,24 @@ class CacheWriteKernel:
     @cute.jit
     def __call__(
         self, k: cute.Pointer, v: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, k_descale: cute.Pointer,
-        v_descale: cute.Pointer, lut: cute.Pointer, e2m1_lut: cute.Pointer, e4m3_values: cute.Pointer,
-        k_pool: cute.Pointer, v_pool: cute.Pointer, k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int64,
+        v_descale: cute.Pointer, lut: cute.Pointer, k_pool: cute.Pointer, v_pool: cute.Pointer,
+        k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int64,
         row_mul: Int64, row_shift: Int64, chunks_per_row: Int64, token_mul: Int64, token_shift: Int64,
         heads: Int64, page_shift: Int64, num_slots: Int64, num_seqs: Int64, pool_page: Int64, pool_row: Int64,
         pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64, ds_seq: Int64, ds_head: Int64,
         floor: Float32, stream: cuda.CUstream,
     ):  # fmt: skip
         self.kernel(
-            k, v, slots, seq_ids, k_descale, v_descale, lut, e2m1_lut, e4m3_values, k_pool, v_pool, k_scales, v_scales,
-            n_chunks, row_mul, row_shift, chunks_per_row, token_mul, token_shift, heads, page_shift, num_slots,
-            num_seqs, pool_page, pool_row, pool_head, sc_page, sc_row, sc_head, ds_seq, ds_head, floor,
+            k, v, slots, seq_ids, k_descale, v_descale, lut, k_pool, v_pool, k_scales, v_scales, n_chunks, row_mul,
+            row_shift, chunks_per_row, token_mul, token_shift, heads, page_shift, num_slots, num_seqs, pool_page,
+            pool_row, pool_head, sc_page, sc_row, sc_head, ds_seq, ds_head, floor,
         ).launch(grid=[_blocks(n_chunks, self.chunks), 2, 1], block=[THREADS, 1, 1], stream=stream)  # fmt: skip
 
     @cute.kernel
     def kernel(
         self, k: cute.Pointer, v: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, k_descale: cute.Pointer,
-        v_descale: cute.Pointer, lut: cute.Pointer, e2m1_lut: cute.Pointer, e4m3_values: cute.Pointer,
-        k_pool: cute.Pointer, v_pool: cute.Pointer, k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int64,
+        v_descale: cute.Pointer, lut: cute.Pointer, k_pool: cute.Pointer, v_pool: cute.Pointer,
+        k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int64,
         row_mul: Int64, row_shift: Int64, chunks_per_row: Int64, token_mul: Int64, token_shift: Int64,
         heads: Int64, page_shift: Int64, num_slots: Int64, num_seqs: Int64, pool_page: Int64, pool_row: Int64,
         pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64, ds_seq: Int64, ds_head: Int64,
@@ -581,17 +587,14 @@ class CacheWriteKernel:
                 dst = pool + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
                 amax = abs_max_bits(bits)
                 if cutlass.const_expr(self.nvfp4):
-                    scale_code, total = nvfp4_scale(
-                        amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0, lut.toint(),
-                        e4m3_values.toint(),
-                    )  # fmt: skip
+                    scale_code, total = nvfp4_scale(amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0)
                     sc = k_scales.toint() + ((v_scales.toint() - k_scales.toint()) & v_mask)
                     st_b8(sc + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
                     keep, divisor = positive_mask(total), positive_or_one(total)
                     if fast_division_ok(amax, divisor):
-                        store_block_fast(dst, quotients_fast(bits, divisor, keep), e2m1_lut.toint(), 4, False)
+                        store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), 4, False)
                     else:
-                        store_block(dst, block_codes(bits, divisor, e2m1_lut.toint(), keep), 4)
+                        store_block(dst, block_codes(bits, divisor, lut.toint(), keep), 4)
                 else:
                     if fast_division_ok(amax, ds):
                         e4m3 = self.fmt.name == "e4m3"

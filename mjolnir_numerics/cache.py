@@ -441,11 +441,10 @@ class PagedKVCache:
         common = dict(page_size=self.page_size, head_dim=self.head_dim)
         if self.is_block_scaled:
             floor = (self.nvfp4_options or {}).get("scale_floor", DEFAULT_SCALE_FLOOR)
-            e4m3_lut, e2m1_lut = _round_to_odd_lut(E4M3, self.device), _round_to_odd_lut(E2M1, self.device)
-            tables = (e2m1_lut, E4M3.values(self.device))
+            lut = _round_to_odd_lut(E2M1, self.device)
             return kernels.CacheWriter(
-                descales, pools, scales, element="e2m1", lut=e4m3_lut, nvfp4_tables=tables, floor=floor,
-                g_scale=KERNEL_SHIFT, **common,
+                descales, pools, scales, element="e2m1", lut=lut, nvfp4=True, floor=floor, g_scale=KERNEL_SHIFT,
+                **common,
             )  # fmt: skip
         lut = _round_to_odd_lut(self.fmt, self.device)
         return kernels.CacheWriter(descales, pools, (None, None), element=self.fmt.name, lut=lut, **common)

@@ -143,7 +143,7 @@ def _encode(x: torch.Tensor, g: torch.Tensor, floor: Optional[float], group: int
         rows = math.prod(lead)
         g_rows = torch.broadcast_to(g.float(), (*lead, 1)).reshape(rows, 1)
         codes, scale_codes = kernels.nvfp4_encode(
-            x.reshape(rows, d), g_rows, floor, e4m3_lut, e2m1_lut, e4m3_values, divisor=divisor,
+            x.reshape(rows, d), g_rows, floor, e2m1_lut, divisor=divisor,
             packed=bool(packed), g_scale=packed.get("g_scale", 1.0),
         )  # fmt: skip
         return codes.view(*lead, -1), scale_codes.view(*lead, -1)
@@ -265,9 +265,8 @@ def nvfp4_quantize(
     if not check and global_value is None:  # g on the device: no wait
         amax = torch.linalg.vector_norm(x, float("inf")) if x.numel() else torch.zeros((), device=x.device)
         if kernels is not None:  # one launch after the amax: g = _global_scale(amax, divisor) in the kernel
-            e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
             codes, scale_codes, g = kernels.nvfp4_encode(
-                x.reshape(-1, d), amax, scale_floor, e4m3_lut, e2m1_lut, e4m3_values, divisor=E2M1.max_normal,
+                x.reshape(-1, d), amax, scale_floor, _round_to_odd_lut(E2M1, x.device), divisor=E2M1.max_normal,
                 global_divisor=divisor,
             )  # fmt: skip
             return NVFP4Tensor(
@@ -300,9 +299,8 @@ def nvfp4_quantize(
             raise ValueError("x: holds inf or NaN; NVFP4 scales are computed from amax and need finite values")
         check_scale_fits("global_value", x, g, E2M1.max_normal * E4M3.max_normal, NVFP4_SMALLEST)
     if kernels is not None and g_one is not None:  # one launch
-        e4m3_lut, e2m1_lut, e4m3_values, _ = _tables(x.device)
         codes, scale_codes = kernels.nvfp4_encode(
-            x.reshape(-1, d), g_one, scale_floor, e4m3_lut, e2m1_lut, e4m3_values, divisor=E2M1.max_normal
+            x.reshape(-1, d), g_one, scale_floor, _round_to_odd_lut(E2M1, x.device), divisor=E2M1.max_normal
         )
         return NVFP4Tensor(
             codes=codes.view(x.shape), scales=scale_codes.view(*lead, d // group), global_scale=g, group=group

@@ -67,7 +67,7 @@ def _helper_kernels():
     from mjolnir_kernel import helpers_kernel as hk
 
     i64, f32 = cutlass.Int64(1), cutlass.Float32(1.0)
-    nvfp4_ptrs = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 1), ("f32", 4))
+    nvfp4_ptrs = (("f32", 16), ("f32", 4), ("u8", 1))
     for name in ("e4m3", "e3m2", "e2m3", "e2m1"):
         yield f"quantize {name}", hk.QuantizeKernel(FORMATS[name]), (("f32", 16), ("u8", 1), ("u8", 4)), (i64,)
     for bits in (4, 6):
@@ -79,8 +79,8 @@ def _helper_kernels():
     for element, nvfp4 in (("e4m3", False), ("e3m2", False), ("e2m3", False), ("e2m1", False), ("e2m1", True)):
         bits = FORMATS[element].bits
         pool = ("u8", helpers._STORE_ALIGN[bits])
-        ptrs = (("f32", 16), ("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("f32", 4), ("u8", 1), ("u8", 1),
-                ("f32", 4), pool, pool, ("u8", 1), ("u8", 1))  # fmt: skip
+        ptrs = (("f32", 16), ("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("f32", 4), ("u8", 1), pool, pool,
+                ("u8", 1), ("u8", 1))  # fmt: skip
         for bf16, per_seq in ((True, True), (False, False)):
             kernel = hk.CacheWriteKernel(element, nvfp4, bf16, per_seq, True, 0.125)
             yield f"write {element} nvfp4={nvfp4} bf16={bf16} per_seq={per_seq}", kernel, ptrs, (i64,) * 18 + (f32,)
