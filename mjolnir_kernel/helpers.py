@@ -292,7 +292,6 @@ def write_unsupported(pool: torch.Tensor, scales: Optional[torch.Tensor], head_d
 
 
 MAX_WRITE_CHUNKS = 1 << 30  # 16-value chunks of K (or V) per write: the writer's index arithmetic
-WRITE_CHUNKS_PER_THREAD = 1  # tuning: consecutive chunks each writer thread loads, then encodes
 
 
 class CacheWriter:
@@ -330,7 +329,6 @@ class CacheWriter:
         nvfp4: bool = False,
         floor: Optional[float] = None,
         g_scale: float = 1.0,
-        chunks: int = WRITE_CHUNKS_PER_THREAD,
     ):
         from mjolnir_numerics.formats import FORMATS
 
@@ -342,7 +340,7 @@ class CacheWriter:
             raise ValueError("pools: K's and V's pools must have the same strides")
         if head_dim % GROUP:
             raise ValueError(f"head_dim: the writer takes a multiple of {GROUP}, got {head_dim}")
-        self.element, self.bits, self.chunks = element, FORMATS[element].bits, chunks
+        self.element, self.bits = element, FORMATS[element].bits
         heads = pools[0].shape[2]
         k_ds, v_ds = _shared_layout(*(ds.float() for ds in descales), heads)
         self.per_seq = k_ds.dim() == 2
@@ -368,7 +366,7 @@ class CacheWriter:
         if hit is None:
             from .helpers_kernel import CacheWriteKernel
 
-            key = ("write", self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale, self.chunks)
+            key = ("write", self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale)
 
             def build():
                 import cutlass
@@ -376,9 +374,7 @@ class CacheWriter:
                 pool = ("u8", _STORE_ALIGN[self.bits])
                 pointers = (("f32", 16), ("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("f32", 4), ("u8", 1), pool,
                             pool, ("u8", 1), ("u8", 1))  # fmt: skip
-                kernel = CacheWriteKernel(
-                    self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale, self.chunks
-                )
+                kernel = CacheWriteKernel(self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale)
                 return kernel, pointers, (*_int64(18), cutlass.Float32(1.0))
 
             hit = self._kernels[bf16] = _kernel(key, self.device, build)

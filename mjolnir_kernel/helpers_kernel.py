@@ -506,25 +506,22 @@ class CacheWriteKernel:
 
     The grid's second dimension picks K (0) or V (1): the same slots, sequence ids and strides, each its own
     rows, descales and pools. Rows ``x (n, h_k, d)`` (float32 or bfloat16, contiguous, ``d`` a multiple of 16)
-    are cut into 16-value chunks, ``chunks`` consecutive ones per thread, whose values are all loaded before
-    any is encoded (the last thread repeats the last chunk where ``n_chunks`` leaves it short: the same bytes
-    stored twice). Chunk ``t`` is row ``t // chunks_per_row`` and token ``row // heads`` (divisions by
-    multiplication: :func:`fast_divmod_constants`; ``n_chunks < 2^30``). Token ``t``'s row for head ``h`` goes
-    to byte ``page * pool_page + off * pool_row + h * pool_head`` of the pool (``page, off = divmod(slots[t],
-    2^page_shift)``); its descale is ``descale[seq_ids[t] * ds_seq + h * ds_head]`` (``per_seq``; else ``h *
-    ds_head``). Element formats store ``pack(code(x / descale))`` (``fused.encode_elements``); NVFP4 stores the
-    packed codes and block scales of ``fused.nvfp4_codes_packed`` under ``g = descale * g_scale`` (scales at
-    ``page * sc_page + off * sc_row + h * sc_head``). A slot outside ``[0, num_slots)`` or a sequence id outside
-    ``[0, num_seqs)`` traps (a device-side error) before the thread reads or writes through it, so nothing is
-    written out of bounds.
+    are cut into 16-value chunks, one per thread, whose values are loaded first (2 or 4 chunks per thread
+    measured slower on the H200: reports/helpers/2026-12-04-prefill-writer.md). Chunk ``t`` is row ``t //
+    chunks_per_row`` and token ``row // heads`` (divisions by multiplication: :func:`fast_divmod_constants`;
+    ``n_chunks < 2^30``). Token ``t``'s row for head ``h`` goes to byte ``page * pool_page + off * pool_row + h
+    * pool_head`` of the pool (``page, off = divmod(slots[t], 2^page_shift)``); its descale is
+    ``descale[seq_ids[t] * ds_seq + h * ds_head]`` (``per_seq``; else ``h * ds_head``). Element formats store
+    ``pack(code(x / descale))`` (``fused.encode_elements``); NVFP4 stores the packed codes and block scales of
+    ``fused.nvfp4_codes_packed`` under ``g = descale * g_scale`` (scales at ``page * sc_page + off * sc_row + h
+    * sc_head``). A slot outside ``[0, num_slots)`` or a sequence id outside ``[0, num_seqs)`` traps (a
+    device-side error) before the thread reads or writes through it, so nothing is written out of bounds.
     """
 
-    def __init__(
-        self, element: str, nvfp4: bool, bf16: bool, per_seq: bool, has_floor: bool, g_scale: float, chunks: int = 1
-    ):
+    def __init__(self, element: str, nvfp4: bool, bf16: bool, per_seq: bool, has_floor: bool, g_scale: float):
         self.fmt = FORMATS[element]  # NVFP4: e2m1
         self.bits, self.nvfp4, self.bf16, self.per_seq = self.fmt.bits, bool(nvfp4), bool(bf16), bool(per_seq)
-        self.has_floor, self.g_scale, self.chunks = bool(has_floor), float(g_scale), int(chunks)
+        self.has_floor, self.g_scale = bool(has_floor), float(g_scale)
 
     @cute.jit
     def __call__(
@@ -540,7 +537,7 @@ class CacheWriteKernel:
             k, v, slots, seq_ids, k_descale, v_descale, lut, k_pool, v_pool, k_scales, v_scales, n_chunks, row_mul,
             row_shift, chunks_per_row, token_mul, token_shift, heads, page_shift, num_slots, num_seqs, pool_page,
             pool_row, pool_head, sc_page, sc_row, sc_head, ds_seq, ds_head, floor,
-        ).launch(grid=[_blocks(n_chunks, self.chunks), 2, 1], block=[THREADS, 1, 1], stream=stream)  # fmt: skip
+        ).launch(grid=[_blocks(n_chunks, 1), 2, 1], block=[THREADS, 1, 1], stream=stream)  # fmt: skip
 
     @cute.kernel
     def kernel(
@@ -554,50 +551,42 @@ class CacheWriteKernel:
     ):  # fmt: skip
         bidx, which, _ = cute.arch.block_idx()
         tid, _, _ = cute.arch.thread_idx()
-        t0 = (Int64(bidx) * THREADS + Int64(tid)) * self.chunks
-        if t0 < n_chunks:
+        t = Int64(bidx) * THREADS + Int64(tid)
+        if t < n_chunks:
             v_mask = -Int64(which)  # all ones for V: base = k + ((v - k) & v_mask)
             x = k.toint() + ((v.toint() - k.toint()) & v_mask)
-            ts, blocks = [], []
-            for j in cutlass.range_constexpr(self.chunks):  # every load first
-                t = t0 + j
-                if cutlass.const_expr(j > 0):
-                    t = t - Int64(t >= n_chunks)  # past the end: the last chunk again
-                ts.append(t)
-                blocks.append(load_block(x + t * (GROUP * (2 if self.bf16 else 4)), self.bf16))
-            for j in cutlass.range_constexpr(self.chunks):
-                t, bits = ts[j], blocks[j]
-                row = (t * row_mul) >> row_shift
-                chunk = t - row * chunks_per_row
-                token = (row * token_mul) >> token_shift
-                head = row - token * heads
-                slot = ld_b64(slots.toint() + token * 8)
-                ds_at = head * ds_head
-                if cutlass.const_expr(self.per_seq):
-                    seq = ld_b64(seq_ids.toint() + token * 8)
-                    if (seq < 0) | (seq >= num_seqs):
-                        trap()
-                    ds_at = ds_at + seq * ds_seq
-                ds = as_f32(ld_b32(k_descale.toint() + ((v_descale.toint() - k_descale.toint()) & v_mask) + ds_at * 4))
-                if (slot < 0) | (slot >= num_slots):
+            bits = load_block(x + t * (GROUP * (2 if self.bf16 else 4)), self.bf16)  # the loads first
+            row = (t * row_mul) >> row_shift
+            chunk = t - row * chunks_per_row
+            token = (row * token_mul) >> token_shift
+            head = row - token * heads
+            slot = ld_b64(slots.toint() + token * 8)
+            ds_at = head * ds_head
+            if cutlass.const_expr(self.per_seq):
+                seq = ld_b64(seq_ids.toint() + token * 8)
+                if (seq < 0) | (seq >= num_seqs):
                     trap()
-                page = slot >> page_shift
-                off = slot - (page << page_shift)
-                pool = k_pool.toint() + ((v_pool.toint() - k_pool.toint()) & v_mask)
-                dst = pool + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
-                amax = abs_max_bits(bits)
-                if cutlass.const_expr(self.nvfp4):
-                    scale_code, total = nvfp4_scale(amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0)
-                    sc = k_scales.toint() + ((v_scales.toint() - k_scales.toint()) & v_mask)
-                    st_b8(sc + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
-                    keep, divisor = positive_mask(total), positive_or_one(total)
-                    if fast_division_ok(amax, divisor):
-                        store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), 4, False)
-                    else:
-                        store_block(dst, block_codes(bits, divisor, lut.toint(), keep), 4)
+                ds_at = ds_at + seq * ds_seq
+            ds = as_f32(ld_b32(k_descale.toint() + ((v_descale.toint() - k_descale.toint()) & v_mask) + ds_at * 4))
+            if (slot < 0) | (slot >= num_slots):
+                trap()
+            page = slot >> page_shift
+            off = slot - (page << page_shift)
+            pool = k_pool.toint() + ((v_pool.toint() - k_pool.toint()) & v_mask)
+            dst = pool + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
+            amax = abs_max_bits(bits)
+            if cutlass.const_expr(self.nvfp4):
+                scale_code, total = nvfp4_scale(amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0)
+                sc = k_scales.toint() + ((v_scales.toint() - k_scales.toint()) & v_mask)
+                st_b8(sc + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
+                keep, divisor = positive_mask(total), positive_or_one(total)
+                if fast_division_ok(amax, divisor):
+                    store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), 4, False)
                 else:
-                    if fast_division_ok(amax, ds):
-                        e4m3 = self.fmt.name == "e4m3"
-                        store_block_fast(dst, quotients_fast(bits, ds), lut.toint(), self.bits, e4m3)
-                    else:
-                        store_block(dst, block_codes(bits, ds, lut.toint()), self.bits)
+                    store_block(dst, block_codes(bits, divisor, lut.toint(), keep), 4)
+            else:
+                if fast_division_ok(amax, ds):
+                    e4m3 = self.fmt.name == "e4m3"
+                    store_block_fast(dst, quotients_fast(bits, ds), lut.toint(), self.bits, e4m3)
+                else:
+                    store_block(dst, block_codes(bits, ds, lut.toint()), self.bits)

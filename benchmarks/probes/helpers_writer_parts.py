@@ -2,7 +2,6 @@
 and V in one launch; quotients from a reciprocal; e4m3 codes by the hardware conversion, the others through
 the round-to-odd table; one 16-value chunk per thread) against variants, side by side in one run:
 
-* ``2 / 4 chunks per thread``: each thread loads 2 or 4 consecutive chunks before encoding any;
 * ``arithmetic codes``: fp6 / fp4 codes by float arithmetic instead of the table (``element_code`` below:
   the magnitude rounded on the format's grid by adding and subtracting a power of two, then rescaled so that
   float32's encoding is the format's; the same codes, checked on every float32 on the CPU, 2026-12-04);
@@ -113,24 +112,21 @@ def main():
             ]
             lut = _round_to_odd_lut(FORMATS[element], "cuda")
             variants = {
-                "product": ({}, 1),
-                "2 chunks per thread": ({}, 2),
-                "4 chunks per thread": ({}, 4),
-                "div.rn everywhere": ({"fast_division_ok": lambda amax, dv: amax < 0}, 1),
-                "neither": (NEITHER, 1),
+                "product": {},
+                "div.rn everywhere": {"fast_division_ok": lambda amax, dv: amax < 0},
+                "neither": NEITHER,
+                "tables for e4m3" if element == "e4m3" else "arithmetic codes": {
+                    "store_block_fast": _table_store if element == "e4m3" else _arithmetic_store(element)
+                },
             }
-            variants["tables for e4m3" if element == "e4m3" else "arithmetic codes"] = (
-                {"store_block_fast": _table_store if element == "e4m3" else _arithmetic_store(element)},
-                1,
-            )
             ref = None
-            for name, (patch, chunks) in variants.items():
+            for name, patch in variants.items():
                 for attr, value in saved.items():
                     setattr(hk, attr, patch.get(attr, value))  # read when the kernel is traced
                 helpers._compiled.clear()
                 for k, v in ((k16, v16), (k16.float(), v16.float())):
                     writer = helpers.CacheWriter(
-                        desc, pools, (None, None), element=element, page_size=16, head_dim=d, lut=lut, chunks=chunks
+                        desc, pools, (None, None), element=element, page_size=16, head_dim=d, lut=lut
                     )
                     us = t_us(lambda: writer(k, v, slots, None))
                     same = "-"

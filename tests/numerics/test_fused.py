@@ -377,10 +377,10 @@ def test_write_hands_the_one_launch_writer_the_caches_rows(fmt, monkeypatch):
     assert kw["page_size"] == 16 and kw["head_dim"] == 128 and kw["element"] == ("e2m1" if fmt == "nvfp4" else fmt)
     if fmt == "nvfp4":
         assert scales[0] is cache.k_scales and scales[1] is cache.v_scales
-        assert kw["floor"] == DEFAULT_SCALE_FLOOR and kw["g_scale"] == KERNEL_SHIFT
-        assert torch.equal(kw["lut"], _round_to_odd_lut(E4M3, "cpu"))
+        assert kw["nvfp4"] and kw["floor"] == DEFAULT_SCALE_FLOOR and kw["g_scale"] == KERNEL_SHIFT
+        assert torch.equal(kw["lut"], _round_to_odd_lut(E2M1, "cpu"))
     else:
-        assert scales == (None, None) and torch.equal(kw["lut"], _round_to_odd_lut(E3M2, "cpu"))
+        assert scales == (None, None) and not kw.get("nvfp4") and torch.equal(kw["lut"], _round_to_odd_lut(E3M2, "cpu"))
     assert all(torch.equal(a, b) for a, b in zip(before, _pool_bytes(cache)))  # the stand-in wrote nothing
 
 
