@@ -2,6 +2,9 @@
 and V in one launch; quotients from a reciprocal; e4m3 codes by the hardware conversion, the others through
 the round-to-odd table; one 16-value chunk per thread) against variants, side by side in one run:
 
+* ``loop, N CTAs per SM``: a grid of N CTAs per SM (for each of K and V) whose threads loop over chunks,
+  loading the next chunk before encoding the current one;
+
 * ``arithmetic codes``: fp6 / fp4 codes by float arithmetic instead of the table (``element_code`` below:
   the magnitude rounded on the format's grid by adding and subtracting a power of two, then rescaled so that
   float32's encoding is the format's; the same codes, checked on every float32 on the CPU, 2026-12-04);
@@ -9,7 +12,8 @@ the round-to-odd table; one 16-value chunk per thread) against variants, side by
 * ``div.rn everywhere``: every quotient by ``div.rn.f32``, no reciprocal;
 * ``neither``: no division, no rounding (loads, index arithmetic, packing and stores; wrong bits).
 
-K and V: 32K tokens x 8 heads x d 128 each, bfloat16 and float32, per-head descales, page size 16; time per
+K and V (e4m3, e3m2, e2m1, NVFP4): 32K tokens x 8 heads x d 128 each, bfloat16 and float32, per-head
+descales, page size 16; time per
 call of 20 calls back to back (CUDA events), through :class:`mjolnir_kernel.helpers.CacheWriter`.
 
     python -m benchmarks.probes.helpers_writer_parts      # on a GPU with the CuTe DSL
@@ -105,33 +109,41 @@ def main():
     saved = {name: getattr(hk, name) for name in ("fast_division_ok", "quotients_fast", "store_block_fast")}
     print(f"device {torch.cuda.get_device_name()}; K and V in one launch, time per call of 20 back to back")
     try:
-        for element in ("e4m3", "e3m2", "e2m1"):
-            bits = FORMATS[element].bits
-            pools = [
-                torch.empty((n + 4096) // 16, 16, h, d * bits // 8, dtype=torch.uint8, device="cuda") for _ in "kv"
-            ]
-            lut = _round_to_odd_lut(FORMATS[element], "cuda")
+        for element in ("e4m3", "e3m2", "e2m1", "nvfp4"):
+            nvfp4 = element == "nvfp4"
+            fmt = FORMATS["e2m1" if nvfp4 else element]
+            pages = (n + 4096) // 16
+            pools = [torch.empty(pages, 16, h, d * fmt.bits // 8, dtype=torch.uint8, device="cuda") for _ in "kv"]
+            scales = [torch.empty(pages, 16, h, d // 16, dtype=torch.uint8, device="cuda") for _ in "kv"]
+            options = dict(
+                element=fmt.name, page_size=16, head_dim=d, lut=_round_to_odd_lut(fmt, "cuda"), nvfp4=nvfp4,
+                floor=2.0**-9 if nvfp4 else None, g_scale=0.125 if nvfp4 else 1.0,
+            )  # fmt: skip
             variants = {
                 "product": {},
+                "loop, 2 CTAs per SM": ({}, 2),
+                "loop, 4 CTAs per SM": ({}, 4),
                 "div.rn everywhere": {"fast_division_ok": lambda amax, dv: amax < 0},
                 "neither": NEITHER,
-                "tables for e4m3" if element == "e4m3" else "arithmetic codes": {
-                    "store_block_fast": _table_store if element == "e4m3" else _arithmetic_store(element)
-                },
             }
+            if not nvfp4:
+                variants["tables for e4m3" if element == "e4m3" else "arithmetic codes"] = {
+                    "store_block_fast": _table_store if element == "e4m3" else _arithmetic_store(element)
+                }
             ref = None
             for name, patch in variants.items():
+                patch, ctas = patch if isinstance(patch, tuple) else (patch, 0)
                 for attr, value in saved.items():
                     setattr(hk, attr, patch.get(attr, value))  # read when the kernel is traced
                 helpers._compiled.clear()
                 for k, v in ((k16, v16), (k16.float(), v16.float())):
                     writer = helpers.CacheWriter(
-                        desc, pools, (None, None), element=element, page_size=16, head_dim=d, lut=lut
+                        desc, pools, scales if nvfp4 else (None, None), ctas_per_sm=ctas, **options
                     )
                     us = t_us(lambda: writer(k, v, slots, None))
                     same = "-"
                     if name != "neither" and k.dtype == torch.bfloat16:
-                        got = [p.clone() for p in pools]
+                        got = [p.clone() for p in (*pools, *scales)]
                         ref = ref or got
                         same = "same bytes" if all(torch.equal(a, b) for a, b in zip(ref, got)) else "BYTES DIFFER"
                     gbs = 2 * k.numel() * k.element_size() / us / 1e3
