@@ -329,11 +329,10 @@ class CacheWriter:
         nvfp4: bool = False,
         floor: Optional[float] = None,
         g_scale: float = 1.0,
-        ctas_per_sm: int = 0,
     ):
         from mjolnir_numerics.formats import FORMATS
 
-        from .helpers_kernel import GROUP, THREADS, fast_divmod_constants
+        from .helpers_kernel import GROUP, fast_divmod_constants
 
         if page_size & (page_size - 1):
             raise ValueError(f"page_size: the writer takes a power of two, got {page_size}")
@@ -341,11 +340,7 @@ class CacheWriter:
             raise ValueError("pools: K's and V's pools must have the same strides")
         if head_dim % GROUP:
             raise ValueError(f"head_dim: the writer takes a multiple of {GROUP}, got {head_dim}")
-        self.element, self.bits, self.threads = element, FORMATS[element].bits, THREADS
-        # 0: one chunk per thread; else a grid of ctas_per_sm CTAs per SM (for each of K, V) looping over chunks
-        self.ctas = (
-            ctas_per_sm * torch.cuda.get_device_properties(pools[0].device).multi_processor_count if ctas_per_sm else 0
-        )
+        self.element, self.bits = element, FORMATS[element].bits
         heads = pools[0].shape[2]
         k_ds, v_ds = _shared_layout(*(ds.float() for ds in descales), heads)
         self.per_seq = k_ds.dim() == 2
@@ -371,7 +366,7 @@ class CacheWriter:
         if hit is None:
             from .helpers_kernel import CacheWriteKernel
 
-            key = ("write", self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale, self.ctas > 0)
+            key = ("write", self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale)
 
             def build():
                 import cutlass
@@ -379,10 +374,8 @@ class CacheWriter:
                 pool = ("u8", _STORE_ALIGN[self.bits])
                 pointers = (("f32", 16), ("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("f32", 4), ("u8", 1), pool,
                             pool, ("u8", 1), ("u8", 1))  # fmt: skip
-                kernel = CacheWriteKernel(
-                    self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale, self.ctas > 0
-                )
-                return kernel, pointers, (*_int64(19), cutlass.Float32(1.0))
+                kernel = CacheWriteKernel(self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale)
+                return kernel, pointers, (*_int64(18), cutlass.Float32(1.0))
 
             hit = self._kernels[bf16] = _kernel(key, self.device, build)
         return hit
@@ -406,9 +399,7 @@ class CacheWriter:
         else:
             seq_ids = slots
         launcher = self._kernel(k.dtype == torch.bfloat16)
-        blocks = -(-n_chunks // self.threads)
-        grid = min(blocks, self.ctas) if self.ctas else blocks
-        launcher((k, v, slots, seq_ids, *self.tensors), (n_chunks, grid, *self.scalars), k.device)
+        launcher((k, v, slots, seq_ids, *self.tensors), (n_chunks, *self.scalars), k.device)
 
 
 def write_kv(

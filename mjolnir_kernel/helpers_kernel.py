@@ -28,7 +28,6 @@ graph).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Optional
 
 import cuda.bindings.driver as cuda
@@ -519,19 +518,16 @@ class CacheWriteKernel:
     device-side error) before the thread reads or writes through it, so nothing is written out of bounds.
     """
 
-    def __init__(
-        self, element: str, nvfp4: bool, bf16: bool, per_seq: bool, has_floor: bool, g_scale: float, loop: bool = False
-    ):
+    def __init__(self, element: str, nvfp4: bool, bf16: bool, per_seq: bool, has_floor: bool, g_scale: float):
         self.fmt = FORMATS[element]  # NVFP4: e2m1
         self.bits, self.nvfp4, self.bf16, self.per_seq = self.fmt.bits, bool(nvfp4), bool(bf16), bool(per_seq)
-        self.has_floor, self.g_scale, self.loop = bool(has_floor), float(g_scale), bool(loop)
-        self.words = 8 if self.bf16 else 16  # 32-bit words of a chunk's values
+        self.has_floor, self.g_scale = bool(has_floor), float(g_scale)
 
     @cute.jit
     def __call__(
         self, k: cute.Pointer, v: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, k_descale: cute.Pointer,
         v_descale: cute.Pointer, lut: cute.Pointer, k_pool: cute.Pointer, v_pool: cute.Pointer,
-        k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int64, grid: Int64,
+        k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int64,
         row_mul: Int64, row_shift: Int64, chunks_per_row: Int64, token_mul: Int64, token_shift: Int64,
         heads: Int64, page_shift: Int64, num_slots: Int64, num_seqs: Int64, pool_page: Int64, pool_row: Int64,
         pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64, ds_seq: Int64, ds_head: Int64,
@@ -541,7 +537,7 @@ class CacheWriteKernel:
             k, v, slots, seq_ids, k_descale, v_descale, lut, k_pool, v_pool, k_scales, v_scales, n_chunks, row_mul,
             row_shift, chunks_per_row, token_mul, token_shift, heads, page_shift, num_slots, num_seqs, pool_page,
             pool_row, pool_head, sc_page, sc_row, sc_head, ds_seq, ds_head, floor,
-        ).launch(grid=[grid, 2, 1], block=[THREADS, 1, 1], stream=stream)  # fmt: skip
+        ).launch(grid=[_blocks(n_chunks, 1), 2, 1], block=[THREADS, 1, 1], stream=stream)  # fmt: skip
 
     @cute.kernel
     def kernel(
@@ -554,84 +550,43 @@ class CacheWriteKernel:
         floor: Float32,
     ):  # fmt: skip
         bidx, which, _ = cute.arch.block_idx()
-        nblk, _, _ = cute.arch.grid_dim()
         tid, _, _ = cute.arch.thread_idx()
-        v_mask = -Int64(which)  # all ones for V: base = k + ((v - k) & v_mask)
-        p = SimpleNamespace(
-            x=k.toint() + ((v.toint() - k.toint()) & v_mask), slots=slots.toint(), seq_ids=seq_ids.toint(),
-            descale=k_descale.toint() + ((v_descale.toint() - k_descale.toint()) & v_mask), lut=lut.toint(),
-            pool=k_pool.toint() + ((v_pool.toint() - k_pool.toint()) & v_mask),
-            scales=k_scales.toint() + ((v_scales.toint() - k_scales.toint()) & v_mask), row_mul=row_mul,
-            row_shift=row_shift, chunks_per_row=chunks_per_row, token_mul=token_mul, token_shift=token_shift,
-            heads=heads, page_shift=page_shift, num_slots=num_slots, num_seqs=num_seqs, pool_page=pool_page,
-            pool_row=pool_row, pool_head=pool_head, sc_page=sc_page, sc_row=sc_row, sc_head=sc_head, ds_seq=ds_seq,
-            ds_head=ds_head, floor=floor,
-        )  # fmt: skip
         t = Int64(bidx) * THREADS + Int64(tid)
         if t < n_chunks:
-            words = cute.make_rmem_tensor((self.words,), Int32)
-            self._load(p, t, words)
-            if cutlass.const_expr(self.loop):  # a grid-stride loop: the next chunk's loads before this one's work
-                stride = Int64(nblk) * THREADS
-                n_iters = Int32((n_chunks - t + stride - 1) // stride)
-                nxt = cute.make_rmem_tensor((self.words,), Int32)
-                for it in cutlass.range(n_iters, unroll=1):
-                    tc = t + Int64(it) * stride
-                    if tc + stride < n_chunks:
-                        self._load(p, tc + stride, nxt)
-                    self._chunk(p, tc, words)
-                    for i in cutlass.range_constexpr(self.words):
-                        words[i] = nxt[i]
-            else:
-                self._chunk(p, t, words)
-
-    @cute.jit
-    def _load(self, p, t, words):
-        """The 32-bit words of chunk ``t``'s values (16 bfloat16 or float32, 16-byte aligned)."""
-        addr = p.x + t * (4 * self.words)
-        for q in cutlass.range_constexpr(self.words // 4):
-            w = ld_v4_b32(addr + 16 * q)
-            for i in cutlass.range_constexpr(4):
-                words[4 * q + i] = w[i]
-
-    @cute.jit
-    def _chunk(self, p, t, words):
-        """Encode chunk ``t`` (its values' ``words``) and store it at its slot."""
-        bits = []
-        for i in cutlass.range_constexpr(self.words):
-            if cutlass.const_expr(self.bf16):
-                bits.append(words[i] << 16)
-                bits.append(words[i] & -65536)  # 0xFFFF0000
-            else:
-                bits.append(words[i])
-        row = (t * p.row_mul) >> p.row_shift
-        chunk = t - row * p.chunks_per_row
-        token = (row * p.token_mul) >> p.token_shift
-        head = row - token * p.heads
-        slot = ld_b64(p.slots + token * 8)
-        ds_at = head * p.ds_head
-        if cutlass.const_expr(self.per_seq):
-            seq = ld_b64(p.seq_ids + token * 8)
-            if (seq < 0) | (seq >= p.num_seqs):
+            v_mask = -Int64(which)  # all ones for V: base = k + ((v - k) & v_mask)
+            x = k.toint() + ((v.toint() - k.toint()) & v_mask)
+            bits = load_block(x + t * (GROUP * (2 if self.bf16 else 4)), self.bf16)  # the loads first
+            row = (t * row_mul) >> row_shift
+            chunk = t - row * chunks_per_row
+            token = (row * token_mul) >> token_shift
+            head = row - token * heads
+            slot = ld_b64(slots.toint() + token * 8)
+            ds_at = head * ds_head
+            if cutlass.const_expr(self.per_seq):
+                seq = ld_b64(seq_ids.toint() + token * 8)
+                if (seq < 0) | (seq >= num_seqs):
+                    trap()
+                ds_at = ds_at + seq * ds_seq
+            ds = as_f32(ld_b32(k_descale.toint() + ((v_descale.toint() - k_descale.toint()) & v_mask) + ds_at * 4))
+            if (slot < 0) | (slot >= num_slots):
                 trap()
-            ds_at = ds_at + seq * p.ds_seq
-        ds = as_f32(ld_b32(p.descale + ds_at * 4))
-        if (slot < 0) | (slot >= p.num_slots):
-            trap()
-        page = slot >> p.page_shift
-        off = slot - (page << p.page_shift)
-        dst = p.pool + page * p.pool_page + off * p.pool_row + head * p.pool_head + chunk * (2 * self.bits)
-        amax = abs_max_bits(bits)
-        if cutlass.const_expr(self.nvfp4):
-            scale_code, total = nvfp4_scale(amax, mul_rn(ds, Float32(self.g_scale)), p.floor, self.has_floor, 6.0)
-            st_b8(p.scales + page * p.sc_page + off * p.sc_row + head * p.sc_head + chunk, scale_code)
-            keep, divisor = positive_mask(total), positive_or_one(total)
-            if fast_division_ok(amax, divisor):
-                store_block_fast(dst, quotients_fast(bits, divisor, keep), p.lut, 4, False)
+            page = slot >> page_shift
+            off = slot - (page << page_shift)
+            pool = k_pool.toint() + ((v_pool.toint() - k_pool.toint()) & v_mask)
+            dst = pool + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
+            amax = abs_max_bits(bits)
+            if cutlass.const_expr(self.nvfp4):
+                scale_code, total = nvfp4_scale(amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0)
+                sc = k_scales.toint() + ((v_scales.toint() - k_scales.toint()) & v_mask)
+                st_b8(sc + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
+                keep, divisor = positive_mask(total), positive_or_one(total)
+                if fast_division_ok(amax, divisor):
+                    store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), 4, False)
+                else:
+                    store_block(dst, block_codes(bits, divisor, lut.toint(), keep), 4)
             else:
-                store_block(dst, block_codes(bits, divisor, p.lut, keep), 4)
-        else:
-            if fast_division_ok(amax, ds):
-                store_block_fast(dst, quotients_fast(bits, ds), p.lut, self.bits, self.fmt.name == "e4m3")
-            else:
-                store_block(dst, block_codes(bits, ds, p.lut), self.bits)
+                if fast_division_ok(amax, ds):
+                    e4m3 = self.fmt.name == "e4m3"
+                    store_block_fast(dst, quotients_fast(bits, ds), lut.toint(), self.bits, e4m3)
+                else:
+                    store_block(dst, block_codes(bits, ds, lut.toint()), self.bits)

@@ -2,9 +2,6 @@
 and V in one launch; quotients from a reciprocal; e4m3 codes by the hardware conversion, the others through
 the round-to-odd table; one 16-value chunk per thread) against variants, side by side in one run:
 
-* ``loop, N CTAs per SM``: a grid of N CTAs per SM (for each of K and V) whose threads loop over chunks,
-  loading the next chunk before encoding the current one;
-
 * ``arithmetic codes``: fp6 / fp4 codes by float arithmetic instead of the table (``element_code`` below:
   the magnitude rounded on the format's grid by adding and subtracting a power of two, then rescaled so that
   float32's encoding is the format's; the same codes, checked on every float32 on the CPU, 2026-12-04);
@@ -13,8 +10,8 @@ the round-to-odd table; one 16-value chunk per thread) against variants, side by
 * ``neither``: no division, no rounding (loads, index arithmetic, packing and stores; wrong bits).
 
 K and V (e4m3, e3m2, e2m1, NVFP4): 32K tokens x 8 heads x d 128 each, bfloat16 and float32, per-head
-descales, page size 16; time per
-call of 20 calls back to back (CUDA events), through :class:`mjolnir_kernel.helpers.CacheWriter`.
+descales, page size 16; time per call of 20 calls back to back (CUDA events), through
+:class:`mjolnir_kernel.helpers.CacheWriter`.
 
     python -m benchmarks.probes.helpers_writer_parts      # on a GPU with the CuTe DSL
 """
@@ -121,8 +118,6 @@ def main():
             )  # fmt: skip
             variants = {
                 "product": {},
-                "loop, 2 CTAs per SM": ({}, 2),
-                "loop, 4 CTAs per SM": ({}, 4),
                 "div.rn everywhere": {"fast_division_ok": lambda amax, dv: amax < 0},
                 "neither": NEITHER,
             }
@@ -132,14 +127,11 @@ def main():
                 }
             ref = None
             for name, patch in variants.items():
-                patch, ctas = patch if isinstance(patch, tuple) else (patch, 0)
                 for attr, value in saved.items():
                     setattr(hk, attr, patch.get(attr, value))  # read when the kernel is traced
                 helpers._compiled.clear()
                 for k, v in ((k16, v16), (k16.float(), v16.float())):
-                    writer = helpers.CacheWriter(
-                        desc, pools, scales if nvfp4 else (None, None), ctas_per_sm=ctas, **options
-                    )
+                    writer = helpers.CacheWriter(desc, pools, scales if nvfp4 else (None, None), **options)
                     us = t_us(lambda: writer(k, v, slots, None))
                     same = "-"
                     if name != "neither" and k.dtype == torch.bfloat16:
