@@ -149,7 +149,7 @@ def _build_quantize(fmt):
 def _build_pack(bits: int):
     from .helpers_kernel import PackKernel
 
-    return PackKernel(bits), (("u8", 16), ("u8", 8)), _int64(1)
+    return PackKernel(bits), (("u8", 16), ("u8", 16)), _int64(1)
 
 
 _QUANTIZE_BUILDS: dict = {}

@@ -268,14 +268,14 @@ def pack6_word(w: Int32) -> Int32:
 
 class PackKernel:
     """``pack`` of ``n`` codes (uint8, 16-byte aligned; ``n`` a multiple of 4 for 6 bits, 2 for 4 bits) into
-    ``n * bits / 8`` bytes: 16 codes per thread (one 16-byte load; 12 or 8 bytes stored)."""
-
-    VEC = 16
+    ``n * bits / 8`` bytes (16-byte aligned): 64 codes per thread for 6 bits (four 16-byte loads, three 16-byte
+    stores), 32 for 4 bits (two loads, one store); a last partial vector four codes at a time."""
 
     def __init__(self, bits: int):
         if bits not in (4, 6):
             raise ValueError(f"bits: the pack kernel packs 4 or 6 bits, got {bits}")
         self.bits = bits
+        self.VEC = 64 if bits == 6 else 32  # codes per thread: a whole number of 16-byte output vectors
 
     @cute.jit
     def __call__(self, codes: cute.Pointer, out: cute.Pointer, n: Int64, stream: cuda.CUstream):
@@ -286,16 +286,19 @@ class PackKernel:
         i = _thread_index() * self.VEC
         src, dst = codes.toint(), out.toint() + i * self.bits // 8
         if i + self.VEC <= n:
-            w = ld_v4_b32(src + i)
-            if cutlass.const_expr(self.bits == 4):
-                st_v2_b32(dst, pack4_word(w[0]) | (pack4_word(w[1]) << 16), pack4_word(w[2]) | (pack4_word(w[3]) << 16))
-            else:
-                p = []
+            w = []
+            for q in cutlass.range_constexpr(self.VEC // 16):
+                w.extend(ld_v4_b32(src + i + 16 * q))
+            if cutlass.const_expr(self.bits == 4):  # 8 words of codes -> 4 words
+                st_v4_b32(dst, *[pack4_word(w[2 * j]) | (pack4_word(w[2 * j + 1]) << 16) for j in range(4)])
+            else:  # 16 words of codes -> 16 24-bit groups -> 12 words
+                p = [pack6_word(x) for x in w]
+                out_words = []
                 for j in cutlass.range_constexpr(4):
-                    p.append(pack6_word(w[j]))
-                st_b32(dst, p[0] | (p[1] << 24))
-                st_b32(dst + 4, (p[1] >> 8) | (p[2] << 16))
-                st_b32(dst + 8, (p[2] >> 16) | (p[3] << 8))
+                    a, b, c, d = p[4 * j], p[4 * j + 1], p[4 * j + 2], p[4 * j + 3]
+                    out_words.extend([a | (b << 24), (b >> 8) | (c << 16), (c >> 16) | (d << 8)])
+                for j in cutlass.range_constexpr(3):
+                    st_v4_b32(dst + 16 * j, *out_words[4 * j : 4 * j + 4])
         else:  # the last thread's partial vector, one group of four codes at a time (n is even)
             for g in cutlass.range_constexpr(self.VEC // 4):
                 j = i + 4 * g

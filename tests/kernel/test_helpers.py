@@ -71,7 +71,7 @@ def _helper_kernels():
     for name in ("e4m3", "e3m2", "e2m3", "e2m1"):
         yield f"quantize {name}", hk.QuantizeKernel(FORMATS[name]), (("f32", 16), ("u8", 1), ("u8", 4)), (i64,)
     for bits in (4, 6):
-        yield f"pack{bits}", hk.PackKernel(bits), (("u8", 16), ("u8", 8)), (i64,)
+        yield f"pack{bits}", hk.PackKernel(bits), (("u8", 16), ("u8", 16)), (i64,)
     for packed, global_divisor in ((False, None), (True, None), (False, 2688.0)):
         ptrs = (*nvfp4_ptrs, ("u8", 8 if packed else 16), ("u8", 1), ("f32", 4))
         kernel = hk.NVFP4EncodeKernel(packed, 6.0, 0.125, global_divisor=global_divisor)
