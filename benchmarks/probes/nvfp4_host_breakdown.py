@@ -53,34 +53,6 @@ def gpu_us(fn, n: int = 50) -> float:
     return start.elapsed_time(end) / n * 1e3
 
 
-def _two_step(x: torch.Tensor):
-    """The path ``nvfp4_quantize(check=False)`` took before 2026-12-04's last change, for comparison: the amax
-    by ``torch.linalg.vector_norm``, then one encoder launch that computes the global scale from it."""
-    from functools import partial
-
-    import cutlass
-
-    from mjolnir_kernel import helpers
-    from mjolnir_kernel.helpers_kernel import NVFP4EncodeKernel
-
-    def build():
-        pointers = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 16), ("u8", 1), ("f32", 4))
-        return NVFP4EncodeKernel(False, 6.0, 1.0, True, 2688.0), pointers, (*helpers._int64(3), cutlass.Float32(1.0))
-
-    launcher = helpers._kernel(("probe two-step",), x.device, build)
-    lut = _tables(x.device)[1]
-
-    def call():
-        amax = torch.linalg.vector_norm(x, float("inf"))
-        codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
-        scales = torch.empty(x.shape[0], x.shape[1] // 16, dtype=torch.uint8, device=x.device)
-        g = torch.empty((), device=x.device)
-        launcher((x, amax, lut, codes, scales, g), (x.numel() // 16, 1, 0, 2.0**-9), x.device)
-        return NVFP4Tensor(codes, scales, torch.broadcast_to(g, (x.shape[0], 1)))
-
-    return partial(call)
-
-
 def main() -> None:
     kernels = fused.helper_kernels("cuda")
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, helper kernels: {kernels is not None}")
@@ -91,10 +63,8 @@ def main() -> None:
         ("nvfp4_quantize checked", lambda: nvfp4_quantize(big)),
         ("nvfp4_quantize check=False", lambda: nvfp4_quantize(big, check=False)),
         ("  vector_norm(inf)", lambda: torch.linalg.vector_norm(big, float("inf"))),
-        ("the two-step path (vector_norm, encoder)", _two_step(big)),
-        ("nvfp4_quantize check=False again", lambda: nvfp4_quantize(big, check=False)),
     ):
-        print(f"  {name:42s} {us_per_call(fn, 200):8.1f} us per call   {gpu_us(fn):8.1f} us of GPU")
+        print(f"  {name:30s} {us_per_call(fn, 200):8.1f} us per call   {gpu_us(fn):8.1f} us of GPU")
 
     x = torch.randn(8, 128, device="cuda")
     amax = torch.linalg.vector_norm(x, float("inf"))
@@ -109,10 +79,8 @@ def main() -> None:
     print(f"amax + encoder call: TVM-FFI {launcher.ffi}, raw function {launcher.raw is not None}")
     g_out, amax_buf = torch.empty(2, device="cuda").unbind()
     tensors = (x, e2m1_lut, codes, scales, g_out, amax_buf)
-    two_step = _two_step(x)
     steps = (
         ("nvfp4_quantize check=False (whole)", lambda: nvfp4_quantize(x, check=False)),
-        ("the two-step path (whole)", two_step),
         ("nvfp4_quantize checked (whole)", lambda: nvfp4_quantize(x)),
         ("check_tensor + check_int + 2 check_bool", lambda: (
             check_tensor("x", x, kind="float"), check_int("group", 16, low=1), check_bool("a", False),
