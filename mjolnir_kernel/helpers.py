@@ -22,16 +22,7 @@ from typing import Optional
 
 import torch
 
-__all__ = [
-    "available",
-    "quantize_f32",
-    "pack_codes",
-    "nvfp4_encode",
-    "nvfp4_quantize_global",
-    "write_unsupported",
-    "CacheWriter",
-    "write_kv",
-]
+__all__ = ["available", "quantize_f32", "pack_codes", "nvfp4_encode", "write_unsupported", "CacheWriter", "write_kv"]
 
 MAX_ELEMENTS = 1 << 40
 _lock = threading.Lock()
@@ -213,13 +204,13 @@ def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
     return out
 
 
-def _build_nvfp4(packed: bool, divisor: float, g_scale: float, has_floor: bool):
+def _build_nvfp4(packed: bool, divisor: float, g_scale: float, has_floor: bool, global_divisor: Optional[float]):
     import cutlass
 
     from .helpers_kernel import NVFP4EncodeKernel
 
     pointers = (("f32", 16), ("f32", 4), ("u8", 1), ("u8", 8 if packed else 16), ("u8", 1), ("f32", 4))
-    kernel = NVFP4EncodeKernel(packed, divisor, g_scale, has_floor)
+    kernel = NVFP4EncodeKernel(packed, divisor, g_scale, has_floor, global_divisor)
     return kernel, pointers, (*_int64(3), cutlass.Float32(1.0))
 
 
@@ -232,18 +223,22 @@ def nvfp4_encode(
     divisor: float,
     packed: bool = False,
     g_scale: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    global_divisor: Optional[float] = None,
+) -> tuple[torch.Tensor, ...]:
     """The NVFP4 encoder (``fused.nvfp4_block_scales`` then ``fused.nvfp4_codes``; ``packed``: codes two per
     byte, under ``g * g_scale``) on CUDA, block 16, in one launch.
 
     Args:
         x: float32 ``(rows, d)``, ``d`` a multiple of 16, finite.
-        g: float32 global scales, ``(rows, 1)`` or one value (``()``, ``(1,)`` or ``(1, 1)``).
+        g: float32 global scales, ``(rows, 1)`` or one value (``()``, ``(1,)`` or ``(1, 1)``); with
+            ``global_divisor``, one value: ``max |x|`` of the whole tensor, from which the kernel computes the
+            global scale as ``nvfp4._global_scale(amax, global_divisor)`` does (no wait for the device).
         floor: the block-scale floor, or None.
         e2m1_lut: e2m1's round-to-odd table (the block scales are rounded by the hardware's e4m3 conversion).
 
     Returns:
-        codes uint8 ``(rows, d)`` (``packed``: ``(rows, d // 2)``) and scale codes uint8 ``(rows, d // 16)``.
+        codes uint8 ``(rows, d)`` (``packed``: ``(rows, d // 2)``) and scale codes uint8 ``(rows, d // 16)``;
+        with ``global_divisor`` also the global scale, float32 ``()``.
     """
     from .helpers_kernel import NVFP4_GROUP
 
@@ -254,7 +249,7 @@ def nvfp4_encode(
         g = g.float()
     if g.numel() == 1:
         g_stride = 0  # the kernel reads g[0]
-    elif g.shape == (rows, 1):
+    elif g.shape == (rows, 1) and global_divisor is None:
         g = g.reshape(rows)
         g_stride = g.stride(0)
     else:
@@ -262,65 +257,18 @@ def nvfp4_encode(
     codes = torch.empty(rows, d // 2 if packed else d, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, d // NVFP4_GROUP, dtype=torch.uint8, device=x.device)
     n_blocks = x.numel() // NVFP4_GROUP
+    g_out = g
+    if global_divisor is not None:  # the kernel writes g (1 where there is nothing to encode)
+        g_out = (torch.empty if n_blocks else torch.ones)((), dtype=torch.float32, device=x.device)
     if n_blocks:
         has_floor = floor is not None
-        key = ("nvfp4", packed, divisor, g_scale, has_floor)
+        key = ("nvfp4", packed, divisor, g_scale, has_floor, global_divisor)
         kernel = _compiled.get((key, x.device.index)) or _kernel(
-            key, x.device, functools.partial(_build_nvfp4, packed, divisor, g_scale, has_floor)
+            key, x.device, functools.partial(_build_nvfp4, packed, divisor, g_scale, has_floor, global_divisor)
         )
-        tensors = (x, g, e2m1_lut, codes, scales, g)  # g_out: unused without a global divisor
+        tensors = (x, g, e2m1_lut, codes, scales, g_out)
         kernel(tensors, (n_blocks, d // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0), x.device)
-    return codes, scales
-
-
-AMAX_CTAS_PER_SM = 4  # tuning: the amax grid of nvfp4_quantize_global
-
-
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _build_nvfp4_quantize(global_divisor: float, has_floor: bool):
-    import cutlass
-
-    from .helpers_kernel import NVFP4QuantizeKernel
-
-    pointers = (("f32", 16), ("u8", 1), ("u8", 16), ("u8", 1), ("f32", 4), ("f32", 4))
-    return NVFP4QuantizeKernel(global_divisor, has_floor), pointers, (*_int64(2), cutlass.Float32(1.0))
-
-
-def nvfp4_quantize_global(
-    x: torch.Tensor, floor: Optional[float], e2m1_lut: torch.Tensor, *, global_divisor: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``nvfp4_quantize(x, check=False)`` with one global scale from ``max |x|`` (``nvfp4._global_scale(amax,
-    global_divisor)``), block 16, amax, global scale and encoder in one call (no wait for the device).
-
-    Args:
-        x: float32 ``(rows, d)``, ``d`` a multiple of 16 (finite values: the caller's guarantee).
-        floor: the block-scale floor, or None; e2m1_lut: e2m1's round-to-odd table.
-
-    Returns:
-        codes uint8 ``(rows, d)``, scale codes uint8 ``(rows, d // 16)``, the global scale float32 ``()``.
-    """
-    rows, d = x.shape
-    x = _aligned("x", x if x.dtype == torch.float32 else x.float(), 16)
-    _check_size("x", x.numel())
-    n_blocks = x.numel() // 16
-    codes = torch.empty(rows, d, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(rows, d // 16, dtype=torch.uint8, device=x.device)
-    if n_blocks == 0:  # nothing to encode: g = 1, as for an all-zero tensor
-        return codes, scales, torch.ones((), dtype=torch.float32, device=x.device)
-    g_out, amax = torch.empty(2, dtype=torch.float32, device=x.device).unbind()
-    has_floor = floor is not None
-    key = ("nvfp4_quantize", global_divisor, has_floor)
-    kernel = _compiled.get((key, x.device.index)) or _kernel(
-        key, x.device, functools.partial(_build_nvfp4_quantize, global_divisor, has_floor)
-    )
-    ctas = AMAX_CTAS_PER_SM * _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
-    scalars = (n_blocks, min(ctas, -(-n_blocks * 4 // 256)), float(floor) if has_floor else 0.0)
-    kernel((x, e2m1_lut, codes, scales, g_out, amax), scalars, x.device)
-    return codes, scales, g_out
+    return (codes, scales) if global_divisor is None else (codes, scales, g_out)
 
 
 _STORE_ALIGN = {8: 16, 6: 4, 4: 8}  # bytes: the widest store of a 16-value chunk's codes

@@ -115,18 +115,6 @@ def cvt_e4m3x2(lo, hi, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def redux_max(v, *, loc=None, ip=None) -> Int32:
-    """The largest of a full warp's unsigned 32-bit ``v`` (``redux.sync.max.u32``), in every lane."""
-    return Int32(_asm(T.i32(), [_i32(v, loc, ip)], "redux.sync.max.u32 $0, $1, 0xffffffff;", "=r,r"))
-
-
-@dsl_user_op
-def red_max(gmem_addr, v, *, loc=None, ip=None) -> None:
-    """``*gmem_addr = max(*gmem_addr, v)`` for unsigned 32-bit values, atomically (``red.global.max.u32``)."""
-    _asm(None, [_addr(gmem_addr, loc, ip), _i32(v, loc, ip)], "red.global.max.u32 [$0], $1;", "l,r", side_effects=True)
-
-
-@dsl_user_op
 def e4m3_value(code, *, loc=None, ip=None) -> Float32:
     """The value of e4m3 code ``code`` (low byte) as float32: ``cvt.rn.f16x2.e4m3x2`` then ``cvt.f32.f16``, both
     exact (e4m3 values are float16 values)."""
@@ -503,50 +491,6 @@ class NVFP4EncodeKernel:
                 )
             else:
                 store_block(dst, block_codes(bits, divisor, e2m1_lut.toint(), keep), 4 if self.packed else 8)
-
-
-class NVFP4QuantizeKernel:
-    """``nvfp4_quantize(x, check=False)`` with its global scale from ``max |x|``, in one call of three grids on one
-    stream: a one-thread grid zeroes ``amax``; an amax grid of ``amax_ctas`` CTAs loops over ``x`` (16-byte
-    loads), takes each warp's largest ``|x|`` bits (``redux.sync``) and folds it into ``amax`` (``red.global.max``:
-    an integer max of the magnitudes' bits, exact for finite values, as ``torch.linalg.vector_norm(x, inf)``);
-    then the encoder (:class:`NVFP4EncodeKernel` with ``global_divisor``) reads ``amax`` as float32 bits, computes
-    the global scale and writes it to ``g_out``. ``x``: float32, 16-byte aligned, rows of ``d`` (a multiple of 16)."""
-
-    def __init__(self, global_divisor: float, has_floor: bool):
-        self.encoder = NVFP4EncodeKernel(False, 6.0, 1.0, has_floor, global_divisor)
-
-    @cute.jit
-    def __call__(
-        self, x: cute.Pointer, e2m1_lut: cute.Pointer, codes: cute.Pointer, scales: cute.Pointer, g_out: cute.Pointer,
-        amax: cute.Pointer, n_blocks: Int64, amax_ctas: Int64, floor: Float32, stream: cuda.CUstream,
-    ):  # fmt: skip
-        self.zero(amax).launch(grid=[1, 1, 1], block=[32, 1, 1], stream=stream)
-        self.amax_kernel(x, amax, n_blocks * 4).launch(grid=[amax_ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
-        self.encoder.kernel(x, amax, e2m1_lut, codes, scales, g_out, n_blocks, Int64(1), Int64(0), floor).launch(
-            grid=[_blocks(n_blocks, 1), 1, 1], block=[THREADS, 1, 1], stream=stream
-        )
-
-    @cute.kernel
-    def zero(self, amax: cute.Pointer):
-        tid, _, _ = cute.arch.thread_idx()
-        if tid == 0:
-            st_b32(amax.toint(), Int32(0))
-
-    @cute.kernel
-    def amax_kernel(self, x: cute.Pointer, amax: cute.Pointer, n_vec: Int64):
-        nblk, _, _ = cute.arch.grid_dim()
-        i = _thread_index()
-        stride = Int64(nblk) * THREADS
-        n_iters = Int32(0)
-        if i < n_vec:
-            n_iters = Int32((n_vec - i + stride - 1) // stride)
-        m = Int32(0)
-        for it in cutlass.range(n_iters, unroll=4):
-            m = max_s32(m, abs_max_bits(ld_v4_b32(x.toint() + (i + Int64(it) * stride) * 16)))
-        m = redux_max(m)
-        if cute.arch.lane_idx() == 0:
-            red_max(amax.toint(), m)
 
 
 # -- the cache writer ----------------------------------------------------------------------------------

@@ -263,15 +263,16 @@ def nvfp4_quantize(
     divisor = GLOBAL_SCALE_CONVENTIONS[global_scale]
     kernels = fused.helper_kernels(x.device) if group == 16 and not four_over_six else None
     if not check and global_value is None:  # g on the device: no wait
-        if kernels is not None:  # one call: the amax, g = _global_scale(amax, divisor) and the codes on the device
-            codes, scale_codes, g = kernels.nvfp4_quantize_global(
-                x.reshape(-1, d), scale_floor, _round_to_odd_lut(E2M1, x.device), global_divisor=divisor
-            )
+        amax = torch.linalg.vector_norm(x, float("inf")) if x.numel() else torch.zeros((), device=x.device)
+        if kernels is not None:  # one launch after the amax: g = _global_scale(amax, divisor) in the kernel
+            codes, scale_codes, g = kernels.nvfp4_encode(
+                x.reshape(-1, d), amax, scale_floor, _round_to_odd_lut(E2M1, x.device), divisor=E2M1.max_normal,
+                global_divisor=divisor,
+            )  # fmt: skip
             return NVFP4Tensor(
                 codes=codes.view(x.shape), scales=scale_codes.view(*lead, d // group),
                 global_scale=torch.broadcast_to(g, (*lead, 1)), group=group,
             )  # fmt: skip
-        amax = torch.linalg.vector_norm(x, float("inf")) if x.numel() else torch.zeros((), device=x.device)
         g = _global_scale(amax, divisor)
     elif global_value is None:
         # max |x| in one pass and one wait (NaN and inf propagate); the inf-norm is a max: exact

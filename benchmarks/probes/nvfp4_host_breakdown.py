@@ -5,8 +5,8 @@
 Prints, for 16M float32 values as ``(131072, 128)``: the time per call back to back (checked and
 ``check=False``) beside torch's e4m3 cast, the GPU time per call (CUDA events around the calls' GPU work
 alone), and for a 1024-value tensor (host-bound: the GPU work is negligible) the host time per call of
-every step ``nvfp4_quantize`` takes on its paths (``check=False``: one call of the amax, global scale and encoder
-grids; checked: the global scale on the host after one wait, then the encoder).
+every step ``nvfp4_quantize`` takes on its one-launch paths (``check=False``: the amax, then the encoder that
+computes the global scale from it; checked: the global scale on the host after one wait).
 """
 
 # ruff: noqa: B023  (a probe: its lambdas run inside the loop that binds them)
@@ -71,14 +71,14 @@ def main() -> None:
     g = _global_scale(amax, 6 * 448.0)
     e2m1_lut = _tables(x.device)[1]
     codes, scales = kernels.nvfp4_encode(x, g.float(), 2.0**-9, e2m1_lut, divisor=6.0)
-    kernels.nvfp4_quantize_global(x, 2.0**-9, e2m1_lut, global_divisor=6 * 448.0)
+    kernels.nvfp4_encode(x, amax, 2.0**-9, e2m1_lut, divisor=6.0, global_divisor=6 * 448.0)
     from mjolnir_kernel import helpers
 
-    key = next(k for k in helpers._compiled if k[0][0] == "nvfp4_quantize")
+    key = next(k for k in helpers._compiled if k[0][0] == "nvfp4" and k[0][-1] is not None)
     launcher = helpers._compiled[key]
-    print(f"amax + encoder call: TVM-FFI {launcher.ffi}, raw function {launcher.raw is not None}")
-    g_out, amax_buf = torch.empty(2, device="cuda").unbind()
-    tensors = (x, e2m1_lut, codes, scales, g_out, amax_buf)
+    print(f"one-launch encoder: TVM-FFI {launcher.ffi}, raw function {launcher.raw is not None}")
+    out = (codes, scales, torch.ones((), device="cuda"))
+    tensors = (x, amax.reshape(1), e2m1_lut, *out)
     steps = (
         ("nvfp4_quantize check=False (whole)", lambda: nvfp4_quantize(x, check=False)),
         ("nvfp4_quantize checked (whole)", lambda: nvfp4_quantize(x)),
@@ -95,9 +95,9 @@ def main() -> None:
         ("_tables(device)", lambda: _tables(x.device)),
         ("kernels.nvfp4_encode", lambda: kernels.nvfp4_encode(
             x, g.float(), 2.0**-9, e2m1_lut, divisor=E2M1.max_normal)),
-        ("kernels.nvfp4_quantize_global (check=False's)", lambda: kernels.nvfp4_quantize_global(
-            x, 2.0**-9, e2m1_lut, global_divisor=2688.0)),
-        ("  its launcher call alone", lambda: launcher(tensors, (64, 1, 2.0**-9), x.device)),
+        ("kernels.nvfp4_encode(global_divisor=2688)", lambda: kernels.nvfp4_encode(
+            x, amax, 2.0**-9, e2m1_lut, divisor=E2M1.max_normal, global_divisor=2688.0)),
+        ("  its launcher call alone", lambda: launcher(tensors, (64, 8, 0, 2.0**-9), x.device)),
         ("2 x torch.empty uint8", lambda: (
             torch.empty(8, 128, dtype=torch.uint8, device="cuda"),
             torch.empty(8, 8, dtype=torch.uint8, device="cuda"))),

@@ -76,8 +76,6 @@ def _helper_kernels():
         ptrs = (*nvfp4_ptrs, ("u8", 8 if packed else 16), ("u8", 1), ("f32", 4))
         kernel = hk.NVFP4EncodeKernel(packed, 6.0, 0.125, global_divisor=global_divisor)
         yield f"nvfp4 packed={packed} global_divisor={global_divisor}", kernel, ptrs, (i64,) * 3 + (f32,)
-    quantize_ptrs = (("f32", 16), ("u8", 1), ("u8", 16), ("u8", 1), ("f32", 4), ("f32", 4))
-    yield "nvfp4 quantize global", hk.NVFP4QuantizeKernel(2688.0, True), quantize_ptrs, (i64,) * 2 + (f32,)
     for element, nvfp4 in (("e4m3", False), ("e3m2", False), ("e2m3", False), ("e2m1", False), ("e2m1", True)):
         bits = FORMATS[element].bits
         pool = ("u8", helpers._STORE_ALIGN[bits])
