@@ -222,6 +222,10 @@ class PagedKVCache:
     def __post_init__(self):
         self.validate()
 
+    def __getstate__(self) -> dict:
+        """Pickled and deep-copied without its writers (compiled kernels bound to this process's device)."""
+        return {**self.__dict__, "_writers": {}}
+
     # -- shape properties ---------------------------------------------------------------------
     @property
     def num_pages(self) -> int:

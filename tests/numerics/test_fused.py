@@ -419,3 +419,33 @@ def test_cuda_write_of_every_bfloat16_under_any_descale_is_the_cpu_write(fmt, cu
         caches[0].write(k, v, slots, check=False)
         caches[1].write(k.cuda(), v.cuda(), slots.cuda(), check=False)
         assert all(torch.equal(a, b) for a, b in zip(_pool_bytes(caches[0]), _pool_bytes(caches[1]))), (fmt, descale)
+
+
+def test_a_cache_with_a_writer_pickles_and_copies_without_it(monkeypatch):
+    """The writer a cache keeps (compiled kernels, not picklable) stays behind when the cache is pickled or
+    deep-copied; the copy makes its own on its first write."""
+    import copy
+    import pickle
+
+    made = []
+
+    class Kernels:
+        write_unsupported = staticmethod(lambda *a: None)
+
+        class CacheWriter:
+            def __init__(self, *args, **kw):
+                self.launch = lambda: None  # like a compiled kernel: cannot be pickled
+                made.append(self)
+
+            def __call__(self, k, v, slots, seq_ids):
+                pass
+
+    cache = _caches("e2m1", "nhd", "per_head", "cpu")
+    monkeypatch.setattr(fused, "helper_kernels", lambda device: Kernels)
+    k, v, slots, _ = _decode_step(cache, 4, seed=7)
+    cache.write(k, v, slots, check=False)
+    assert len(made) == 1 and cache._writers
+    for twin in (pickle.loads(pickle.dumps(cache)), copy.deepcopy(cache)):
+        assert twin._writers == {} and all(torch.equal(a, b) for a, b in zip(_pool_bytes(twin), _pool_bytes(cache)))
+        twin.write(k, v, slots, check=False)
+    assert len(made) == 3 and cache._writers
