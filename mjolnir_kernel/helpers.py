@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["available", "quantize_f32", "pack_codes", "nvfp4_encode", "write_unsupported", "CacheWriter", "write_kv"]
+__all__ = ["available", "quantize_f32", "pack_codes", "nvfp4_encode", "write_unsupported", "CacheWriter"]
 
 MAX_ELEMENTS = 1 << 40
 _lock = threading.Lock()
@@ -342,6 +342,7 @@ class CacheWriter:
             raise ValueError(f"head_dim: the writer takes a multiple of {GROUP}, got {head_dim}")
         self.element, self.bits = element, FORMATS[element].bits
         heads = pools[0].shape[2]
+        self.row_shape = (heads, head_dim)
         k_ds, v_ds = _shared_layout(*(ds.float() for ds in descales), heads)
         self.per_seq = k_ds.dim() == 2
         if self.per_seq:
@@ -381,6 +382,12 @@ class CacheWriter:
         return hit
 
     def __call__(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, seq_ids: Optional[torch.Tensor]) -> None:
+        n = k.shape[0]
+        if tuple(k.shape[1:]) != self.row_shape or v.shape != k.shape:
+            want = f"(n_tokens, {self.row_shape[0]}, {self.row_shape[1]})"
+            raise ValueError(f"k, v: expected {want} each, got {tuple(k.shape)} and {tuple(v.shape)}")
+        if slots.shape != (n,) or (seq_ids is not None and seq_ids.shape != (n,)):
+            raise ValueError(f"slots, seq_ids: expected ({n},) each to match k, got {tuple(slots.shape)}")
         if k.dtype != v.dtype or k.dtype not in (torch.float32, torch.bfloat16):
             k, v = k.float(), v.float()
         k, v = _aligned("k", k, 16), _aligned("v", v, 16)
@@ -400,21 +407,6 @@ class CacheWriter:
             seq_ids = slots
         launcher = self._kernel(k.dtype == torch.bfloat16)
         launcher((k, v, slots, seq_ids, *self.tensors), (n_chunks, *self.scalars), k.device)
-
-
-def write_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slots: torch.Tensor,
-    seq_ids: Optional[torch.Tensor],
-    descales: tuple,
-    pools: tuple,
-    scales: tuple,
-    **options,
-) -> None:
-    """One write of K and V by a :class:`CacheWriter` made for it (``options``: its keyword arguments but
-    ``head_dim``, which ``k`` gives)."""
-    CacheWriter(descales, pools, scales, head_dim=k.shape[-1], **options)(k, v, slots, seq_ids)
 
 
 def _shared_layout(k_ds: torch.Tensor, v_ds: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:

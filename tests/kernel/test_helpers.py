@@ -229,3 +229,21 @@ def test_fast_quotients_of_tiny_values_round_to_the_zero_code_of_their_sign():
     for name in ("e4m3", "e3m2", "e2m3", "e2m1"):
         fmt = FORMATS[name]
         assert torch.equal(quantize(torch.from_numpy(got), fmt), quantize(torch.from_numpy(want), fmt)), name
+
+
+def test_cache_writer_refuses_rows_and_slots_of_the_wrong_shape():
+    """The writer's launch indexes the pools by the cache's geometry: rows of another shape, K and V that differ,
+    or slots that do not match the rows are refused before any launch (checked on the CPU: nothing launches)."""
+    pools = tuple(torch.zeros(8, 16, 2, 128, dtype=torch.uint8) for _ in "kv")
+    descales = (torch.ones(2), torch.ones(2))
+    lut = torch.zeros(1 << 16, dtype=torch.uint8)
+    writer = helpers.CacheWriter(descales, pools, (None, None), element="e4m3", page_size=16, head_dim=128, lut=lut)
+    rows, slots = torch.zeros(4, 2, 128), torch.arange(4)
+    with pytest.raises(ValueError, match=r"^k, v: expected \(n_tokens, 2, 128\)"):
+        writer(torch.zeros(4, 3, 128), torch.zeros(4, 3, 128), slots, None)
+    with pytest.raises(ValueError, match=r"^k, v: expected"):
+        writer(rows, torch.zeros(5, 2, 128), slots, None)
+    with pytest.raises(ValueError, match=r"^slots, seq_ids: expected \(4,\)"):
+        writer(rows, rows, torch.arange(3), None)
+    with pytest.raises(ValueError, match="^page_size: the writer takes a power of two"):
+        helpers.CacheWriter(descales, pools, (None, None), element="e4m3", page_size=24, head_dim=128, lut=lut)
