@@ -22,7 +22,15 @@ from typing import Optional
 
 import torch
 
-__all__ = ["available", "quantize_f32", "pack_codes", "nvfp4_encode", "write_unsupported", "CacheWriter"]
+__all__ = [
+    "available",
+    "quantize_f32",
+    "pack_codes",
+    "nvfp4_encode",
+    "nvfp4_encode_global",
+    "write_unsupported",
+    "CacheWriter",
+]
 
 MAX_ELEMENTS = 1 << 40
 _lock = threading.Lock()
@@ -223,22 +231,18 @@ def nvfp4_encode(
     divisor: float,
     packed: bool = False,
     g_scale: float = 1.0,
-    global_divisor: Optional[float] = None,
-) -> tuple[torch.Tensor, ...]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The NVFP4 encoder (``fused.nvfp4_block_scales`` then ``fused.nvfp4_codes``; ``packed``: codes two per
     byte, under ``g * g_scale``) on CUDA, block 16, in one launch.
 
     Args:
         x: float32 ``(rows, d)``, ``d`` a multiple of 16, finite.
-        g: float32 global scales, ``(rows, 1)`` or one value (``()``, ``(1,)`` or ``(1, 1)``); with
-            ``global_divisor``, one value: ``max |x|`` of the whole tensor, from which the kernel computes the
-            global scale as ``nvfp4._global_scale(amax, global_divisor)`` does (no wait for the device).
+        g: float32 global scales, ``(rows, 1)`` or one value (``()``, ``(1,)`` or ``(1, 1)``).
         floor: the block-scale floor, or None.
         e2m1_lut: e2m1's round-to-odd table (the block scales are rounded by the hardware's e4m3 conversion).
 
     Returns:
-        codes uint8 ``(rows, d)`` (``packed``: ``(rows, d // 2)``) and scale codes uint8 ``(rows, d // 16)``;
-        with ``global_divisor`` also the global scale, float32 ``()``.
+        codes uint8 ``(rows, d)`` (``packed``: ``(rows, d // 2)``) and scale codes uint8 ``(rows, d // 16)``.
     """
     from .helpers_kernel import NVFP4_GROUP
 
@@ -249,7 +253,7 @@ def nvfp4_encode(
         g = g.float()
     if g.numel() == 1:
         g_stride = 0  # the kernel reads g[0]
-    elif g.shape == (rows, 1) and global_divisor is None:
+    elif g.shape == (rows, 1):
         g = g.reshape(rows)
         g_stride = g.stride(0)
     else:
@@ -257,18 +261,45 @@ def nvfp4_encode(
     codes = torch.empty(rows, d // 2 if packed else d, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, d // NVFP4_GROUP, dtype=torch.uint8, device=x.device)
     n_blocks = x.numel() // NVFP4_GROUP
-    g_out = g
-    if global_divisor is not None:  # the kernel writes g (1 where there is nothing to encode)
-        g_out = (torch.empty if n_blocks else torch.ones)((), dtype=torch.float32, device=x.device)
     if n_blocks:
         has_floor = floor is not None
-        key = ("nvfp4", packed, divisor, g_scale, has_floor, global_divisor)
+        key = ("nvfp4", packed, divisor, g_scale, has_floor, None)
         kernel = _compiled.get((key, x.device.index)) or _kernel(
-            key, x.device, functools.partial(_build_nvfp4, packed, divisor, g_scale, has_floor, global_divisor)
+            key, x.device, functools.partial(_build_nvfp4, packed, divisor, g_scale, has_floor, None)
         )
-        tensors = (x, g, e2m1_lut, codes, scales, g_out)
+        tensors = (x, g, e2m1_lut, codes, scales, g)  # g_out: unused without a global divisor
         kernel(tensors, (n_blocks, d // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0), x.device)
-    return (codes, scales) if global_divisor is None else (codes, scales, g_out)
+    return codes, scales
+
+
+def nvfp4_encode_global(
+    x: torch.Tensor, amax: torch.Tensor, floor: Optional[float], e2m1_lut: torch.Tensor, *, global_divisor: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``nvfp4_quantize(x, check=False)``'s encoder with one global scale from the amax, in one launch: the
+    kernel computes ``g = nvfp4._global_scale(amax, global_divisor)`` (``div.rn.f32``, 1 where the quotient is
+    not > 0) from ``amax`` on the device and writes it out (no wait for the device).
+
+    Args:
+        x: float32 ``(..., d)``, ``d`` a multiple of 16 (finite: the caller's guarantee); amax: float32 ``()``,
+            ``max |x|``; floor: the block-scale floor, or None; e2m1_lut: e2m1's round-to-odd table.
+
+    Returns:
+        codes uint8 of ``x``'s shape, scale codes uint8 ``(..., d // 16)``, the global scale float32 ``()``.
+    """
+    x = _aligned("x", x if x.dtype == torch.float32 else x.float(), 16)
+    n = x.numel()
+    _check_size("x", n)
+    codes = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    scales = torch.empty((*x.shape[:-1], x.shape[-1] // 16), dtype=torch.uint8, device=x.device)
+    if n == 0:  # nothing to encode: g = 1, as for amax 0
+        return codes, scales, torch.ones((), dtype=torch.float32, device=x.device)
+    g = torch.empty((), dtype=torch.float32, device=x.device)
+    key = ("nvfp4", False, 6.0, 1.0, floor is not None, global_divisor)
+    kernel = _compiled.get((key, x.device.index)) or _kernel(
+        key, x.device, functools.partial(_build_nvfp4, False, 6.0, 1.0, floor is not None, global_divisor)
+    )
+    kernel((x, amax, e2m1_lut, codes, scales, g), (n // 16, 1, 0, 0.0 if floor is None else float(floor)), x.device)
+    return codes, scales, g
 
 
 _STORE_ALIGN = {8: 16, 6: 4, 4: 8}  # bytes: the widest store of a 16-value chunk's codes

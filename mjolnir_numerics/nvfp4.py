@@ -265,14 +265,10 @@ def nvfp4_quantize(
     if not check and global_value is None:  # g on the device: no wait
         amax = torch.linalg.vector_norm(x, float("inf")) if x.numel() else torch.zeros((), device=x.device)
         if kernels is not None:  # one launch after the amax: g = _global_scale(amax, divisor) in the kernel
-            codes, scale_codes, g = kernels.nvfp4_encode(
-                x.reshape(-1, d), amax, scale_floor, _round_to_odd_lut(E2M1, x.device), divisor=E2M1.max_normal,
-                global_divisor=divisor,
-            )  # fmt: skip
-            return NVFP4Tensor(
-                codes=codes.view(x.shape), scales=scale_codes.view(*lead, d // group),
-                global_scale=torch.broadcast_to(g, (*lead, 1)), group=group,
-            )  # fmt: skip
+            codes, scale_codes, g = kernels.nvfp4_encode_global(
+                x, amax, scale_floor, _round_to_odd_lut(E2M1, x.device), global_divisor=divisor
+            )
+            return NVFP4Tensor(codes, scale_codes, torch.broadcast_to(g, (*lead, 1)), group)
         g = _global_scale(amax, divisor)
     elif global_value is None:
         # max |x| in one pass and one wait (NaN and inf propagate); the inf-norm is a max: exact

@@ -71,10 +71,10 @@ def main() -> None:
     g = _global_scale(amax, 6 * 448.0)
     e2m1_lut = _tables(x.device)[1]
     codes, scales = kernels.nvfp4_encode(x, g.float(), 2.0**-9, e2m1_lut, divisor=6.0)
-    kernels.nvfp4_encode(x, amax, 2.0**-9, e2m1_lut, divisor=6.0, global_divisor=6 * 448.0)
+    kernels.nvfp4_encode_global(x, amax, 2.0**-9, e2m1_lut, global_divisor=6 * 448.0)
     from mjolnir_kernel import helpers
 
-    key = next(k for k in helpers._compiled if k[0][0] == "nvfp4" and k[0][-1] is not None)
+    key = next(k for k in helpers._compiled if k[0][0] == "nvfp4" and k[0][-1] is not None)  # the global mode
     launcher = helpers._compiled[key]
     print(f"one-launch encoder: TVM-FFI {launcher.ffi}, raw function {launcher.raw is not None}")
     out = (codes, scales, torch.ones((), device="cuda"))
@@ -95,8 +95,8 @@ def main() -> None:
         ("_tables(device)", lambda: _tables(x.device)),
         ("kernels.nvfp4_encode", lambda: kernels.nvfp4_encode(
             x, g.float(), 2.0**-9, e2m1_lut, divisor=E2M1.max_normal)),
-        ("kernels.nvfp4_encode(global_divisor=2688)", lambda: kernels.nvfp4_encode(
-            x, amax, 2.0**-9, e2m1_lut, divisor=E2M1.max_normal, global_divisor=2688.0)),
+        ("kernels.nvfp4_encode_global (check=False's)", lambda: kernels.nvfp4_encode_global(
+            x, amax, 2.0**-9, e2m1_lut, global_divisor=2688.0)),
         ("  its launcher call alone", lambda: launcher(tensors, (64, 8, 0, 2.0**-9), x.device)),
         ("2 x torch.empty uint8", lambda: (
             torch.empty(8, 128, dtype=torch.uint8, device="cuda"),
