@@ -5,14 +5,15 @@ Each kernel computes the formula of its ``mjolnir_numerics.fused`` counterpart, 
 operations, so its bits are the spec's:
 
 * quantize: ``lut[t]`` where ``t`` is the round-to-odd bfloat16 index of the float32 bits (integer
-  arithmetic) and ``lut`` the quantizer's 65536-entry table;
-* pack: the integer shifts and ors of ``fused.pack_codes``, 16 codes per thread;
+  arithmetic) and ``lut`` the quantizer's 65536-entry table; e4m3 by the hardware's conversion
+  (``cvt.rn.satfinite.e4m3x2.f32``, the rounding the spec describes) where the values are finite;
+* pack: the integer shifts and ors of ``fused.pack_codes``, 64 (6 bits) or 32 (4 bits) codes per thread;
 * NVFP4: one thread per 16-value block: ``amax`` (exact), the block scale ``e4m3(max(amax / divisor / g,
-  floor))`` by two correctly rounded divisions (``div.rn.f32``) and the e4m3 table, ``total = scale * g``
-  (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total``;
-* the cache writer: one 16-value chunk of a new row per thread, encoded as above (element formats:
-  ``lut[t]`` of ``x / descale``) and stored at its slot's address, K and V in one launch
-  (:class:`CacheWriteKernel`).
+  floor))`` by two correctly rounded divisions (``div.rn.f32``) and the hardware's e4m3 conversion,
+  ``total = scale * g`` (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total``; with
+  a global divisor, ``g`` itself from the tensor's amax on the device;
+* the cache writer: one 16-value chunk of a new row per thread, encoded as above (element formats: the
+  codes of ``x / descale``) and stored at its slot's address, K and V in one launch (:class:`CacheWriteKernel`).
 
 The element quotients ``x / divisor`` are the correctly rounded float32 quotients, but computed the way
 correctly rounded division is built from a reciprocal (:func:`quotient_fast`: one reciprocal ``div.rn.f32``
