@@ -1,8 +1,8 @@
 """Elementwise kernels behind the helpers users import on the GPU: quantize, pack, the NVFP4 encoder and the
 cache writer (CuTe DSL device code; the host side is :mod:`mjolnir_kernel.helpers`).
 
-Each kernel computes the formula of its ``mjolnir_numerics.fused`` counterpart, with the same exact
-operations, so its bits are the spec's:
+Each kernel computes the formula of its ``mjolnir_numerics.fused`` counterpart, each step by the same exact
+operation or by one that gives the same value, so its bits are the spec's:
 
 * quantize: ``lut[t]`` where ``t`` is the round-to-odd bfloat16 index of the float32 bits (integer
   arithmetic) and ``lut`` the quantizer's 65536-entry table; e4m3 by the hardware's conversion
