@@ -70,8 +70,8 @@ def helper_kernels(device):
     """``mjolnir_kernel.helpers`` where its directly launched kernels run on ``device`` (CUDA compute
     capability 9.0+ with the CuTe DSL, the ``kernel`` extra; ``MJOLNIR_KERNELS=0`` turns them off), else
     None. They compute this module's formulas, each step by the same exact operation or one that gives the
-    same value (tested on every float32 bit pattern and every code) and cost a few microseconds of host time per call where a compiled graph's
-    call costs over a hundred (the H200 profile of 2026-12-02)."""
+    same value (tested on every float32 bit pattern and every code), and cost a few microseconds of host time
+    per call where a compiled graph's call costs over a hundred (the H200 profile of 2026-12-02)."""
     if not isinstance(device, torch.device):
         device = torch.device(device)
     if device.type != "cuda":
