@@ -425,12 +425,15 @@ class PagedKVCache:
         return d.reshape(1, -1, 1)
 
     def _writer(self):
-        """The one-launch writer of ``mjolnir_kernel.helpers`` for this cache (made on first use, then kept), or
-        None where the helper kernels do not run or cannot take this cache's rows (four-over-six NVFP4, a head
-        dim or pool rows the writer does not take)."""
+        """The one-launch writer of ``mjolnir_kernel.helpers`` for this cache (made on first use, then kept: it
+        reads the descales at each launch, so an in-place change of them is seen), or None where the helper
+        kernels do not run or cannot take this cache's rows (four-over-six NVFP4, a head dim or pool rows the
+        writer does not take)."""
         kernels = fused.helper_kernels(self.device)
         if kernels is None or (self.nvfp4_options or {}).get("four_over_six", False):
             return None
+        if self.k_descale.device != self.device or self.v_descale.device != self.device:
+            return self._make_writer(kernels)  # descales copied to the device at each write: nothing kept
         key = id(kernels)
         if key not in self._writers:
             self._writers[key] = self._make_writer(kernels)
