@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from mjolnir_numerics.formats import E2M1
+
 __all__ = [
     "available",
     "quantize_f32",
@@ -160,7 +162,6 @@ def _build_pack(bits: int):
     return PackKernel(bits), (("u8", 16), ("u8", 16)), _int64(1)
 
 
-_QUANTIZE_BUILDS: dict = {}
 _PACK_BUILDS = {4: functools.partial(_build_pack, 4), 6: functools.partial(_build_pack, 6)}
 
 
@@ -182,18 +183,17 @@ def _check_size(name: str, n: int) -> None:
 
 def quantize_f32(x: torch.Tensor, lut: torch.Tensor, fmt) -> torch.Tensor:
     """``fused.quantize_f32`` on CUDA: the ``fmt`` (an element :class:`~mjolnir_numerics.formats.Format`) codes
-    of float32 ``x`` (any shape); ``lut`` is the format's round-to-odd table (uint8 ``(65536,)`` on ``x``'s
-    device), which the kernel takes for inf, NaN and magnitudes of 2^120 and more. Returns uint8 of ``x``'s
+    of float32 ``x`` (any shape) through ``lut``, the format's round-to-odd table (uint8 ``(65536,)`` on ``x``'s
+    device); e4m3's finite values by the hardware's conversion (the same codes). Returns uint8 of ``x``'s
     shape."""
     x = _aligned("x", x, 16)
     n = x.numel()
     _check_size("x", n)
     out = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
     if n:
-        build = _QUANTIZE_BUILDS.get(fmt.name) or _QUANTIZE_BUILDS.setdefault(
-            fmt.name, functools.partial(_build_quantize, fmt)
+        _kernel(("quantize", fmt.name), x.device, functools.partial(_build_quantize, fmt))(
+            (x, lut, out), (n,), x.device
         )
-        _kernel(("quantize", fmt.name), x.device, build)((x, lut, out), (n,), x.device)
     return out
 
 
@@ -263,10 +263,8 @@ def nvfp4_encode(
     n_blocks = x.numel() // NVFP4_GROUP
     if n_blocks:
         has_floor = floor is not None
-        key = ("nvfp4", packed, divisor, g_scale, has_floor, None)
-        kernel = _compiled.get((key, x.device.index)) or _kernel(
-            key, x.device, functools.partial(_build_nvfp4, packed, divisor, g_scale, has_floor, None)
-        )
+        build = functools.partial(_build_nvfp4, packed, divisor, g_scale, has_floor, None)
+        kernel = _kernel(("nvfp4", packed, divisor, g_scale, has_floor, None), x.device, build)
         tensors = (x, g, e2m1_lut, codes, scales, g)  # g_out: unused without a global divisor
         kernel(tensors, (n_blocks, d // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0), x.device)
     return codes, scales
@@ -294,10 +292,8 @@ def nvfp4_encode_global(
     if n == 0:  # nothing to encode: g = 1, as for amax 0
         return codes, scales, torch.ones((), dtype=torch.float32, device=x.device)
     g = torch.empty((), dtype=torch.float32, device=x.device)
-    key = ("nvfp4", False, 6.0, 1.0, floor is not None, global_divisor)
-    kernel = _compiled.get((key, x.device.index)) or _kernel(
-        key, x.device, functools.partial(_build_nvfp4, False, 6.0, 1.0, floor is not None, global_divisor)
-    )
+    options = (False, E2M1.max_normal, 1.0, floor is not None, global_divisor)  # unpacked; block scale amax / 6
+    kernel = _kernel(("nvfp4", *options), x.device, functools.partial(_build_nvfp4, *options))
     kernel((x, amax, e2m1_lut, codes, scales, g), (n // 16, 1, 0, 0.0 if floor is None else float(floor)), x.device)
     return codes, scales, g
 

@@ -579,18 +579,14 @@ class CacheWriteKernel:
             pool = k_pool.toint() + ((v_pool.toint() - k_pool.toint()) & v_mask)
             dst = pool + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
             amax = abs_max_bits(bits)
-            if cutlass.const_expr(self.nvfp4):
+            keep, divisor = None, ds  # element formats: x / descale
+            if cutlass.const_expr(self.nvfp4):  # NVFP4: the block scale, then x / (scale * g)
                 scale_code, total = nvfp4_scale(amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0)
                 sc = k_scales.toint() + ((v_scales.toint() - k_scales.toint()) & v_mask)
                 st_b8(sc + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
                 keep, divisor = positive_mask(total), positive_or_one(total)
-                if fast_division_ok(amax, divisor):
-                    store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), 4, False)
-                else:
-                    store_block(dst, block_codes(bits, divisor, lut.toint(), keep), 4)
+            if fast_division_ok(amax, divisor):
+                e4m3 = self.fmt.name == "e4m3"
+                store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), self.bits, e4m3)
             else:
-                if fast_division_ok(amax, ds):
-                    e4m3 = self.fmt.name == "e4m3"
-                    store_block_fast(dst, quotients_fast(bits, ds), lut.toint(), self.bits, e4m3)
-                else:
-                    store_block(dst, block_codes(bits, ds, lut.toint()), self.bits)
+                store_block(dst, block_codes(bits, divisor, lut.toint(), keep), self.bits)
