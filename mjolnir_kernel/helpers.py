@@ -283,6 +283,9 @@ def nvfp4_encode_global(
 
     Returns:
         codes uint8 of ``x``'s shape, scale codes uint8 ``(..., d // 16)``, the global scale float32 ``()``.
+
+    Raises:
+        ValueError: ``x`` holds more than 2^40 values, or cannot be made 16-byte aligned.
     """
     x = _aligned("x", x if x.dtype == torch.float32 else x.float(), 16)
     n = x.numel()
@@ -341,6 +344,12 @@ class CacheWriter:
     ``writer(k, v, slots, seq_ids)`` stores rows ``k, v (n, h_k, d)`` (real units; float32 and bfloat16 are
     read directly, float16 or K and V of different dtypes are widened to float32 first; fewer than 2^34
     values each) at integer ``slots (n,)``; ``seq_ids (n,)`` is needed for per-(sequence, head) descales.
+
+    Raises:
+        ValueError: at construction, a page size that is not a power of two, K and V pools of different
+            strides, a head dim that is not a multiple of 16; at a call, rows that are not ``(n, h_k, d)`` or
+            differ between K and V, slots or sequence ids that are not ``(n,)``, sequence ids missing where the
+            descales are per sequence, more values than the writer takes. All before any launch.
     """
 
     def __init__(

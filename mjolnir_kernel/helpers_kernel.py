@@ -498,7 +498,7 @@ class NVFP4EncodeKernel:
 def fast_divmod_constants(divisor: int) -> tuple[int, int]:
     """``(multiplier, shift)`` with ``n // divisor == (n * multiplier) >> shift`` for every ``0 <= n < 2^32``
     (Granlund and Montgomery, 1994: ``shift = 32 + ceil(log2 divisor)``, ``multiplier = ceil(2^shift /
-    divisor) < 2^33``); the product stays below 2^63 for ``n < 2^30``."""
+    divisor) < 2^33``); the product stays below 2^63 for ``n < 2^30``. Raises ValueError for a divisor below 1."""
     if divisor < 1:
         raise ValueError(f"divisor: expected a positive integer, got {divisor}")
     shift = 32 + (divisor - 1).bit_length()
