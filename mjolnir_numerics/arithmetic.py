@@ -280,6 +280,86 @@ def _chain_formula(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, extra_bits
     return c
 
 
+# -- the fused chain in 32-bit integers: what CUDA compiles ----------------------------------------------
+# An operand is packed once as the int32 ``e * 2^16 + (m + 2^15)``: e its block-model exponent
+# (floor(log2 |x|), at least the operand format's smallest normal exponent) and m = x 2^(10 - e) its
+# signed integer significand (|m| < 2^11 for every value exact in f16, bf16 or e4m3, subnormals
+# included: such a value is a multiple of 2^(e - 10)). A product is then m_a m_b 2^(e_a + e_b - 20), and
+# its term on the grid 2^(E - 23 - extra_bits) is ``(|m_a m_b| << (3 + extra_bits)) >> (E - e_a - e_b)``
+# with the sign put back: a truncation toward zero done by an integer shift, exact by construction.
+_ZERO_E = -(1 << 13)  # a zero operand's e: its products sit far below every block's E (and add 0)
+_NAN_E = 1 << 14  # a NaN or infinite operand's e: every product with it lifts E past _NAN_LIMIT
+_NAN_LIMIT = 1 << 12
+_SIG = 10
+
+
+def pack_operands(x: torch.Tensor, operand: str) -> torch.Tensor:
+    """MMA operands ``x`` (any float dtype; values exact in the model's ``operand`` format) packed as
+    int32 ``e * 2^16 + (m + 2^15)`` (the block above): the form :func:`_int_chain` reads. Same shape."""
+    emin = OPERAND_FORMATS[operand][1]
+    x64 = x.double()
+    _, fe = torch.frexp(x64)
+    e = torch.clamp(fe.to(torch.int32) - 1, min=emin)
+    m = (x64 * _pow2((_SIG - e).long())).to(torch.int32)
+    finite = torch.isfinite(x64)
+    e = torch.where(x64 == 0, _ZERO_E, torch.where(finite, e, _NAN_E))
+    return e * 65536 + (torch.where(finite, m, 0) + 32768)
+
+
+_E4M3_PACKED: dict = {}
+
+
+def _gather(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return table[codes.long()]
+
+
+def pack_fused(x: torch.Tensor, operand: str) -> torch.Tensor:
+    """:func:`pack_operands` as CUDA runs it (one compiled pass; float8 e4m3 operands through a 256-entry
+    table of their packed values, since Triton cannot compile float8 inside the graph)."""
+    if x.dtype == torch.float8_e4m3fn:
+        key = (operand, str(x.device))
+        if key not in _E4M3_PACKED:
+            codes = torch.arange(256, dtype=torch.uint8, device=x.device)
+            _E4M3_PACKED[key] = pack_operands(codes.view(torch.float8_e4m3fn).float(), operand)
+        return _fused(_gather)(x.view(torch.uint8), _E4M3_PACKED[key])
+    return _fused(pack_operands)(x, operand)
+
+
+def _int_chain(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model_name: str) -> torch.Tensor:
+    """:func:`_chain_formula` on packed operands (:func:`pack_operands`), every product's work in 32-bit
+    integers: ``a (..., M, S, K)``, ``b (..., N, S, K)`` int32 (step s adds ``a[..., s, :] . b[..., s,
+    :]``), ``c (..., M, N)`` float32; returns float32 ``(..., M, N)``, the same bits.
+
+    Per step: ``E = max(max_k (e_a + e_b), e_c, min_exponent)``; each product's term is its integer
+    significand product shifted (left by 3 + extra_bits, right by E - e_a - e_b: truncation toward zero of
+    the magnitude), summed in int32 (at most K * (2^11 - 1)^2 * 2^(3 + extra_bits) < 2^31 for K = 16 and 2
+    extra bits; int64 beyond); c's term, the sum's scaling and the rounding toward zero stay per output
+    element in float64, as in :func:`_chain_formula`. ``model_name`` is a name, not the model's integers, so
+    that a compiled graph holds them as constants."""
+    model = MMA_MODELS[model_name]
+    if a.shape[-1] != model.block or b.shape[-1] != model.block:  # (compiled: K becomes a constant)
+        raise ValueError(f"a, b: {a.shape[-1]} and {b.shape[-1]} products per step, the {model_name} model takes {model.block}")
+    lift = 23 + model.extra_bits - 2 * _SIG
+    wide = model.block * ((2**11 - 1) ** 2 << lift) >= 1 << 31
+    for s in range(a.shape[-2]):
+        pa, pb = a[..., :, None, s, :], b[..., None, :, s, :]
+        e = (pa >> 16) + (pb >> 16)
+        # c's exponent from its float32 bits (a subnormal's field is 0: -127, clamped to -126)
+        e_c = torch.clamp(((c.contiguous().view(torch.int32) >> 23) & 0xFF) - 127, min=-126)
+        e_c = torch.where(c != 0, e_c, _ZERO_E)
+        big = torch.clamp(torch.maximum(e.amax(-1), e_c), min=model.min_exponent)
+        c64 = c.double()
+        p = ((pa & 0xFFFF) - 32768) * ((pb & 0xFFFF) - 32768)
+        t = (p.abs() << lift) >> torch.clamp(big[..., None] - e, 0, 31)
+        t = torch.where(p < 0, -t, t)
+        units = t.to(torch.int64).sum(-1) if wide else t.sum(-1, dtype=torch.int32)
+        unit = big.long() - 23 - model.extra_bits
+        total = units.double() + torch.trunc(c64 * _pow2(-unit))
+        c = round_toward_zero_f32(total * _pow2(unit))
+        c = torch.where(big >= _NAN_LIMIT, math.nan, c)
+    return c
+
+
 # The compile helper is shared with the fused helpers; these names are the emulator's.
 fused_chain_available = available
 _fused = compiled_many
@@ -298,8 +378,9 @@ def chain_gemm(
         c: float32 ``(..., M, N)``.
         groups: int64 ``(steps, k)``, each index of ``range(K)`` at most once.
         model: an :class:`MmaModel` (not an ideal one: those add the whole contraction at once).
-        fused: evaluate :func:`_chain_formula` compiled (one pass over the operands per instruction, no
-            tensor of products); None: where :func:`fused_chain_available`. The bits are the same.
+        fused: evaluate the formula compiled (:func:`_int_chain` on :func:`pack_operands`: one pass over the
+            operands per instruction, no tensor of products); None: where :func:`fused_chain_available`.
+            The bits are the same.
 
     Returns:
         float32 ``(..., M, N)``.
@@ -315,15 +396,9 @@ def chain_gemm(
         a, b = a_rows.double()[..., :, None, :], b_rows.double()[..., None, :, :]
         return chain_fma(a, b, c, groups.to(a_rows.device), model)
     steps, k = groups.shape
+    a, b = pack_fused(a_rows, model.operand), pack_fused(b_rows, model.operand)
     order = groups.reshape(-1).cpu()
-    if torch.equal(order, torch.arange(order.numel())):  # consecutive groups: a view, no copy
-        a, b = a_rows.unflatten(-1, (steps, k)), b_rows.unflatten(-1, (steps, k))
-    else:
+    if not torch.equal(order, torch.arange(order.numel())):  # consecutive groups need no gather
         order = order.to(a_rows.device)
-        a = a_rows.float().index_select(-1, order).unflatten(-1, (steps, k))
-        b = b_rows.float().index_select(-1, order).unflatten(-1, (steps, k))
-    # float8 operands widen to float32 first: Triton fails to compile float8 inside the formula (H200,
-    # torch 2.11, Triton 3.6)
-    a, b = (x.float() if x.element_size() == 1 else x for x in (a, b))
-    _, emin = OPERAND_FORMATS[model.operand]
-    return _fused(_chain_formula)(a, b, c, model.extra_bits, model.min_exponent, emin)
+        a, b = a.index_select(-1, order), b.index_select(-1, order)
+    return _fused(_int_chain, True)(a.unflatten(-1, (steps, k)), b.unflatten(-1, (steps, k)), c, model.name)

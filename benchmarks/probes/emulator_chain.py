@@ -1,0 +1,132 @@
+"""Probe (issue 24): the emulator's fused MMA chains on the GPU, and where one ``emulate_decode`` call spends
+its time.
+
+1. The chains of one window of b32 x 32K (32/8, d = 128, e4m3 KV and Q: 25 tiles of 32 chunks for S, one
+   tile for P.V) as CUDA compiles them: the packed 32-bit formula (``arithmetic._int_chain``, with the
+   packing of its operands) and, where this tree still has it, the float64 formula it replaced
+   (``arithmetic._chain_formula``), side by side, bits compared.
+2. ``--profile``: one emulator call on a row of ``bench_emulator_gpu`` under the torch profiler: the wall
+   time, the CUDA kernels by total time, and the host's launches.
+
+    python -m benchmarks.probes.emulator_chain [--profile b32_32k_e4m3_e4m3q]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+
+def _time(fn, iters=5):
+    fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(out)
+
+
+def chains(gen, which=("S", "PV"), float64=True) -> None:
+    from benchmarks.bench_hopper_decode import random_codes
+    from mjolnir_numerics import arithmetic as ar
+
+    model = ar.MMA_MODELS["sm90_f16"]
+    emin = ar.OPERAND_FORMATS[model.operand][1]
+    old = getattr(ar, "_chain_formula", None) if float64 else None
+    # name: a (rows), b (columns), c
+    shapes = {
+        "S, 25 tiles x 32 chunks": ((800, 8, 4, 128), (800, 8, 128, 128)),
+        "P.V, one tile x 32 chunks": ((32, 8, 4, 128), (32, 8, 128, 128)),
+    }
+    shapes = {k: v for k, v in shapes.items() if k.replace(".", "").startswith(which)}
+    print(f"{'chain':<28} {'products':>10} {'int32 ms':>9} {'G prod/s':>9} {'float64 ms':>11} {'ratio':>6}  bits")
+    for name, (sa, sb) in shapes.items():
+        a = random_codes(sa, "e4m3", gen)
+        b = random_codes(sb, "e4m3", gen)
+        steps = sa[-1] // 16
+        c = torch.zeros(sa[:-1] + (sb[-2],), dtype=torch.float32, device="cuda")
+
+        def new():
+            pa, pb = ar.pack_fused(a, model.operand), ar.pack_fused(b, model.operand)
+            return ar._fused(ar._int_chain)(pa.unflatten(-1, (steps, 16)), pb.unflatten(-1, (steps, 16)), c, model.name)
+
+        products = a.numel() // sa[-2] * sb[-2] * sa[-2]
+        t_new = _time(new)
+        got = new()
+        line = f"{name:<28} {products:>10.3g} {t_new:>9.2f} {products / t_new / 1e6:>9.0f}"
+        if old is not None:
+            af, bf = a.float().unflatten(-1, (steps, 16)), b.float().unflatten(-1, (steps, 16))
+
+            def before():
+                return ar._fused(old)(af, bf, c, model.extra_bits, model.min_exponent, emin)
+
+            t_old = _time(before)
+            want = before()
+            same = torch.equal(got.view(torch.int32), want.view(torch.int32))
+            line += f" {t_old:>11.2f} {t_old / t_new:>5.1f}x  {'identical' if same else 'DIFFER'}"
+        print(line, flush=True)
+
+
+def profile(row: str, gen) -> None:
+    from benchmarks.bench_emulator_gpu import PAGE_SIZE, ROWS
+    from benchmarks.bench_hopper_decode import build_pools
+    from mjolnir_numerics.cache import PagedKVCache
+    from mjolnir_numerics.emulator import emulate_decode
+    from mjolnir_numerics.formats import get_format
+    from mjolnir_numerics.scales import quantize_q
+
+    b, L, h_q, h_k, d, fmt, q_dtype = ROWS[row]
+    k_pool, v_pool, bt, lens, kd, vd, scales, _ = build_pools(b, L, h_k, d, fmt, PAGE_SIZE, gen)
+    cache = PagedKVCache(
+        get_format(fmt), PAGE_SIZE, "nhd", d, k_pool, v_pool, scales.get("k_scales"), scales.get("v_scales"), bt,
+        lens, kd, vd,
+    )  # fmt: skip
+    q = torch.randn(b, h_q, d, generator=gen, device="cuda").to(torch.bfloat16)
+    kw = {}
+    if q_dtype == "e4m3":
+        q, kw["q_descale"] = quantize_q(q, b, 1, h_k)
+    t0 = time.perf_counter()
+    emulate_decode(q, cache, **kw)
+    torch.cuda.synchronize()
+    print(f"\n{row}: warm-up call {time.perf_counter() - t0:.1f} s")
+    print(f"{row}: emulator {_time(lambda: emulate_decode(q, cache, **kw), 2):.1f} ms (median of 2)")
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        emulate_decode(q, cache, **kw)
+        torch.cuda.synchronize()
+    events = p.key_averages()
+    print(events.table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
+    print(f"kernel launches: {launches}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", default=None, help="a bench_emulator_gpu row to profile")
+    ap.add_argument("--no-chains", action="store_true")
+    ap.add_argument("--chains", default="S,PV", help="which chains to time: S, PV or both")
+    ap.add_argument("--no-float64", action="store_true", help="skip the float64 formula")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("emulator_chain: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    if not args.no_chains:
+        chains(gen, tuple(args.chains.split(",")), not args.no_float64)
+    if args.profile:
+        profile(args.profile, gen)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
