@@ -31,6 +31,11 @@ that could have gone fast; the result is the same.) A product a_i b_i is a multi
 every term of an output element, that element is computed as a float64 dot product (exact: every product
 is a multiple of 2^(E - 23 - extra_bits) and the sum stays below 2^53 of that unit) rounded toward zero.
 
+On CUDA the chains are compiled formulas with no tensor of products: :func:`_int_chain` on operands packed
+as integer significands and exponents (:func:`pack_operands`; the S chains) and :func:`_chain_formula` in
+float64 (the P.V chains, where it measured faster: one tile's 131K outputs do not fill the GPU); both are
+the block model above, tested against :func:`block_fma`.
+
 Special values: a NaN operand or product gives NaN (the decode kernels produce none); infinities are not
 modelled (their inputs are finite).
 """
@@ -338,7 +343,9 @@ def _int_chain(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model_name: st
     that a compiled graph holds them as constants."""
     model = MMA_MODELS[model_name]
     if a.shape[-1] != model.block or b.shape[-1] != model.block:  # (compiled: K becomes a constant)
-        raise ValueError(f"a, b: {a.shape[-1]} and {b.shape[-1]} products per step, the {model_name} model takes {model.block}")
+        raise ValueError(
+            f"a, b: {a.shape[-1]} and {b.shape[-1]} products per step, the {model_name} model takes {model.block}"
+        )
     lift = 23 + model.extra_bits - 2 * _SIG
     wide = model.block * ((2**11 - 1) ** 2 << lift) >= 1 << 31
     for s in range(a.shape[-2]):

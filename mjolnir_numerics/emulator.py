@@ -13,12 +13,13 @@ are decoded, so memory stays at a few tiles of K/V for the whole batch.
 On CUDA the same stages run in larger batches and with fewer host round trips, for the same bits (the
 tests run these paths on the CPU too): steps 3-7 (S, the masks, the running max, P and the row-sum
 factors) for a window of up to 64 consecutive tiles at once, since none of them depends on l or O (max
-is exact, so the running max over a window is the tile-by-tile one); the MMA chains as one compiled
-formula (``arithmetic.chain_gemm``: ``torch.compile`` fuses it, so no tensor of products is written);
-steps 8-9 of each tile as one compiled graph; and the stages' branch-free forms (no data-dependent
-shortcut that would ask the device). ``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a
-process compiles the graphs (about 2 minutes on the H200's host for the first shape, ~1 s for later
-shapes; torch's inductor cache keeps them across processes).
+is exact, so the running max over a window is the tile-by-tile one); the S chains as one compiled
+formula on packed integer operands (``arithmetic.chain_gemm``: no tensor of products is written, each
+product's truncation an integer shift); steps 8-9 of each tile, the P.V chain in its float64 form, as
+one compiled graph (the integer form measured slower there: reports/emulator/2026-12-04-gpu-int-chain.md);
+and the stages' branch-free forms (no data-dependent shortcut that would ask the device).
+``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a process compiles and tunes the graphs (about 4
+minutes on the H200's host for the first shape; torch's inductor cache keeps them across processes).
 
 Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp level on the results;
 ``tests/numerics/test_emulator.py::test_agrees_with_the_seed_emulator`` bounds them):
@@ -53,7 +54,7 @@ from typing import Optional, Union
 
 import torch
 
-from .arithmetic import MMA_MODELS, _fused, _int_chain, fused_chain_available, kstep_groups, pack_fused
+from .arithmetic import MMA_MODELS, OPERAND_FORMATS, _chain_formula, _fused, fused_chain_available, kstep_groups
 from .cache import PagedKVCache, check_descale, descale_table
 from .capability import HEAD_DIMS, unsupported_reason
 from .checks import ArgumentTypeError, check_bool, check_choice, check_f32
@@ -463,48 +464,27 @@ def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, w
 
 
 def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
-    """On the fused path (CUDA, hardware MMA): the window's V as the chain reads it, packed int32 ``(A, G,
-    D, steps, K)`` (``arithmetic.pack_operands``; keys in the instructions' order: both walks issue
-    consecutive keys); else None."""
+    """On the fused path (CUDA, hardware MMA): the window's V as the chain reads it, float32 ``(A, G, D,
+    steps, K)`` (keys in the instructions' order; both walks issue consecutive keys); else None."""
     if mma is None or not fused_chain_available(v_src.device):
         return None
     steps, k = mma[2].shape
-    v = pack_fused(v_src.operand().transpose(-1, -2), mma[0].operand)
+    v = v_src.operand().transpose(-1, -2).float()
     order = mma[2].reshape(-1)
     if not torch.equal(order, torch.arange(steps * k)):
         v = v.index_select(-1, order.to(v.device))
     return v.unflatten(-1, (steps, k))
 
 
-# CUDA: consecutive tiles whose steps 8-9 run as one compiled graph (fewer calls: each costs ~0.2 ms of host)
-_TILES_PER_GRAPH = 4
-
-
-def _tile_updates(corr, l, p_sum, o, m_new, m_prev, p_packed, v, live, first: bool, model_name: str):
-    """Steps 8-9 of n consecutive tiles of every chunk as one function (what CUDA compiles into one graph):
-    per tile, the row sums, O rescaled where a max moved (not on a chunk's first tile: ``first``), then the
-    P.V chain into O (``arithmetic._int_chain``); a chunk that has no such tile (``live`` False) keeps its l
-    and O.
-
-    Args:
-        corr, m_new, m_prev: ``(n * A, G, N)``; p_sum: ``(n * A, G, N, T)``; p_packed: the rounded P
-            packed (``arithmetic.pack_operands``) int32 ``(n * A, G, N, T)``; v: packed int32 ``(n * A, G, D,
-            steps, K)``: tile j's rows are ``j * A .. (j + 1) * A - 1``.
-        l: ``(A, G, N, T)`` float32; o: ``(A, G, N, D)`` float32; live: bool ``(n, A)``.
-
-    Returns:
-        ``(l, o)`` after the n tiles.
-    """
-    a_n = l.shape[0]
-    for j in range(live.shape[0]):
-        t = slice(j * a_n, (j + 1) * a_n)
-        l_new = accumulate_row_sum(corr[t], l, p_sum[t])
-        o_new = o if first and j == 0 else rescale_o(o, corr[t], m_new[t], m_prev[t])
-        p = p_packed[t, :, : o.shape[-2]].unflatten(-1, (v.shape[-2], v.shape[-1]))
-        o_new = _int_chain(p, v[t], o_new, model_name)
-        keep = live[j][:, None, None, None]
-        l, o = torch.where(keep, l_new, l), torch.where(keep, o_new, o)
-    return l, o
+def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, rescale: bool, extra_bits, min_exponent, emin):
+    """Steps 8-9 of one tile as one function (what CUDA compiles into one graph): the row sums, O rescaled
+    where a max moved (not on a chunk's first tile), then the P.V chain into O. ``v``: float32 ``(A, G,
+    D, steps, K)``; the rest as in the stages. Returns ``(l, o)``."""
+    l = accumulate_row_sum(corr, l, p_sum)
+    if rescale:
+        o = rescale_o(o, corr, m_new, m_prev)
+    a = p_q[..., : o.shape[-2], :].unflatten(-1, (v.shape[-2], v.shape[-1]))
+    return l, _chain_formula(a, v, o, extra_bits, min_exponent, emin)
 
 
 def emulate_decode(
@@ -702,7 +682,8 @@ def _emulate(
                 f"they run), got P {p_format}, q {q.dtype}, {fmt.name} KV, head dim {d}; use mma='ideal'"
             )
         model = MMA_MODELS[tgt.mma_model(q_dtype)]
-        mma = (model, *kstep_groups(tgt.walk, fmt.name, q_dtype, d))
+        constants = (model.extra_bits, model.min_exponent, OPERAND_FORMATS[model.operand][1])
+        mma = (model, *kstep_groups(tgt.walk, fmt.name, q_dtype, d), constants)
 
     dev = q.device
     kd = cache.descale_table("k").float().to(dev)
@@ -800,30 +781,25 @@ def _emulate(
         corr = row_sum_correction(m_prev, m_use, c_w, ex2)
         v_src = _TileSource(cache, "v", seqs, tiles, sl_dev, bt_dev)
         v_fused = _fused_pv_operand(v_src, mma)
-        p_packed = None if v_fused is None else pack_fused(p_q, mma[0].operand)
         # steps 8-9 tile after tile: the fp32 recurrences of l and O
         l_a, o_a = l[sel], o[sel]
-        if v_fused is not None:  # CUDA: groups of tiles, each group's updates one compiled graph
-            live_t = torch.tensor(live, device=dev)
-            for j0 in range(0, n_w, _TILES_PER_GRAPH):
-                j1 = min(n_w, j0 + _TILES_PER_GRAPH)
-                t = slice(j0 * A, j1 * A)
-                l_a, o_a = _fused(_tile_updates, True)(
-                    corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_packed[t], v_fused[t], live_t[j0:j1],
-                    s0 + j0 == 0, mma[0].name,
-                )  # fmt: skip
-        for j in range(n_w if v_fused is None else 0):
+        for j in range(n_w):
             t = slice(j * A, (j + 1) * A)
-            l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
-            o_new = o_a if s0 + j == 0 else rescale_o(o_a, corr[t], m_new[t], m_prev[t])
-            v_t = v_src.part(j * A, (j + 1) * A)
-            o_new = _pv_step(o_new, p_q[t], v_t, _blocks(A, G, d, dev), ws, p_sig_bits, mma)
+            if v_fused is not None:  # CUDA: the tile's whole update as one compiled graph
+                l_new, o_new = _fused(_tile_update, True)(
+                    corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_fused[t], s0 + j > 0, *mma[3]
+                )
+            else:
+                l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
+                o_new = o_a if s0 + j == 0 else rescale_o(o_a, corr[t], m_new[t], m_prev[t])
+                v_t = v_src.part(j * A, (j + 1) * A)
+                o_new = _pv_step(o_new, p_q[t], v_t, _blocks(A, G, d, dev), ws, p_sig_bits, mma)
             if all(live[j]):
                 l_a, o_a = l_new, o_new
             else:
                 keep = torch.tensor(live[j], device=dev)[:, None, None, None]
                 l_a, o_a = torch.where(keep, l_new, l_a), torch.where(keep, o_new, o_a)
-        del v_src, v_fused, p_q, p_packed, p_sum, corr
+        del v_src, v_fused, p_q, p_sum, corr
         m_a = m_new[(n_w - 1) * A :]
         if full:
             m, l, o = m_a, l_a, o_a

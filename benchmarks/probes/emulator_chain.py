@@ -54,9 +54,10 @@ def chains(gen, which=("S", "PV"), float64=True) -> None:
         steps = sa[-1] // 16
         c = torch.zeros(sa[:-1] + (sb[-2],), dtype=torch.float32, device="cuda")
 
-        def new():
+        def new(a=a, b=b, c=c, steps=steps):
             pa, pb = ar.pack_fused(a, model.operand), ar.pack_fused(b, model.operand)
-            return ar._fused(ar._int_chain)(pa.unflatten(-1, (steps, 16)), pb.unflatten(-1, (steps, 16)), c, model.name)
+            pa, pb = pa.unflatten(-1, (steps, 16)), pb.unflatten(-1, (steps, 16))
+            return ar._fused(ar._int_chain, True)(pa, pb, c, model.name)
 
         products = a.numel() // sa[-2] * sb[-2] * sa[-2]
         t_new = _time(new)
@@ -65,8 +66,8 @@ def chains(gen, which=("S", "PV"), float64=True) -> None:
         if old is not None:
             af, bf = a.float().unflatten(-1, (steps, 16)), b.float().unflatten(-1, (steps, 16))
 
-            def before():
-                return ar._fused(old)(af, bf, c, model.extra_bits, model.min_exponent, emin)
+            def before(af=af, bf=bf, c=c):
+                return ar._fused(old, True)(af, bf, c, model.extra_bits, model.min_exponent, emin)
 
             t_old = _time(before)
             want = before()

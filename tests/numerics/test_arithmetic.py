@@ -205,7 +205,7 @@ def test_fused_chain_formula_equals_the_block_chain():
         import mjolnir_numerics.arithmetic as arithmetic
 
         saved = arithmetic._fused
-        arithmetic._fused = lambda fn: fn  # the formula itself, uncompiled
+        arithmetic._fused = lambda fn, tune=False: fn  # the formula itself, uncompiled
         try:
             got = chain_gemm(a, b, c, walk, SM90[operand], fused=True)
         finally:
@@ -214,6 +214,68 @@ def test_fused_chain_formula_equals_the_block_chain():
         assert bool(torch.isnan(got[0, 0]).all()) and not bool(torch.isnan(got[1:]).any())
     with pytest.raises(ValueError, match="model: ideal_f16 is an ideal model"):
         chain_gemm(a, b, c, walk, MMA_MODELS["ideal_f16"])
+
+
+@pytest.mark.parametrize("name", ["sm90_f16", "sm90_bf16", "sm100_e4m3", "sm100_bf16"])
+def test_packed_integer_chain_equals_the_block_chain(name):
+    """``arithmetic._int_chain`` on packed operands (what CUDA compiles for S) against ``chain_fma`` of
+    ``block_fma`` and against the float64 formula (what CUDA compiles for P.V): operands over the operand
+    format's exponent range (its subnormals included), zeros, a NaN operand, and zero, subnormal and NaN
+    accumulators; tcgen05's K = 32 e4m3 steps sum in int64."""
+    from mjolnir_numerics import arithmetic
+
+    model = MMA_MODELS[name]
+    dt = {"f16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}[model.operand]
+    # bf16 up to 2^60: every chain stays finite (infinities are not modelled)
+    lo, hi = {"f16": (-26, 16), "bf16": (-134, 60), "e4m3": (-10, 9)}[model.operand]
+    gen = torch.Generator().manual_seed(5)
+    steps, k = 4, model.block
+
+    def rnd(*shape):
+        e = torch.randint(lo, hi, shape, generator=gen).double()
+        x = (1 + torch.rand(shape, generator=gen, dtype=torch.float64)) * torch.exp2(e)
+        x = (x * torch.randn(shape, generator=gen, dtype=torch.float64).sign()).to(dt).double()
+        return torch.where(torch.rand(shape, generator=gen) < 0.1, 0.0, x)
+
+    a, b = rnd(3, 6, steps * k), rnd(3, 40, steps * k)
+    a[0, 0, 5] = math.nan
+    # the largest sums: every product the largest significands at one exponent (int32 overflows for K = 32)
+    top = {"f16": 2047 / 1024, "bf16": 255 / 128, "e4m3": 1.75}[model.operand] * 16
+    a[1, 1], b[1, 1] = top, top
+    c = (torch.randn(3, 6, 40, generator=gen) * torch.exp2(torch.randint(-30, 30, (3, 6, 40), generator=gen))).float()
+    c[1, :, :4] = 2.0**-140
+    c[1, 1, 1] = 0.0
+    c[2, :, :4] = 0.0
+    c[2, 0, 4] = math.nan
+    walk = torch.arange(steps * k).view(steps, k)
+    want = chain_fma(a[..., :, None, :], b[..., None, :, :], c, walk, model)
+    pa = arithmetic.pack_operands(a, model.operand).unflatten(-1, (steps, k))
+    pb = arithmetic.pack_operands(b, model.operand).unflatten(-1, (steps, k))
+    got = arithmetic._int_chain(pa, pb, c, name)
+    emin = arithmetic.OPERAND_FORMATS[model.operand][1]
+    f64 = arithmetic._chain_formula(
+        a.float().unflatten(-1, (steps, k)), b.float().unflatten(-1, (steps, k)), c, model.extra_bits,
+        model.min_exponent, emin,
+    )  # fmt: skip
+    assert bool(_same(got, want).all()), f"{name}: {int((~_same(got, want)).sum())} of {got.numel()} differ"
+    assert bool(_same(f64, want).all())
+    assert (
+        bool(torch.isnan(got[0, 0]).all()) and bool(torch.isnan(got[2, 0, 4])) and not bool(torch.isnan(got[1]).any())
+    )
+    with pytest.raises(ValueError, match="products per step"):
+        arithmetic._int_chain(pa[..., :-1], pb[..., :-1], c, name)
+
+
+def test_e4m3_codes_pack_through_their_table():
+    """``pack_fused`` packs float8 operands through a 256-entry table (Triton cannot compile float8): every
+    code, NaN codes included, gives what packing its value gives."""
+    from mjolnir_numerics import arithmetic
+
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    for operand in ("f16", "bf16", "e4m3"):
+        table = arithmetic.pack_fused(codes, operand)
+        assert torch.equal(table, arithmetic.pack_operands(codes.float(), operand))
+        assert int((table >> 16 == arithmetic._NAN_E).sum()) == 2  # 0x7F and 0xFF
 
 
 # ------------------------------------------------------------------------------------------------------

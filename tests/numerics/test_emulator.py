@@ -790,8 +790,8 @@ def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatc
     monkeypatch.setattr(emulator, "_window", lambda *args: window)
     monkeypatch.setattr(emulator, "fused_chain_available", lambda device: True)
     monkeypatch.setattr(arithmetic, "fused_chain_available", lambda device: True)
-    monkeypatch.setattr(arithmetic, "_fused", lambda fn: fn)
-    monkeypatch.setattr(emulator, "_fused", lambda fn: fn)
+    monkeypatch.setattr(arithmetic, "_fused", lambda fn, tune=False: fn)
+    monkeypatch.setattr(emulator, "_fused", lambda fn, tune=False: fn)
     monkeypatch.setattr(stages, "_sync_free", lambda x: True)
     name, target = key.split("/")
     if name.startswith("random_"):
