@@ -315,6 +315,7 @@ _E4M3_PACKED: dict = {}
 
 
 def _gather(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``table[codes]``: uint8 codes to their packed operands (one compiled gather on CUDA)."""
     return table[codes.long()]
 
 

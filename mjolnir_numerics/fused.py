@@ -142,8 +142,8 @@ def for_device(fn, device, **static):
 def compiled_many(fn, tune: bool = False):
     """``fn`` compiled once per process for many problem shapes and formats (the emulator's graphs): the
     recompile limits are raised from torch's default of 8 around each call. ``tune``: with inductor's
-    coordinate descent tuning of its kernels' launch configurations (the MMA chains: 1.7-4x faster on
-    the H200, 2026-12-04; the first compile of each takes longer)."""
+    coordinate descent tuning of its kernels' launch configurations (the MMA chains: 3-4x faster on the
+    H200, 2026-12-04; the first compile of each takes longer)."""
     key = (fn, "many", tune)
     if key not in _compiled:
         options = {"coordinate_descent_tuning": True} if tune else None
