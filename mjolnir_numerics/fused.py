@@ -141,17 +141,25 @@ def for_device(fn, device, **static):
 
 def compiled_many(fn, tune: bool = False):
     """``fn`` compiled once per process for many problem shapes and formats (the emulator's graphs): the
-    recompile limits are raised from torch's default of 8 around each call. ``tune``: with inductor's
-    coordinate descent tuning of its kernels' launch configurations (the MMA chains: 3-4x faster on the
-    H200, 2026-12-04; the first compile of each takes longer)."""
+    recompile limits are raised from torch's default of 8 for the duration of each call (set and restored
+    directly: ``torch._dynamo.config.patch`` costs 170 us a call on this project's CPU machine, 6 us this way,
+    and the emulator makes hundreds of calls). ``tune``: with inductor's coordinate descent tuning of its
+    kernels' launch configurations (the MMA chains: 3-4x faster on the H200, 2026-12-04; the first compile of
+    each takes longer)."""
     key = (fn, "many", tune)
     if key not in _compiled:
         options = {"coordinate_descent_tuning": True} if tune else None
         graph = torch.compile(fn, dynamic=True, fullgraph=True, options=options)
+        cfg = torch._dynamo.config
 
         def call(*args):
-            with torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=8192):
+            saved = cfg.recompile_limit, cfg.accumulated_recompile_limit
+            cfg.recompile_limit = max(saved[0], 512)
+            cfg.accumulated_recompile_limit = max(saved[1], 8192)
+            try:
                 return graph(*args)
+            finally:
+                cfg.recompile_limit, cfg.accumulated_recompile_limit = saved
 
         _compiled[key] = call
     return _compiled[key]

@@ -449,3 +449,27 @@ def test_a_cache_with_a_writer_pickles_and_copies_without_it(monkeypatch):
         assert twin._writers == {} and all(torch.equal(a, b) for a, b in zip(_pool_bytes(twin), _pool_bytes(cache)))
         twin.write(k, v, slots, check=False)
     assert len(made) == 3 and cache._writers
+
+
+def test_compiled_many_raises_the_recompile_limits_for_its_calls_only(monkeypatch):
+    """The emulator's graphs run with recompile limits of at least 512 / 8192 (its shapes and formats make many
+    variants), and the caller's limits are back after each call, also when the call raises."""
+    cfg = torch._dynamo.config
+    monkeypatch.setattr(cfg, "recompile_limit", 8)
+    monkeypatch.setattr(cfg, "accumulated_recompile_limit", 256)
+    seen = []
+
+    def graph(x):
+        seen.append((cfg.recompile_limit, cfg.accumulated_recompile_limit))
+        if x is None:
+            raise RuntimeError("boom")
+        return x
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: graph)
+    monkeypatch.setattr(fused, "_compiled", {})
+    call = fused.compiled_many(lambda x: x)
+    assert call(3) == 3
+    with pytest.raises(RuntimeError, match="boom"):
+        call(None)
+    assert seen == [(512, 8192), (512, 8192)]
+    assert (cfg.recompile_limit, cfg.accumulated_recompile_limit) == (8, 256)
