@@ -205,7 +205,7 @@ def e4m3_words(qs: list, cvt=cvt_e4m3x2) -> list:
 # 3 bits) share the fraction width, so x * 2^-6 has e4m3 exponent field E - 6 + 7 = E + 1, e2m3's for x, and the
 # same subnormal spacing (2^-9 = 2^-3 * 2^-6); e3m2 (bias 3, 2 bits) and e5m2 (bias 15, 2 bits) likewise at
 # 2^-12. Below the fp6 format's overflow the two codes' magnitudes are equal; above it the fp8 magnitude is
-# at least 32 and saturates to 31 (:func:`fp6_words`). {format: (conversion, k): codes of x * 2^-k}
+# at least 32 and saturates to 31 (:func:`fp6_word`). {format: (conversion, k): codes of x * 2^-k}
 FP6_BY_FP8 = {"e2m3": (cvt_e4m3x2, 6), "e3m2": (cvt_e5m2x2, 12)}
 
 
@@ -408,17 +408,18 @@ def block_codes(bits: list, divisor_value, lut, keep=None) -> list:
     return out
 
 
-def quotients_fast(bits: list, divisor_value, keep=None, k: int = 0) -> list:
-    """The bits of ``x / divisor * 2^-k`` for a block (:func:`quotient_fast`, one reciprocal per block), the
-    correctly rounded quotients where :func:`fast_division_ok` holds; ``keep``: a mask they are and-ed with.
+def quotients_fast(bits: list, divisor_value, keep=None, scale_exp: int = 0) -> list:
+    """The bits of ``x / divisor * 2^-k`` (``k = scale_exp``) for a block (:func:`quotient_fast`, one reciprocal
+    per block), the correctly rounded quotients where :func:`fast_division_ok` holds; ``keep``: a mask they are
+    and-ed with.
 
     With ``k > 0`` (the fp6 formats' fp8 scale, :data:`FP6_BY_FP8`) the sequence divides by ``divisor * 2^k``
     (exact), whose correctly rounded reciprocal is ``fp32(2^-k / divisor)``: the same residuals, so each
     quotient is ``fp32(x / divisor)`` times 2^-k exactly where that is a normal float32, i.e. wherever
     ``|x / divisor| >= 2^(k - 126)``; below that both are under ``2^-110`` with ``x``'s sign, the fp6 zero code
     of that sign either way (the argument of ``fast_division_ok`` for tiny ``x``)."""
-    d = divisor_value if k == 0 else mul_rn(divisor_value, Float32(2.0**k))
-    recip = div_rn(Float32(2.0**-k), divisor_value)
+    d = divisor_value if scale_exp == 0 else mul_rn(divisor_value, Float32(2.0**scale_exp))
+    recip = div_rn(Float32(2.0**-scale_exp), divisor_value)
     neg = -d
     qs = [quotient_fast(b, d, neg, recip) for b in bits]
     return qs if keep is None else [q & keep for q in qs]
