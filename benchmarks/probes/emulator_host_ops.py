@@ -1,0 +1,137 @@
+"""Probe (issue 24): the torch operations ``emulate_decode`` runs on the host outside its compiled graphs on
+CUDA, counted per stage, on any machine.
+
+On CUDA the emulator is bound by its host (reports/emulator/2026-12-06-host-bound.md): every eager torch
+operation is a kernel launch costing the host microseconds, whatever its size. This probe runs the CUDA code
+path on the CPU (several tiles per window, the MMA chains as the fused formula, the branch-free stages: what
+``test_cuda_code_paths_give_the_pinned_bits_on_the_cpu`` runs), counts every operation dispatched outside the
+functions CUDA compiles (``arithmetic._fused`` / ``emulator._fused``; views and allocations not counted), and
+attributes each to the stage ``_emulate`` called. The counts do not depend on the sizes, only on the numbers
+of tiles, windows and splits, so small shapes give the big rows' counts:
+
+* ``b32``: 32 sequences, one chunk each (the plan of b32 x 4K and b32 x 32K: no split), 24/4 heads, d = 256;
+* ``b1_32_splits``: one sequence in 32 chunks (the plan of b1 x 128K), merged by the reduction stage.
+
+    python -m benchmarks.probes.emulator_host_ops [--tiles 4] [--window 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import traceback
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Operations that launch nothing on CUDA (views, metadata, allocations).
+_FREE = (
+    "aten.view.default", "aten.slice.Tensor", "aten.select.int", "aten.as_strided.default", "aten.unsqueeze.default",
+    "aten.expand.default", "aten._unsafe_view.default", "aten.t.default", "aten.transpose.int", "aten.alias.default",
+    "aten.detach.default", "aten.empty.memory_format", "aten.empty_strided.default", "aten.permute.default",
+    "aten.squeeze.dim", "aten.unflatten.int", "aten.split_with_sizes.default", "aten.split.Tensor",
+)  # fmt: skip
+
+
+class _StageCounter(TorchDispatchMode):
+    """Counts the operations dispatched while no compiled function runs, by the stage ``_emulate`` called."""
+
+    def __init__(self, inside):
+        super().__init__()
+        self.inside = inside
+        self.by_stage = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.inside[0] and str(func) not in _FREE:
+            names = [f.name for f in traceback.extract_stack(limit=40) if "mjolnir_numerics" in f.filename]
+            stage = "?"
+            if "_emulate" in names:
+                i = names.index("_emulate")
+                stage = names[i + 1] if i + 1 < len(names) else "_emulate (its own lines)"
+            self.by_stage[stage] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count(q, cache, inside, **kw) -> collections.Counter:
+    from mjolnir_numerics.emulator import emulate_decode
+
+    emulate_decode(q, cache, **kw)  # warm caches (tables, constants)
+    counter = _StageCounter(inside)
+    with counter:
+        emulate_decode(q, cache, **kw)
+    return counter.by_stage
+
+
+def host_ops(tiles: int = 4, window: int = 2) -> dict[str, collections.Counter]:
+    """The two cases of the module doc: ``{case: Counter(stage -> eager operations)}``."""
+    import mjolnir_numerics.arithmetic as arithmetic
+    import mjolnir_numerics.emulator as emulator
+    import mjolnir_numerics.emulator_stages as stages
+    from mjolnir_numerics.cache import PagedKVCache
+    from mjolnir_numerics.scales import quantize_q
+
+    inside = [False]
+
+    def fused(fn, tune=False):  # the compiled functions, evaluated eagerly and not counted
+        def call(*a):
+            inside[0] = True
+            try:
+                return fn(*a)
+            finally:
+                inside[0] = False
+
+        return call
+
+    gen = torch.Generator().manual_seed(0)
+
+    def case(b, n_tiles, hq, hk, d):
+        L = 128 * n_tiles
+        k, v = torch.randn(b, L, hk, d, generator=gen), torch.randn(b, L, hk, d, generator=gen)
+        kd, vd = k.abs().amax((0, 1, 3)) / 448, v.abs().amax((0, 1, 3)) / 448
+        cache = PagedKVCache.from_float(k, v, "e4m3", page_size=64, granularity="per_head", k_descale=kd, v_descale=vd)
+        q, q_descale = quantize_q(torch.randn(b, hq, d, generator=gen).to(torch.bfloat16), b, 1, hk)
+        return q, cache, q_descale
+
+    patches = [
+        mock.patch.object(emulator, "_window", lambda *a: window),
+        mock.patch.object(emulator, "fused_chain_available", lambda device: True),
+        mock.patch.object(arithmetic, "fused_chain_available", lambda device: True),
+        mock.patch.object(arithmetic, "_fused", fused),
+        mock.patch.object(emulator, "_fused", fused),
+        mock.patch.object(stages, "_sync_free", lambda x: True),
+    ]
+    for p in patches:
+        p.start()
+    try:
+        q, cache, qd = case(32, tiles, 24, 4, 256)
+        rows = {"b32": count(q, cache, inside, q_descale=qd, target="h200", chunk_tiles=0)}
+        q, cache, qd = case(1, 32, 24, 4, 256)
+        rows["b1_32_splits"] = count(q, cache, inside, q_descale=qd, target="h200", chunk_tiles=1)
+    finally:
+        for p in patches:
+            p.stop()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiles", type=int, default=4, help="128-key tiles per sequence of the b32 case")
+    ap.add_argument("--window", type=int, default=2, help="tiles per window (CUDA sizes it by memory)")
+    args = ap.parse_args(argv)
+    rows = host_ops(args.tiles, args.window)
+    windows = -(-args.tiles // args.window)
+    print(f"# eager torch operations outside the compiled graphs, per emulate_decode call (CUDA code path on "
+          f"{torch.__version__}'s CPU)")  # fmt: skip
+    print(f"# b32: 32 chunks x {args.tiles} tiles, {windows} windows; b1_32_splits: 32 chunks x 1 tile, one window")
+    stages_seen = sorted(set().union(*rows.values()), key=lambda s: -max(r[s] for r in rows.values()))
+    print(f"{'stage':28s}" + "".join(f"{name:>14s}" for name in rows))
+    for s in stages_seen:
+        print(f"{s:28s}" + "".join(f"{r[s]:14d}" for r in rows.values()))
+    print(f"{'total':28s}" + "".join(f"{sum(r.values()):14d}" for r in rows.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
