@@ -70,7 +70,6 @@ from .emulator_stages import (
     log_f32,
     log_libdevice_f32,
     mask_tile,
-    merge_splits,
     reduce_row_sum,
     reduction,
     rescale_o,
@@ -831,10 +830,7 @@ def _emulate(
         o_p[r_idx, j_idx] = ep["o_part"][idx]
         m_p[r_idx, j_idx] = ep["m_part"][idx]
         l_p[r_idx, j_idx] = ep["l_part"][idx]
-        merge = _fused(merge_splits) if fused_chain_available(dev) else None  # CUDA: one graph, not ~27 launches a term
-        o_red, lse_red = reduction(
-            o_p, m_p, l_p, scale_o, LOG2E_F32 if knobs.lse_base == "e" else 1.0, lse_log, ex2, merge
-        )
+        o_red, lse_red = reduction(o_p, m_p, l_p, scale_o, LOG2E_F32 if knobs.lse_base == "e" else 1.0, lse_log, ex2)
         seq_idx = torch.tensor(split_seqs, dtype=torch.long, device=dev)
         o_out[seq_idx] = o_red
         lse_out[seq_idx] = lse_red

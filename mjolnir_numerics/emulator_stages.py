@@ -799,18 +799,6 @@ def epilogue(
     return {"o_final": o_final, "lse": lse, "o_part": o_part, "m_part": m_out, "l_part": l_sum}
 
 
-def merge_splits(w: torch.Tensor, l_part: torch.Tensor, o_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sums of step 11 in split order, one fp32 fma per term: ``l = sum_j w_j l_j`` and ``o = sum_j w_j
-    o_j`` from 0. ``w``, ``l_part``: float32 ``(B, J, G, N)``; ``o_part``: float32 ``(B, J, G, N, D)``.
-    Returns ``(l (B, G, N), o (B, G, N, D))``, float32."""
-    l_acc = torch.zeros_like(l_part[:, 0])
-    o_acc = torch.zeros_like(o_part[:, 0])
-    for j in range(o_part.shape[1]):
-        l_acc = fma_f32(w[:, j], l_part[:, j], l_acc)
-        o_acc = fma_f32(w[:, j, ..., None], o_part[:, j], o_acc)
-    return l_acc, o_acc
-
-
 def reduction(
     o_part: torch.Tensor,
     m_part: torch.Tensor,
@@ -819,7 +807,6 @@ def reduction(
     weight_log2: float = LOG2E_F32,
     lse_log: Callable[[torch.Tensor], torch.Tensor] = log_f32,
     ex2: Callable[[torch.Tensor], torch.Tensor] = exp2_f32,
-    merge: Optional[Callable] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 11: merge the split partials of the sequences with more than one chunk.
 
@@ -829,8 +816,6 @@ def reduction(
         scale_o: the output scale (fp32 value).
         weight_log2: ``log2(e)`` as fp32 (1.0 for base-2 LSE).
         lse_log: the LSE's log model; ex2: the ex2 model of the weights.
-        merge: :func:`merge_splits` or a function that computes the same (CUDA: it compiled, one graph
-            instead of 27 launches per emulated fma); None: :func:`merge_splits`.
 
     Returns:
         ``(o float32 (B, G, N, D) before the bf16 store, lse float32 (B, G, N))``:
@@ -841,7 +826,11 @@ def reduction(
     m_max = m_part.amax(dim=1)
     w = ex2(weight_log2 * (m_part - m_max[:, None]))
     w = torch.where(m_part == -math.inf, torch.zeros_like(w), w)
-    l_acc, o_acc = (merge or merge_splits)(w, l_part, o_part)
+    l_acc = torch.zeros_like(l_part[:, 0])
+    o_acc = torch.zeros_like(o_part[:, 0])
+    for j in range(o_part.shape[1]):
+        l_acc = fma_f32(w[:, j], l_part[:, j], l_acc)
+        o_acc = fma_f32(w[:, j, ..., None], o_part[:, j], o_acc)
     inv_l = torch.where(l_acc > 0, 1.0 / l_acc, torch.zeros_like(l_acc))
     so = torch.tensor(scale_o, dtype=torch.float32, device=o_acc.device)
     o = (so * o_acc) * inv_l[..., None]

@@ -864,37 +864,3 @@ def test_unique_rows_is_torch_unique_of_the_rows(n, n_pages):
     want_u, want_i = torch.unique(rows, dim=0, return_inverse=True)
     got_u, got_i = _unique_rows(rows)
     assert torch.equal(got_u, want_u) and torch.equal(got_i, want_i)
-
-
-def test_merge_splits_compiled_keeps_the_bits(monkeypatch):
-    """CUDA compiles the split merge (``merge_splits``: one emulated fp32 fma per split term) into one graph; its
-    branch-free form (CUDA's, ``_sync_free``) compiled by inductor gives the eager bits: weights, partials and
-    accumulations with ties at fp32 midpoints, subnormal products, zeros of both signs, infinities and NaN,
-    over 5 splits (the loop unrolled in the graph)."""
-    from mjolnir_numerics import emulator_stages as stages
-
-    gen = torch.Generator().manual_seed(11)
-    b, j, g, n, d = 3, 5, 2, 4, 16
-
-    def f32(shape, scale=1.0):
-        x = torch.randn(shape, generator=gen) * scale
-        flat = x.view(-1)
-        flat[::7] = 1 + 2.0**-23  # products 1 + 2^-22 + 2^-46: the fma's single rounding matters
-        flat[1::11] = 2.0**-75  # subnormal products
-        flat[2::13] = -0.0
-        return x
-
-    w = torch.rand((b, j, g, n), generator=gen)
-    w.view(-1)[3::17] = 0.0
-    l_part, o_part = f32((b, j, g, n)).abs(), f32((b, j, g, n, d), 3.0)
-    o_part.view(-1)[5] = math.inf
-    o_part.view(-1)[6] = math.nan
-    monkeypatch.setattr(stages, "_sync_free", lambda x: True)  # CUDA's form on the CPU (the same bits)
-    eager = stages.merge_splits(w, l_part, o_part)
-    compiled = torch.compile(stages.merge_splits, dynamic=True, fullgraph=True)(w, l_part, o_part)
-    for e, c in zip(eager, compiled):
-        assert e.dtype == c.dtype == torch.float32
-        assert torch.equal(e.view(torch.int32), c.view(torch.int32))
-    want = (w[..., None].double() * o_part.double()).sum(1)  # one rounding per term: within a few fp32 ulps
-    ok = torch.isfinite(want)
-    assert torch.allclose(eager[1][ok].double(), want[ok], rtol=1e-5, atol=1e-30)
