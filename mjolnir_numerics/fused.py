@@ -142,10 +142,10 @@ def for_device(fn, device, **static):
 def compiled_many(fn, tune: bool = False):
     """``fn`` compiled once per process for many problem shapes and formats (the emulator's graphs): the
     recompile limits are raised from torch's default of 8 for the duration of each call (set and restored
-    directly: ``torch._dynamo.config.patch`` costs 170 us a call on this project's CPU machine, 6 us this way,
-    and the emulator makes hundreds of calls). ``tune``: with inductor's coordinate descent tuning of its
-    kernels' launch configurations (the MMA chains: 3-4x faster on the H200, 2026-12-04; the first compile of
-    each takes longer)."""
+    directly: ``torch._dynamo.config.patch`` costs 15-16 us a call on this project's CPU machine, 7 us this
+    way, ``python -m benchmarks.probes.emulator_host_ops``; the emulator makes hundreds of calls). ``tune``:
+    with inductor's coordinate descent tuning of its kernels' launch configurations (the MMA chains: 3-4x
+    faster on the H200, 2026-12-04; the first compile of each takes longer)."""
     key = (fn, "many", tune)
     if key not in _compiled:
         options = {"coordinate_descent_tuning": True} if tune else None

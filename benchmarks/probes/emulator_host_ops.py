@@ -12,6 +12,10 @@ of tiles, windows and splits, so small shapes give the big rows' counts:
 * ``b32``: 32 sequences, one chunk each (the plan of b32 x 4K and b32 x 32K: no split), 24/4 heads, d = 256;
 * ``b1_32_splits``: one sequence in 32 chunks (the plan of b1 x 128K), merged by the reduction stage.
 
+It also times, on this machine's host, what ``fused.compiled_many`` spends around each call to raise torch's
+recompile limits: ``torch._dynamo.config.patch`` (what it used until 2026-12-06) against setting and restoring
+the two limits directly (what it does now).
+
     python -m benchmarks.probes.emulator_host_ops [--tiles 4] [--window 2]
 """
 
@@ -115,6 +119,25 @@ def host_ops(tiles: int = 4, window: int = 2) -> dict[str, collections.Counter]:
     return rows
 
 
+def limit_patch_cost(calls: int = 10_000) -> tuple[float, float]:
+    """Microseconds per call: ``torch._dynamo.config.patch`` of the two recompile limits entered and left,
+    and the two limits set and restored directly."""
+    import time
+
+    cfg = torch._dynamo.config
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        with cfg.patch(recompile_limit=512, accumulated_recompile_limit=8192):
+            pass
+    t1 = time.perf_counter()
+    for _ in range(calls):
+        saved = cfg.recompile_limit, cfg.accumulated_recompile_limit
+        cfg.recompile_limit, cfg.accumulated_recompile_limit = 512, 8192
+        cfg.recompile_limit, cfg.accumulated_recompile_limit = saved
+    t2 = time.perf_counter()
+    return 1e6 * (t1 - t0) / calls, 1e6 * (t2 - t1) / calls
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiles", type=int, default=4, help="128-key tiles per sequence of the b32 case")
@@ -130,6 +153,9 @@ def main(argv=None) -> int:
     for s in stages_seen:
         print(f"{s:28s}" + "".join(f"{r[s]:14d}" for r in rows.values()))
     print(f"{'total':28s}" + "".join(f"{sum(r.values()):14d}" for r in rows.values()))
+    patch_us, direct_us = limit_patch_cost()
+    print(f"# recompile limits around each compiled call: config.patch {patch_us:.1f} us, set and restore "
+          f"{direct_us:.1f} us")  # fmt: skip
     return 0
 
 
