@@ -194,9 +194,9 @@ def quantize_words(qs: list, lut) -> list:
     return [c[4 * i] | (c[4 * i + 1] << 8) | (c[4 * i + 2] << 16) | (c[4 * i + 3] << 24) for i in range(len(c) // 4)]
 
 
-def e4m3_words(qs: list, cvt=cvt_e4m3x2) -> list:
-    """The e4m3 codes (or ``cvt``'s: e5m2) of float32 bits ``qs`` by the hardware conversion, packed four to a
-    word (lowest first)."""
+def fp8_words(qs: list, cvt=cvt_e4m3x2) -> list:
+    """The fp8 codes of float32 bits ``qs`` by the hardware conversion ``cvt`` (e4m3, or :func:`cvt_e5m2x2`),
+    packed four to a word (lowest first)."""
     pairs = [cvt(as_f32(qs[2 * i]), as_f32(qs[2 * i + 1])) for i in range(len(qs) // 2)]
     return [pairs[2 * i] | (pairs[2 * i + 1] << 16) for i in range(len(pairs) // 2)]
 
@@ -266,7 +266,7 @@ class QuantizeKernel:
             w = ld_v4_b32(x0 + i * 4)
             if cutlass.const_expr(self.fmt.name == "e4m3"):
                 if abs_max_bits(w) < 0x7F800000:  # finite
-                    st_b32(out0 + i, e4m3_words(w)[0])
+                    st_b32(out0 + i, fp8_words(w)[0])
                 else:
                     st_b32(out0 + i, quantize_words(w, lut0)[0])
             else:
@@ -430,9 +430,9 @@ def store_block_fast(addr, qs: list, lut, fmt) -> None:
     holds; for fp6, scaled by ``2^-k`` of :data:`FP6_BY_FP8`): e4m3 by the hardware conversion, fp6 by the fp8
     conversion of :data:`FP6_BY_FP8` and :func:`fp6_word`, e2m1 through ``lut``."""
     if fmt.name == "e4m3":
-        st_v4_b32(addr, *e4m3_words(qs))
+        st_v4_b32(addr, *fp8_words(qs))
     elif fmt.name in FP6_BY_FP8:
-        store_words6(addr, [pack6_word(fp6_word(w)) for w in e4m3_words(qs, FP6_BY_FP8[fmt.name][0])])
+        store_words6(addr, [pack6_word(fp6_word(w)) for w in fp8_words(qs, FP6_BY_FP8[fmt.name][0])])
     else:
         store_block(addr, [quantize_word(q, lut) for q in qs], fmt.bits)
 

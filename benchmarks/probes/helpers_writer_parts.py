@@ -4,15 +4,13 @@ conversion at a scale, e2m1 codes through the round-to-odd table; one 16-value c
 variants, side by side in one run:
 
 * ``fp6 through the table``: e3m2 codes through the round-to-odd table (the kernel before 2026-12-06);
-* ``e2m1 by integer rounding``: e2m1 codes (and NVFP4's) by integer arithmetic on the quotient's bits
-  (``element_code`` below: the exponent rebiased and the fraction rounded to nearest even in one addition,
-  the subnormals by one float32 addition; the same codes on every float32, checked on the CPU 2026-12-06);
 * ``tables for e4m3``: e4m3 codes through the table as well;
 * ``div.rn everywhere``: every quotient by ``div.rn.f32``, no reciprocal;
 * ``neither``: no division, no rounding (loads, index arithmetic, packing and stores; wrong bits).
 
-Measured and removed earlier (2026-12-04): fp6 / fp4 codes by float arithmetic (1.15-1.17x slower than the
-table for bfloat16 rows; reports/helpers/2026-12-04-prefill-writer.md).
+Measured and removed: fp6 / fp4 codes by float arithmetic (2026-12-04: 1.15-1.17x slower than the table for
+bfloat16 rows; reports/helpers/2026-12-04-prefill-writer.md); e2m1 codes by integer rounding (2026-12-06, on an
+H100: 0.96-1.03x the table's time; reports/helpers/2026-12-06-fp6-by-fp8.md, commit 5c37707 has the variant).
 
 K and V (e4m3, e3m2, e2m1, NVFP4): 32K tokens x 8 heads x d 128 each, bfloat16 and float32, per-head
 descales, page size 16; time per call of 20 calls back to back (CUDA events), through
@@ -24,50 +22,11 @@ descales, page size 16; time per call of 20 calls back to back (CUDA events), th
 # ruff: noqa: B023  (a one-off probe: its lambdas run inside the loop that binds them)
 
 import torch
-from cutlass import Float32, Int32
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 import mjolnir_kernel.helpers_kernel as hk
 from mjolnir_kernel import helpers
-from mjolnir_kernel.hopper.ptx import _asm, _f32, _i32
 from mjolnir_numerics.formats import FORMATS
 from mjolnir_numerics.quantize import _round_to_odd_lut
-
-
-@dsl_user_op
-def select_below(a, b, x, y, *, loc=None, ip=None) -> Int32:
-    text = "{\n\t.reg .pred p;\n\tsetp.lt.s32 p, $1, $2;\n\tselp.b32 $0, $3, $4, p;\n\t}"
-    return Int32(_asm(T.i32(), [_i32(v, loc, ip) for v in (a, b, x, y)], text, "=r,r,r,r,r"))
-
-
-@dsl_user_op
-def add_rn(a, b, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm(T.f32(), [_f32(a, loc, ip), _f32(b, loc, ip)], "add.rn.f32 $0, $1, $2;", "=f,f,f"))
-
-
-@dsl_user_op
-def min_s32(a, b, *, loc=None, ip=None) -> Int32:
-    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)], "min.s32 $0, $1, $2;", "=r,r,r"))
-
-
-def element_code(bits, fmt):
-    """The ``fmt`` code of a non-NaN float32 (bits ``bits``) by integer rounding: from the smallest normal up,
-    ``(mag + ((bias - 127) << 23) + 2^(s-1) - 1 + odd) >> s`` (``s = 23 - man_bits``, ``odd`` the lowest kept
-    bit: rebias and round to nearest even in one addition), saturated; below it ``|x| + 2^(emin + s)`` rounded
-    by ``add.rn.f32`` (spacing ``2^(emin - man_bits)``) minus the constant's bits; the sign is ``x``'s."""
-    shift = 23 - fmt.man_bits
-    magic = fmt.min_exponent + shift
-    mag = bits & 0x7FFFFFFF
-    normal = (mag + (((fmt.bias - 127) << 23) + (1 << (shift - 1)) - 1) + ((mag >> shift) & 1)) >> shift
-    small = hk.as_i32(add_rn(hk.as_f32(mag), Float32(2.0**magic))) - ((magic + 127) << 23)
-    code = select_below(mag, (fmt.min_exponent + 127) << 23, small, min_s32(normal, fmt.max_code))
-    return code | ((bits >> (32 - fmt.bits)) & fmt.sign_mask)
-
-
-def _integer_e2m1_store(addr, qs, lut, fmt):
-    if fmt.name != "e2m1":
-        return SAVED["store_block_fast"](addr, qs, lut, fmt)
-    hk.store_block(addr, [element_code(q, fmt) for q in qs], fmt.bits)
 
 
 def _table_store(addr, qs, lut, fmt):
@@ -131,8 +90,6 @@ def main():
                     "store_block_fast": _table_store,
                     "quotients_fast": _unscaled_quotients,
                 }
-            if element in ("e2m1", "nvfp4"):
-                variants["e2m1 by integer rounding"] = {"store_block_fast": _integer_e2m1_store}
             ref = None
             for name, patch in variants.items():
                 for attr, value in saved.items():
