@@ -51,6 +51,7 @@ from .fused import available, compiled_many
 
 __all__ = [
     "MmaModel", "MMA_MODELS", "OPERAND_FORMATS", "WALKS", "block_fma", "ideal_block", "round_toward_zero_f32",
+    "round_nearest_f32",
     "kstep_groups", "chain_fma", "chain_gemm", "fused_chain_available",
 ]  # fmt: skip
 
@@ -122,6 +123,38 @@ def round_toward_zero_f32(x: torch.Tensor) -> torch.Tensor:
     out = torch.where(out.abs() >= 2.0**128, torch.copysign(torch.full_like(out, math.inf), out), out)
     out = torch.where(out == 0, torch.zeros_like(out), out)  # a zero sum is +0
     return torch.where(torch.isnan(x), x, out).to(torch.float32)
+
+
+_F64_F32_OVERFLOW = 0x47F0000000000000  # float64 bits of 2^128: a magnitude rounded to it or past is fp32 inf
+_F64_INF = 0x7FF0000000000000
+_F64_F32_MIN_NORMAL = 897 << 52  # float64 bits of 2^-126
+_F64_SIGN = -(1 << 63)
+
+
+def round_nearest_f32(x: torch.Tensor) -> torch.Tensor:
+    """float64 ``x`` rounded to nearest fp32, ties to even (subnormals kept, overflow to +-inf, NaN kept, the
+    sign of zero kept), as float32: what ``x.float()`` gives, written in integer operations on the bits.
+
+    Why not ``x.float()``: in a compiled graph a float32 result that the next operation widens again can lose
+    its rounding. Inductor's ``pointless_convert`` pass (torch 2.11, the device's) rewrites
+    ``float64 -> float32 -> float64`` as no conversion at all, so a chain of emulated fp32 operations (the
+    fma of the row sum, libdevice's log polynomial, the split merge) would run in float64. This rounding is
+    integer arithmetic no pass removes; the final conversion is exact, so dropping it changes nothing.
+
+    Where fp32 is normal (``|x| >= 2^-126``) the 29 float64 fraction bits below fp32's 23 are rounded away
+    with ties to even on the magnitude's bits (a carry runs into the exponent, and past 2^128 the result is
+    inf); below, ``|x| 2^149`` is rounded to an integer (``torch.round``: ties to even, exact) and scaled back.
+    """
+    bits = x.contiguous().view(torch.int64)
+    mag = bits & ~_F64_SIGN
+    lsb = (mag >> 29) & 1
+    normal = (mag + ((1 << 28) - 1) + lsb) & ~((1 << 29) - 1)
+    normal = torch.where(normal >= _F64_F32_OVERFLOW, _F64_INF, normal)
+    sub = (torch.round(mag.view(torch.float64) * 2.0**149) * 2.0**-149).view(torch.int64)
+    out = torch.where(mag >= _F64_F32_MIN_NORMAL, normal, sub)
+    out = torch.where(mag > _F64_INF, mag, out)  # NaN: kept
+    out = out | (bits & _F64_SIGN)
+    return out.view(torch.float64).to(torch.float32)
 
 
 def ideal_block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,7 @@ Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp l
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -63,8 +64,10 @@ from .emulator_stages import (
     accumulate_pv,
     accumulate_pv_mma,
     accumulate_row_sum,
+    div_f32,
     epilogue,
     exp2_f32,
+    load_tables,
     exp2_sm90_f32,
     log2_f32,
     log_f32,
@@ -476,6 +479,40 @@ def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
     return v.unflatten(-1, (steps, k))
 
 
+_EX2_SM90_UNCHECKED = functools.partial(exp2_sm90_f32, check=False)
+
+
+def _window_softmax(s_t, keys, last, m_in, c_w, n_w: int, p_scale: float, p_format: str, rounded_sum: bool, ex2):
+    """Steps 4-7 and the factor of step 8 for ``n_w`` consecutive tiles of every active chunk, as one function
+    (what CUDA compiles into one graph): the masks, the running column max, P, P rounded as the second GEMM
+    reads it, the p the row sum adds and the row-sum correction. None of it depends on l or O.
+
+    Args:
+        s_t: float32 ``(W * A, G, N, T)`` scores, tile-major (the A chunks of the window's first tile, then
+            of its second ...); keys: int64 ``(W * A, T)``; last: int64 ``(W * A, N)`` (:func:`mask_tile`);
+        m_in: float32 ``(A, G, N)``, the running max before the window; c_w: float32 ``(W * A, G)``.
+
+    Returns:
+        ``(m_prev, m_new, p_q, p_sum, corr)``: float32 ``(W * A, G, N)``, ``(W * A, G, N)``, ``(W * A, G, N,
+        T)``, ``(W * A, G, N, T)`` and ``(W * A, G, N)``.
+    """
+    s_t = mask_tile(s_t, keys, last)
+    wa, g, n, t = s_t.shape
+    m_prev, m_new, m_use = running_column_max(m_in, s_t.view(n_w, wa // n_w, g, n, t))
+    m_prev, m_new, m_use = (x.reshape(wa, g, n) for x in (m_prev, m_new, m_use))
+    p = softmax_tile(s_t, m_use, c_w, ex2)
+    p_q = round_p(p, p_scale, p_format)
+    p_sum = div_f32(p_q, torch.full_like(p_q[:1, :1, :1, :1], p_scale)) if rounded_sum else p
+    return m_prev, m_new, p_q, p_sum, row_sum_correction(m_prev, m_use, c_w, ex2)
+
+
+def _final(l, o, m, cta_scale, out_scale, part_scale, split, lse_scale, lse_log):
+    """Step 10 as one function (what CUDA compiles into one graph): the row sums reduced, then the
+    epilogue. Returns :func:`~mjolnir_numerics.emulator_stages.epilogue`'s values as a tuple, in its order."""
+    ep = epilogue(o, m, reduce_row_sum(l), cta_scale, out_scale, part_scale, split, lse_scale, lse_log)
+    return ep["o_final"], ep["lse"], ep["o_part"], ep["m_part"], ep["l_part"]
+
+
 def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, rescale: bool, extra_bits, min_exponent, emin):
     """Steps 8-9 of one tile as one function (what CUDA compiles into one graph): the row sums, O rescaled
     where a max moved (not on a chunk's first tile), then the P.V chain into O. ``v``: float32 ``(A, G,
@@ -714,7 +751,13 @@ def _emulate(
         hw_log = (knobs.log or default_log) == "hardware"
         lse_log = log_libdevice_f32 if hw_log else log_f32
     hw_ex2 = (knobs.ex2 or ("hardware" if native else "correctly_rounded")) == "hardware"
-    ex2 = exp2_sm90_f32 if hw_ex2 and tgt.ex2 == "sm90_mufu" else exp2_f32
+    # the emulator's ex2 inputs are never positive (a score minus a running max that includes it, or the
+    # difference of two running maxes): the sm_90 model's range check would only ask the device
+    ex2 = _EX2_SM90_UNCHECKED if hw_ex2 and tgt.ex2 == "sm90_mufu" else exp2_f32
+    # CUDA: the stages between the MMA chains as compiled graphs (each a few kernels instead of dozens of
+    # launches); the CPU runs the same functions eagerly
+    stage = (lambda fn: _fused(fn)) if fused_chain_available(dev) else (lambda fn: fn)
+    load_tables(dev, ex2 is _EX2_SM90_UNCHECKED)
 
     # -- chunks of all sequences advance together ----------------------------------------------------
     chunks = plan.chunks()
@@ -769,16 +812,10 @@ def _emulate(
         q_n = None if q_norm_c is None else rep(q_norm_c[sel])
         s_t = _score_step(q_a, q_n, N, k_src, blocks, ws, q_sig_bits, mma)
         del k_src, q_a
-        s_t = mask_tile(s_t, keys, last)
-        m_prev, m_new, m_use = running_column_max(m[sel], s_t.view(n_w, A, G, N, T))
-        m_prev, m_new, m_use = (x.reshape(n_w * A, G, N) for x in (m_prev, m_new, m_use))
-        p = softmax_tile(s_t, m_use, c_w, ex2)
+        m_prev, m_new, p_q, p_sum, corr = stage(_window_softmax)(
+            s_t, keys, last, m[sel], c_w, n_w, p_scale, p_format, knobs.row_sum == "rounded", ex2
+        )
         del s_t
-        p_q = round_p(p, p_scale, p_format)
-        # a tensor divisor: CUDA divides by a Python scalar as a multiply by its rounded reciprocal
-        p_sum = p if knobs.row_sum == "unrounded" else p_q / torch.tensor(p_scale, dtype=torch.float32, device=dev)
-        del p
-        corr = row_sum_correction(m_prev, m_use, c_w, ex2)
         v_src = _TileSource(cache, "v", seqs, tiles, sl_dev, bt_dev)
         v_fused = _fused_pv_operand(v_src, mma)
         # steps 8-9 tile after tile: the fp32 recurrences of l and O
@@ -807,11 +844,11 @@ def _emulate(
             m[act], l[act], o[act] = m_a, l_a, o_a
 
     # -- epilogue --------------------------------------------------------------------------------------
-    l_sum = reduce_row_sum(l)
     n_splits = torch.tensor(plan.n_splits, dtype=torch.long, device=dev)
     split = n_splits[cseq] > 1
     lse_scale = None if knobs.lse_base == "e" else c_c
-    ep = epilogue(o, m, l_sum, cta_scale_c, out_scale[cseq], part_scale[cseq], split, lse_scale, lse_log)
+    finals = stage(_final)(l, o, m, cta_scale_c, out_scale[cseq], part_scale[cseq], split, lse_scale, lse_log)
+    ep = dict(zip(("o_final", "lse", "o_part", "m_part", "l_part"), finals))
     o_out = torch.zeros((num_seqs, G, N, D), device=dev)
     lse_out = torch.zeros((num_seqs, G, N), device=dev)
     unsplit = (~split).nonzero(as_tuple=True)[0]
@@ -830,7 +867,9 @@ def _emulate(
         o_p[r_idx, j_idx] = ep["o_part"][idx]
         m_p[r_idx, j_idx] = ep["m_part"][idx]
         l_p[r_idx, j_idx] = ep["l_part"][idx]
-        o_red, lse_red = reduction(o_p, m_p, l_p, scale_o, LOG2E_F32 if knobs.lse_base == "e" else 1.0, lse_log, ex2)
+        o_red, lse_red = stage(reduction)(
+            o_p, m_p, l_p, scale_o, LOG2E_F32 if knobs.lse_base == "e" else 1.0, lse_log, ex2
+        )
         seq_idx = torch.tensor(split_seqs, dtype=torch.long, device=dev)
         o_out[seq_idx] = o_red
         lse_out[seq_idx] = lse_red

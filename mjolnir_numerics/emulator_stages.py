@@ -75,9 +75,10 @@ from typing import Callable, Optional
 
 import torch
 
-from .arithmetic import chain_gemm
+from .arithmetic import chain_gemm, round_nearest_f32
 from .formats import E4M3
-from .quantize import quantize
+from .fused import quantize_f32
+from .quantize import _round_to_odd_lut
 
 __all__ = [
     "TENSOR_CORE_REL_BOUND",
@@ -85,6 +86,9 @@ __all__ = [
     "round_odd_add",
     "add_round_f32",
     "fma_f32",
+    "mul_f32",
+    "div_f32",
+    "round_bf16",
     "exp2_f32",
     "exp2_sm90_f32",
     "log_f32",
@@ -182,7 +186,7 @@ def add_round_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     the fp32 subnormal range); only those elements take the exact round-to-odd path.
     """
     if _sync_free(a) or _sync_free(b):  # no host round trip: round to odd everywhere (the same bits)
-        return round_odd_add(a.double(), b.double()).float()
+        return round_nearest_f32(round_odd_add(a.double(), b.double()))  # a rounding no compiler pass drops
     s = a + b  # float64: a float32 operand widens exactly inside the op
     r = s.float().contiguous()
     risky = _double_rounding_risky(s, r)
@@ -193,6 +197,28 @@ def add_round_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         b_r = b.expand_as(s).reshape(-1)[idx].double()
         r.view(-1)[idx] = round_odd_add(a_r, b_r).float()
     return r
+
+
+def mul_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """IEEE fp32 ``a * b`` (``mul.rn``) of fp32 tensors: the exact float64 product rounded once. Where a product
+    feeds an addition, this form keeps a compiler from contracting the two into one fma (Triton may)."""
+    return round_nearest_f32(a.double() * b.double())
+
+
+def div_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """IEEE fp32 ``a / b`` (``div.rn``) of fp32 tensors: the float64 quotient rounded once more to fp32, which
+    is the correctly rounded fp32 quotient (53 >= 2 * 24 + 2: S. A. Figueroa, "When is double rounding
+    innocuous?", SIGNUM 1995). Also inside compiled graphs, where Triton's float32 ``/`` is approximate."""
+    return round_nearest_f32(a.double() / b.double())
+
+
+def round_bf16(x: torch.Tensor) -> torch.Tensor:
+    """float32 ``x`` rounded to bfloat16 (nearest, ties to even; NaN kept), as float32: ``x.to(bfloat16).float()``
+    in integer operations on the bits, which no compiler pass can drop (inductor's ``pointless_convert``, torch
+    2.11, rewrites ``float32 -> bfloat16 -> float32`` as no conversion at all)."""
+    b = x.contiguous().view(torch.int32)
+    r = ((b + (0x7FFF + ((b >> 16) & 1))) >> 16) << 16  # a carry runs into the exponent; past the max: inf
+    return torch.where(torch.isnan(x), x, r.view(torch.float32))
 
 
 def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -232,12 +258,66 @@ def _correct_round(y: torch.Tensor, x: torch.Tensor, exact: Callable[[Decimal], 
     return out
 
 
+# fp32 r in (-1, 1) whose exact 2^r lies within EXP2_HARD_ULP64 float64 ulps of an fp32 rounding midpoint,
+# with their correctly rounded 2^r (decided in 60-digit decimal arithmetic): written by ``python -m
+# benchmarks.probes.exp2_hard_cases`` from a scan of all 2 x 25 x 2^23 inputs with |r| in [2^-25, 1) (below,
+# 2^r lies within 2^-25 ln 2 of 1, far from the midpoints 1 - 2^-25 and 1 + 2^-24).
+EXP2_HARD_CASES = "exp2_hard_cases.txt"
+EXP2_HARD_ULP64 = 256
+EXP2_HARD_BINADES = 25
+_exp2_hard: dict = {}
+
+
+def _exp2_hard_table(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hard inputs' bits (int32, ascending) and their correctly rounded ``2^r``'s bits (int32) on
+    ``device``, read once per process."""
+    key = str(device)
+    if key not in _exp2_hard:
+        if "cpu" not in _exp2_hard:
+            from importlib.resources import files
+
+            rows = [
+                line.split()
+                for line in files(__package__).joinpath("data", EXP2_HARD_CASES).read_text().splitlines()
+                if line and not line.startswith("#")
+            ]
+            pairs = torch.tensor([[int(a, 16), int(b, 16)] for a, b in rows], dtype=torch.int64).to(torch.int32)
+            _exp2_hard["cpu"] = (pairs[:, 0].contiguous(), pairs[:, 1].contiguous())
+        _exp2_hard[key] = tuple(t.to(device) for t in _exp2_hard["cpu"])
+    return _exp2_hard[key]
+
+
+def _exp2_unit(r: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded fp32 ``2^r`` of fp32 ``r`` in (-1, 1), with no data-dependent branch: the float64
+    ``exp2`` (within 1-2 float64 ulps of the exact value on every device) rounded to fp32 is correct unless the
+    exact value lies within :data:`EXP2_HARD_ULP64` float64 ulps of an fp32 midpoint, and those inputs are
+    looked up in the hard-case table. Returns float32 like ``r``."""
+    z = round_nearest_f32(torch.exp2(r.double()))
+    keys, values = _exp2_hard_table(r.device)
+    rb = r.contiguous().view(torch.int32)
+    pos = torch.searchsorted(keys, rb).clamp(max=keys.numel() - 1)
+    hit = keys[pos] == rb
+    return torch.where(hit, values[pos], z.view(torch.int32)).view(torch.float32)
+
+
 def exp2_f32(x: torch.Tensor) -> torch.Tensor:
     """``ex2.approx.ftz.f32`` model: correctly rounded fp32 ``2**x`` of fp32 ``x``, subnormal results
-    flushed to +0; ``-inf -> 0``, ``+inf -> inf``, NaN -> NaN. Returns float32 like ``x``."""
-    x64 = x.double()
-    z = _correct_round(torch.exp2(x64), x64, lambda d: (d * Decimal(2).ln()).exp())
-    return torch.where(z < _F32_MIN_NORMAL, torch.zeros_like(z), z)
+    flushed to +0; ``-inf -> 0``, ``+inf -> inf``, NaN -> NaN. Returns float32 like ``x``.
+
+    ``2^x = 2^n 2^r`` with ``n = ceil(x)`` and ``r = x - n`` in (-1, 0] (exact in fp32; for x in (0, 1),
+    where ``x - 1`` would not be, n = 0 and r = x): the correctly rounded ``2^r`` (:func:`_exp2_unit`)
+    scaled by ``2^n`` is the correctly rounded ``2^x`` wherever that is normal (below, both flush to 0: no
+    fp32 ``x`` puts ``2^x`` within half a subnormal step of 2^-126; past 2^128 both are inf). No branch asks
+    the device, so the function also runs inside compiled graphs."""
+    finite = torch.isfinite(x)
+    xf = torch.where(finite, x, torch.zeros_like(x))
+    n = torch.where((xf > 0) & (xf < 1), 0.0, torch.ceil(xf))
+    r = xf - n  # exact: a multiple of x's ulp below 1 in magnitude
+    pow2 = ((n.clamp(-200, 200).long() + 1023) << 52).view(torch.float64)
+    z = _exp2_unit(r).double() * pow2  # exact scaling
+    z = torch.where(z < _F32_MIN_NORMAL, 0.0, torch.where(z >= 2.0**128, math.inf, z)).float()  # exact
+    z = torch.where(x == -math.inf, 0.0, torch.where(x == math.inf, math.inf, z))
+    return torch.where(torch.isnan(x), x, z)
 
 
 # The H200's ex2.approx.ftz.f32 (MUFU.EX2), measured on every fp32 x < 0 with |x| in [2^-25, 1): the
@@ -267,7 +347,7 @@ def _ex2_sm90_table(device: torch.device) -> torch.Tensor:
     return _ex2_tables[key]
 
 
-def exp2_sm90_f32(x: torch.Tensor) -> torch.Tensor:
+def exp2_sm90_f32(x: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     """The H200's ``ex2.approx.ftz.f32`` (sm_90 ``MUFU.EX2``), bit for bit, for fp32 ``x <= 0``.
 
     Measured structure (``reports/hopper/2026-12-01-arithmetic.md``): the result is ``2^n ex2(r)`` with
@@ -280,19 +360,22 @@ def exp2_sm90_f32(x: torch.Tensor) -> torch.Tensor:
 
     Args:
         x: float32, any shape, on any device (the table is moved there once).
+        check: raise for a positive ``x`` (a question to the device: a host round trip on CUDA, and no
+            compiled graph can hold it). The emulator turns it off: its inputs are a score minus a running
+            max that includes it, or the difference of two running maxes, never positive.
 
     Returns:
         float32 like ``x``.
     """
     if x.dtype != torch.float32:
         raise TypeError(f"x: expected float32, got {x.dtype}")
-    if bool((x > 0).any()):
+    if check and bool((x > 0).any()):
         raise ValueError("x: the sm_90 ex2 model covers x <= 0 (the kernels' inputs); got a positive value")
     finite = torch.isfinite(x)
     xf = torch.where(finite, x, torch.zeros_like(x))
     n = torch.ceil(xf)
     r = xf - n  # exact: a multiple of x's ulp below 1 in magnitude; +-0 falls outside the table
-    cr = exp2_f32(r)
+    cr = _exp2_unit(r)
     rb = r.view(torch.int32)
     k = 126 - ((rb >> 23) & 0xFF)
     in_table = (rb < 0) & (k >= 0) & (k < EX2_SM90_BINADES)
@@ -583,6 +666,16 @@ def settle_f32(
     return r
 
 
+def load_tables(device: torch.device, sm90_ex2: bool) -> None:
+    """Read the tables the stages look up onto ``device`` now (the exp2 hard cases, the e4m3 quantizer's and
+    the sm_90 ex2's when ``sm90_ex2``): a compiled graph can look them up but not read their files."""
+    _exp2_hard_table(device)
+    E4M3.values(device)
+    _round_to_odd_lut(E4M3, device)
+    if sm90_ex2:
+        _ex2_sm90_table(device)
+
+
 def mask_tile(s: torch.Tensor, keys: torch.Tensor, last_key: torch.Tensor) -> torch.Tensor:
     """Step 4: keys past a column's last visible key are -inf (a select: NaN/garbage cannot leak).
 
@@ -592,7 +685,7 @@ def mask_tile(s: torch.Tensor, keys: torch.Tensor, last_key: torch.Tensor) -> to
         last_key: ``(C, N)`` int64: the last key each query row sees (``seq_len - q_len + qi`` when
             causal, ``seq_len - 1`` otherwise; ``-1`` for an empty sequence).
     """
-    if bool((keys[:, -1] <= last_key.amin(dim=1)).all()):
+    if not _sync_free(s) and bool((keys[:, -1] <= last_key.amin(dim=1)).all()):
         return s  # every key of every tile is visible to every column
     hidden = keys[:, None, None, :] > last_key[:, None, :, None]
     return torch.where(hidden, torch.full_like(s, -math.inf), s)
@@ -622,10 +715,10 @@ def round_p(p: torch.Tensor, p_scale: float, p_format: str) -> torch.Tensor:
     p_scale)`` (the bf16-Q path, p_scale 1); ``"e5m2"``; ``"fp32"``: no rounding. Returns float32.
     """
     x = p * p_scale if p_scale != 1.0 else p
-    if p_format == "e4m3":
-        return E4M3.values(x.device)[quantize(x, E4M3).long()]
+    if p_format == "e4m3":  # the quantizer's formula (quantize() would launch a helper kernel on CUDA)
+        return E4M3.values(x.device)[quantize_f32(x, _round_to_odd_lut(E4M3, x.device)).long()]
     if p_format == "bf16":
-        return x.to(torch.bfloat16).float()
+        return round_bf16(x)
     if p_format == "e5m2":
         return x.to(torch.float8_e5m2).float()
     if p_format == "fp32":
@@ -790,9 +883,9 @@ def epilogue(
         ``lse`` (``m_out + log(l)``), and the split partials ``o_part`` (``O * part_scale``), ``m_part``
         (``m_out``), ``l_part`` (``l``); callers pick by ``split``.
     """
-    m_out = m * (cta_scale if lse_scale is None else lse_scale)[..., None]
+    m_out = mul_f32(m, (cta_scale if lse_scale is None else lse_scale)[..., None])  # not fused into the + below
     l_eps = l_sum + torch.tensor(1e-30, dtype=torch.float32, device=l_sum.device)
-    inv_l = out_scale[..., None] / l_eps
+    inv_l = div_f32(out_scale[..., None], l_eps)
     o_final = o * inv_l[..., None]
     lse = m_out + lse_log(l_sum)
     o_part = o * part_scale[..., None, None]
@@ -831,7 +924,7 @@ def reduction(
     for j in range(o_part.shape[1]):
         l_acc = fma_f32(w[:, j], l_part[:, j], l_acc)
         o_acc = fma_f32(w[:, j, ..., None], o_part[:, j], o_acc)
-    inv_l = torch.where(l_acc > 0, 1.0 / l_acc, torch.zeros_like(l_acc))
+    inv_l = torch.where(l_acc > 0, div_f32(torch.ones_like(l_acc), torch.where(l_acc > 0, l_acc, 1.0)), 0.0)
     so = torch.tensor(scale_o, dtype=torch.float32, device=o_acc.device)
     o = (so * o_acc) * inv_l[..., None]
     lse = m_max + lse_log(l_acc)

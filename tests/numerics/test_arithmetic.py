@@ -6,6 +6,7 @@ slow one, the tile walks, the libdevice log, the H200's ex2 (``exp2_sm90_f32`` a
 per-binade histogram of a second, independent sweep: reports/hopper/2026-12-01-arithmetic/ex2.json), and
 CPU = CUDA."""
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -21,10 +22,20 @@ from mjolnir_numerics.arithmetic import (
     chain_gemm,
     ideal_block,
     kstep_groups,
+    round_nearest_f32,
     round_toward_zero_f32,
 )
-from mjolnir_numerics.emulator_stages import exp2_f32, exp2_sm90_f32, log_f32, log_libdevice_f32
-from tests.conftest import cuda_only, test_size_name
+from mjolnir_numerics.emulator_stages import (
+    div_f32,
+    exp2_f32,
+    exp2_sm90_f32,
+    fma_f32,
+    log_f32,
+    log_libdevice_f32,
+    mul_f32,
+    round_bf16,
+)
+from tests.conftest import DEVICES, cuda_only, random_sample_size, test_size_name
 
 VECTORS = Path(__file__).parents[1] / "data" / "h200_mma_vectors.npz"
 EX2_SWEEP = Path(__file__).parents[2] / "reports" / "hopper" / "2026-12-01-arithmetic" / "ex2.json"
@@ -349,6 +360,66 @@ def test_ex2_model_shift_special_values_and_domain():
         exp2_sm90_f32(torch.tensor([-1.0, 1e-30]))
     with pytest.raises(TypeError, match="x: expected float32"):
         exp2_sm90_f32(torch.zeros(2, dtype=torch.float64))
+    # unchecked (the emulator's: its inputs are never positive, and a check would ask the device)
+    x = torch.tensor([-0.75, -3.5, -0.0], dtype=torch.float32)
+    assert torch.equal(exp2_sm90_f32(x, check=False), exp2_sm90_f32(x))
+    assert exp2_sm90_f32(torch.tensor([1e-30]), check=False).tolist() == [1.0]
+
+
+def test_round_nearest_f32_is_the_float32_conversion():
+    """The integer rounding of float64 to fp32 against torch's conversion: random bit patterns of every
+    exponent, values on and next to fp32 midpoints from the subnormal range to past the overflow threshold
+    (both signs), and the special values."""
+    gen = torch.Generator().manual_seed(11)
+    n = random_sample_size()
+    rand = torch.randint(-(2**63), 2**63 - 1, (n,), generator=gen, dtype=torch.int64)
+    e = torch.randint(850, 1160, (n,), generator=gen)
+    frac = torch.randint(0, 2**52, (n,), generator=gen)
+    near = ((frac >> 29) << 29) | (1 << 28)  # an fp32 midpoint's fraction, then one float64 ulp either side
+    near = near + torch.randint(-1, 2, (n,), generator=gen)
+    frac = torch.where(torch.rand(n, generator=gen) < 0.5, near, frac)
+    sign = torch.randint(0, 2, (n,), generator=gen) << 63
+    special = torch.tensor(
+        [0.0, -0.0, math.inf, -math.inf, math.nan, 2.0**-149, 2.0**-150, 3 * 2.0**-151, -(2.0**-150) * 1.5,
+         2.0**128, 2.0**128 - 2.0**103, 2.0**128 - 2.0**104, -(2.0**128 - 2.0**103), 1e-320,
+         2.0**-126 * (1 - 2.0**-25)],
+        dtype=torch.float64,
+    )  # fmt: skip
+    x = torch.cat([rand.view(torch.float64), (sign | (e << 52) | frac).view(torch.float64), special])
+    assert bool(_same(round_nearest_f32(x), x.float()).all())
+
+
+def _chains(a, b, c):
+    """Emulated fp32 operations chained in one graph, each rounded by the forms the compiled stages use."""
+    for _ in range(4):
+        c = fma_f32(a, b, c)
+        c = div_f32(c, b)
+        a = round_bf16(mul_f32(a, c))
+    return a, c
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_chains_keep_every_float32_rounding(device, monkeypatch):
+    """Chains of emulated fp32 fma, division, product and bf16 rounding compiled into one graph give the eager
+    bits: the compiler (inductor; on CUDA Triton, torch 2.11 with its ``pointless_convert`` pass) must keep
+    every rounding. Also the exp2, sm_90 ex2 and libdevice log models compiled."""
+    import mjolnir_numerics.emulator_stages as stages
+
+    monkeypatch.setattr(stages, "_sync_free", lambda x: True)  # the branch-free forms the compiled stages take
+    gen = torch.Generator().manual_seed(12)
+    a, b, c = (torch.randn(1 << 16, generator=gen) * 2.0 ** torch.randint(-60, 60, (1 << 16,), generator=gen)
+               for _ in range(3))  # fmt: skip
+    want = _chains(a, b, c)
+    got = torch.compile(_chains, fullgraph=True, dynamic=True)(a.to(device), b.to(device), c.to(device))
+    for w, g in zip(want, got):
+        assert bool(_same(w, g.cpu()).all())
+    stages.load_tables(torch.device(device), True)
+    x = torch.cat([-torch.rand(1 << 16, generator=gen) * 150, torch.randn(1 << 10, generator=gen) * 200])
+    x = torch.cat([x, stages._exp2_hard_table(torch.device("cpu"))[0].view(torch.float32) - 7])
+    sm90 = functools.partial(exp2_sm90_f32, check=False)
+    for fn, arg in ((exp2_f32, x), (sm90, -x.abs()), (log_libdevice_f32, x.abs())):
+        got = torch.compile(fn, fullgraph=True, dynamic=True)(arg.to(device)).cpu()
+        assert bool(_same(fn(arg), got).all()), fn
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -63,8 +63,62 @@ def test_exp2_is_correctly_rounded_and_flushes_subnormals():
     assert y[8] == torch.tensor(2**0.5, dtype=torch.float32) and y[9] == torch.tensor(2**-0.3, dtype=torch.float32)
 
 
-def test_exp2_decides_hard_cases_in_decimal():
-    """A float64 approximation sitting exactly on an fp32 midpoint is decided by the exact value."""
+def _exp2_decimal(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded fp32 exp2 with flush to zero, the slow way: float64 exp2, and every value near an
+    fp32 midpoint redone in decimal (what ``exp2_f32`` did until 2026-12-06)."""
+    from mjolnir_numerics.emulator_stages import _correct_round
+
+    x64 = x.double()
+    z = _correct_round(torch.exp2(x64), x64, lambda d: (d * Decimal(2).ln()).exp())
+    return torch.where(z < 2.0**-126, torch.zeros_like(z), z)
+
+
+def test_exp2_is_the_decimal_correct_rounding_with_no_branch():
+    """exp2_f32 (float64 exp2 rounded once, the hard-case table looked up) against the float64 exp2 with its
+    near-midpoint values decided in decimal: on every hard input and the hard inputs shifted by whole binades
+    (the reduction x = n + r), random inputs of every binade and bit pattern, and the special values."""
+    from mjolnir_numerics.emulator_stages import _exp2_hard_table
+
+    keys, _ = _exp2_hard_table(torch.device("cpu"))
+    hard = keys.view(torch.float32)
+    gen = torch.Generator().manual_seed(5)
+    n = 400_000 if FULL else 100_000
+    x = torch.cat(
+        [hard]
+        + [hard + s for s in (-127.0, -126.0, -100.0, -3.0, -1.0, 1.0, 5.0, 126.0, 127.0)]
+        + [
+            (torch.rand(n, generator=gen) * 300 - 150).float(),
+            torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen).to(torch.int32).view(torch.float32),
+            torch.tensor(
+                [0.0, -0.0, math.inf, -math.inf, math.nan, -126.0, -149.0, -150.0, 128.0, 127.99999, 2.0**-30]
+            ),
+        ]
+    )
+    assert _equal(exp2_f32(x), _exp2_decimal(x).float())
+
+
+def test_exp2_hard_case_table_is_exact_and_complete():
+    """Every listed input's value is the correctly rounded 2^r (decimal) and lies within EXP2_HARD_ULP64 float64
+    ulps of a midpoint; a fresh scan of some binades (all at MJOLNIR_TEST_SIZE=full) finds exactly the listed
+    inputs there."""
+    from benchmarks.probes.exp2_hard_cases import exact_cr, scan
+    from mjolnir_numerics.emulator_stages import EXP2_HARD_BINADES, EXP2_HARD_ULP64, _exp2_hard_table
+
+    keys, values = _exp2_hard_table(torch.device("cpu"))
+    assert bool((keys[1:] > keys[:-1]).all()) and keys.numel() > 100
+    for r, v in zip(keys.view(torch.float32).tolist(), values.tolist()):
+        bits, dist = exact_cr(r)
+        assert bits == v and dist < EXP2_HARD_ULP64, r
+    binades = range(EXP2_HARD_BINADES) if FULL else (0, 11, 24)
+    found = scan(binades, log=lambda *_: None)
+    k = 126 - ((keys >> 23) & 0xFF)
+    listed = [(int(a), int(b)) for a, b, kk in zip(keys, values, k) if int(kk) in binades]
+    assert found == listed and len(found) > 0
+
+
+def test_correct_round_decides_hard_cases_in_decimal():
+    """A float64 approximation sitting exactly on an fp32 midpoint is decided by the exact value (the logs'
+    correct rounding)."""
     from mjolnir_numerics.emulator_stages import _correct_round
 
     x = torch.tensor([0.3, -5.7, 11.1], dtype=torch.float32)
