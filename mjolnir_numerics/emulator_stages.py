@@ -42,12 +42,13 @@ representable data, so the emulator is bit-identical on CPU and CUDA.
    bit for bit (:func:`exp2_sm90_f32`: the correctly rounded value plus a measured difference of -2 ..
    +1 ulp read from a table; 0 differences over every input of [-150, 0]). Elsewhere the correctly
    rounded fp32 exp2 with subnormal results flushed to +0 (:func:`exp2_f32`): computed from float64
-   exp2 (error < 2 float64 ulps), and the rare results within 2^7 float64 ulps (2^-22 fp32 ulp) of an
-   fp32 rounding midpoint are redone in 60-digit decimal arithmetic, so CPU and CUDA libm differences
-   cannot show.
+   exp2 (error < 2 float64 ulps) rounded once, and the 400 inputs whose exact value lies within 256
+   float64 ulps of an fp32 rounding midpoint looked up in a table decided in decimal arithmetic, so CPU
+   and CUDA libm differences cannot show, and no branch asks the device.
 3. **log (LSE, ``cute.math.log(fastmath=False)``)**: libdevice's ``logf``, bit for bit
    (:func:`log_libdevice_f32`, plain fp32 fmas; matched the H200 on every positive fp32), or the
-   correctly rounded fp32 natural log (:func:`log_f32`, same method as ex2), which it is within 1 ulp of.
+   correctly rounded fp32 natural log (:func:`log_f32`: float64 log, the results within 2^7 float64
+   ulps of an fp32 midpoint redone in decimal, a host round trip), which it is within 1 ulp of.
 4. **fma** (the row sum ``l = fma(corr, l, p)``): exact product in float64, exact round-to-odd sum,
    one rounding to fp32: exactly IEEE fma.
 5. **fp32 add / mul / div** (softmax, epilogue, reduction): IEEE round to nearest even, as the

@@ -486,6 +486,26 @@ def test_cpu_and_cuda_are_bit_identical(name, target):
     assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu()), name
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        EmulatorKnobs(ex2="correctly_rounded", log="correctly_rounded"),  # the logs' decimal redo: eager stages
+        EmulatorKnobs(mma="ideal", row_sum="rounded", lse_base="2"),
+    ],
+    ids=["correctly_rounded", "ideal_rounded_sum_base2"],
+)
+def test_cpu_and_cuda_are_bit_identical_with_research_knobs(knobs):
+    """Knobs that change which stages CUDA compiles (the correctly rounded logs stay eager) give the CPU's bits,
+    on a case whose sequences are split (the merge)."""
+    case = get_case("forced_splits")
+    cpu, gpu = case.build("cpu"), case.build("cuda")
+    o_c, l_c = _run(cpu, target="h200", knobs=knobs)
+    o_g, l_g = _run(gpu, target="h200", knobs=knobs)
+    assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu())
+
+
 def test_split_equals_unsplit_within_merge_rounding():
     x = get_case("forced_splits").build()
     o_s, l_s = _run(x)
@@ -831,7 +851,7 @@ def test_bits_pinned_across_speed_work(key):
     assert _digest(*got) == PINNED_DIGESTS[key], f"{key}: O / LSE bits changed"
 
 
-@pytest.mark.parametrize("window", [1, 3])
+@pytest.mark.parametrize("window", [1, 3, 6])
 @pytest.mark.parametrize("key", sorted(k for k in PINNED_HW_DIGESTS if k.endswith("/h200")) + ["random_bf16/thor"])
 def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatch):
     """What the emulator does differently on CUDA, run here: several tiles per window (steps 3-7 batched,
