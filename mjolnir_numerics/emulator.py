@@ -524,29 +524,6 @@ def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, rescale: bool, extra_
     return l, _chain_formula(a, v, o, extra_bits, min_exponent, emin)
 
 
-# CUDA: consecutive tiles whose updates run as one compiled call (the host's cost per call, ~160 us on the
-# H100 of 2026-12-06, is paid once for all of them; the GPU's work is the same)
-_UNROLL = 4
-
-
-def _tile_updates(corr, l, p_sum, o, m_new, m_prev, p_q, v, keep, first: bool, extra_bits, min_exponent, emin):
-    """Steps 8-9 of U consecutive tiles (:func:`_tile_update` after :func:`_tile_update`), as one function (what
-    CUDA compiles into one graph). The tiles' inputs are stacked in a leading dim of size U (``corr[j]``: tile
-    j's); ``keep``: None, or bool ``(U, A)``, False where a chunk has run out of tiles (its l and O stay);
-    ``first``: the first tile is its chunks' first (no rescale). Returns ``(l, o)``."""
-    for j in range(corr.shape[0]):
-        l_new, o_new = _tile_update(
-            corr[j], l, p_sum[j], o, m_new[j], m_prev[j], p_q[j], v[j], not (first and j == 0), extra_bits,
-            min_exponent, emin,
-        )  # fmt: skip
-        if keep is None:
-            l, o = l_new, o_new
-        else:
-            k = keep[j][:, None, None, None]
-            l, o = torch.where(k, l_new, l), torch.where(k, o_new, o)
-    return l, o
-
-
 def emulate_decode(
     q: torch.Tensor,
     cache,
@@ -843,23 +820,17 @@ def _emulate(
         v_fused = _fused_pv_operand(v_src, mma)
         # steps 8-9 tile after tile: the fp32 recurrences of l and O
         l_a, o_a = l[sel], o[sel]
-        if v_fused is not None:  # CUDA: _UNROLL tiles' updates per compiled call
-            for j0 in range(0, n_w, _UNROLL):
-                u = min(_UNROLL, n_w - j0)
-                t = slice(j0 * A, (j0 + u) * A)
-                c_u, ps_u, mn_u, mp_u, pq_u, v_u = (
-                    x[t].unflatten(0, (u, A)) for x in (corr, p_sum, m_new, m_prev, p_q, v_fused)
-                )
-                keep = None if all(map(all, live[j0 : j0 + u])) else torch.tensor(live[j0 : j0 + u], device=dev)
-                l_a, o_a = _fused(_tile_updates, True)(
-                    c_u, l_a, ps_u, o_a, mn_u, mp_u, pq_u, v_u, keep, s0 + j0 == 0, *mma[3]
-                )
-        for j in range(n_w) if v_fused is None else ():
+        for j in range(n_w):
             t = slice(j * A, (j + 1) * A)
-            l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
-            o_new = o_a if s0 + j == 0 else rescale_o(o_a, corr[t], m_new[t], m_prev[t])
-            v_t = v_src.part(j * A, (j + 1) * A)
-            o_new = _pv_step(o_new, p_q[t], v_t, _blocks(A, G, d, dev), ws, p_sig_bits, mma)
+            if v_fused is not None:  # CUDA: the tile's whole update as one compiled graph
+                l_new, o_new = _fused(_tile_update, True)(
+                    corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_fused[t], s0 + j > 0, *mma[3]
+                )
+            else:
+                l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
+                o_new = o_a if s0 + j == 0 else rescale_o(o_a, corr[t], m_new[t], m_prev[t])
+                v_t = v_src.part(j * A, (j + 1) * A)
+                o_new = _pv_step(o_new, p_q[t], v_t, _blocks(A, G, d, dev), ws, p_sig_bits, mma)
             if all(live[j]):
                 l_a, o_a = l_new, o_new
             else:
