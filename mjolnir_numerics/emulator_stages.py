@@ -106,6 +106,7 @@ __all__ = [
     "BOUND_FLOOR",
     "score_tile",
     "score_tile_mma",
+    "load_tables",
     "mask_tile",
     "softmax_tile",
     "round_p",
@@ -309,7 +310,8 @@ def exp2_f32(x: torch.Tensor) -> torch.Tensor:
     where ``x - 1`` would not be, n = 0 and r = x): the correctly rounded ``2^r`` (:func:`_exp2_unit`)
     scaled by ``2^n`` is the correctly rounded ``2^x`` wherever that is normal (below, both flush to 0: no
     fp32 ``x`` puts ``2^x`` within half a subnormal step of 2^-126; past 2^128 both are inf). No branch asks
-    the device, so the function also runs inside compiled graphs."""
+    the device, so the function also runs inside compiled graphs (call :func:`load_tables` for the device
+    first: a graph can look the hard-case table up but not read its file)."""
     finite = torch.isfinite(x)
     xf = torch.where(finite, x, torch.zeros_like(x))
     n = torch.where((xf > 0) & (xf < 1), 0.0, torch.ceil(xf))
