@@ -21,6 +21,7 @@ from mjolnir_numerics.formats import FORMATS
 from mjolnir_numerics.plan import plan_split_kv
 from mjolnir_numerics.reference import reference_decode
 from mjolnir_numerics.scales import pack_q
+from tests.conftest import DEVICES
 
 FULL = os.environ.get("MJOLNIR_TEST_SIZE", "small") == "full"
 HAS_CUDA = torch.cuda.is_available()
@@ -504,6 +505,56 @@ def test_cpu_and_cuda_are_bit_identical_with_research_knobs(knobs):
     o_c, l_c = _run(cpu, target="h200", knobs=knobs)
     o_g, l_g = _run(gpu, target="h200", knobs=knobs)
     assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu())
+
+
+def _stage_inputs(gen, n_w=3, a=5, g=2, n=4, t=128, d=64):
+    """Random inputs of the stages CUDA compiles: scores with masked keys and whole masked tiles, running maxes
+    from -inf, row sums, partials of split sequences with absent splits."""
+    s_t = torch.randn(n_w * a, g, n, t, generator=gen) * 30
+    keys = torch.arange(t)[None, :] + 128 * torch.arange(n_w).repeat_interleave(a)[:, None]
+    last = torch.randint(-1, n_w * 128, (n_w * a, n), generator=gen)
+    m_in = torch.where(torch.rand(a, g, n, generator=gen) < 0.3, -math.inf, torch.randn(a, g, n, generator=gen) * 20)
+    c_w = (torch.rand(n_w * a, g, generator=gen) + 0.01) * 0.2
+    l = torch.rand(a, g, n, t, generator=gen) * 3
+    o = torch.randn(a, g, n, d, generator=gen)
+    scales = [torch.rand(a, g, generator=gen) + 0.1 for _ in range(3)]
+    b, j = 3, 4
+    o_p = torch.randn(b, j, g, n, d, generator=gen)
+    m_p = torch.where(
+        torch.rand(b, j, g, n, generator=gen) < 0.25, -math.inf, torch.randn(b, j, g, n, generator=gen) * 9
+    )
+    l_p = torch.where(m_p == -math.inf, 0.0, torch.rand(b, j, g, n, generator=gen) * 5)
+    return (s_t, keys, last, m_in, c_w), (l, o, m_in, *scales), (o_p, m_p, l_p)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_stages_give_the_eager_bits(device, monkeypatch):
+    """The stages CUDA compiles (steps 4-8's factors per window, the epilogue, the split merge), compiled by
+    inductor for ``device``, against their eager bits on the CPU (both in their branch-free forms), with the
+    kernels' P formats (e4m3, bf16), both ex2 models and the rounded row sum."""
+    import functools
+
+    import mjolnir_numerics.emulator as emulator
+    import mjolnir_numerics.emulator_stages as stages
+
+    monkeypatch.setattr(stages, "_sync_free", lambda x: True)
+    stages.load_tables(torch.device(device), True)
+    stages.load_tables(torch.device("cpu"), True)
+    window, final, merge = _stage_inputs(torch.Generator().manual_seed(21))
+    sm90 = functools.partial(stages.exp2_sm90_f32, check=False)
+
+    def check(fn, args, *static):
+        want = fn(*args, *static)
+        got = torch.compile(fn, fullgraph=True, dynamic=True)(*(x.to(device) for x in args), *static)
+        for w, g in zip(want, got):
+            assert _equal(w, g.cpu()), fn.__name__
+
+    for p_format, rounded, ex2 in (("e4m3", False, sm90), ("bf16", True, stages.exp2_f32)):
+        check(emulator._window_softmax, window, 3, 448.0 if p_format == "e4m3" else 1.0, p_format, rounded, ex2)
+    split = torch.tensor([True, False, True, False, False])
+    check(emulator._final, final, split, None, stages.log_libdevice_f32)
+    check(stages.reduction, merge, 1.0, stages.LOG2E_F32, stages.log_libdevice_f32, sm90)
 
 
 def test_split_equals_unsplit_within_merge_rounding():
