@@ -17,7 +17,9 @@ is exact, so the running max over a window is the tile-by-tile one); the S chain
 formula on packed integer operands (``arithmetic.chain_gemm``: no tensor of products is written, each
 product's truncation an integer shift); steps 8-9 of each tile, the P.V chain in its float64 form, as
 one compiled graph (the integer form measured slower there: reports/emulator/2026-12-04-gpu-int-chain.md);
-and the stages' branch-free forms (no data-dependent shortcut that would ask the device).
+steps 4-8's factors of a window, the epilogue and the split merge each as one compiled graph too; and the
+stages' branch-free forms (no data-dependent shortcut that would ask the device; every emulated fp32
+rounding written so that no compiler pass drops it: docs/numerics.md, "Roundings that compilers keep").
 ``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a process compiles and tunes the graphs (about 4
 minutes on the H200's host for the first shape; torch's inductor cache keeps them across processes).
 
