@@ -846,8 +846,9 @@ def _emulate(
             m[act], l[act], o[act] = m_a, l_a, o_a
 
     # -- epilogue --------------------------------------------------------------------------------------
-    n_splits = torch.tensor(plan.n_splits, dtype=torch.long, device=dev)
-    split = n_splits[cseq] > 1
+    # which chunks are split, from the plan on the host (asking the device would wait for all the work queued)
+    split_list = [plan.n_splits[w[0]] > 1 for w in chunks]
+    split = torch.tensor(split_list, dtype=torch.bool, device=dev)
     lse_scale = None if knobs.lse_base == "e" else c_c
     # the correctly rounded logs (research knobs) decide near-midpoint results in decimal on the host: eager
     final_stage = stage if lse_log is log_libdevice_f32 else (lambda fn: fn)
@@ -855,19 +856,20 @@ def _emulate(
     ep = dict(zip(("o_final", "lse", "o_part", "m_part", "l_part"), finals))
     o_out = torch.zeros((num_seqs, G, N, D), device=dev)
     lse_out = torch.zeros((num_seqs, G, N), device=dev)
-    unsplit = (~split).nonzero(as_tuple=True)[0]
+    unsplit = torch.tensor([i for i, s in enumerate(split_list) if not s], dtype=torch.long, device=dev)
     o_out[cseq[unsplit]] = ep["o_final"][unsplit]
     lse_out[cseq[unsplit]] = ep["lse"][unsplit]
-    split_seqs = sorted({chunks[i][0] for i in split.nonzero(as_tuple=True)[0].tolist()})
+    split_chunks = [i for i, s in enumerate(split_list) if s]
+    split_seqs = sorted({chunks[i][0] for i in split_chunks})
     if split_seqs:
         J = max(plan.n_splits[b] for b in split_seqs)
         row_of = {b: r for r, b in enumerate(split_seqs)}
         o_p = torch.zeros((len(split_seqs), J, G, N, D), device=dev)
         m_p = torch.full((len(split_seqs), J, G, N), -math.inf, device=dev)
         l_p = torch.zeros((len(split_seqs), J, G, N), device=dev)
-        idx = split.nonzero(as_tuple=True)[0]
-        r_idx = torch.tensor([row_of[chunks[i][0]] for i in idx.tolist()], dtype=torch.long, device=dev)
-        j_idx = torch.tensor([cslot[i] for i in idx.tolist()], dtype=torch.long, device=dev)
+        idx = torch.tensor(split_chunks, dtype=torch.long, device=dev)
+        r_idx = torch.tensor([row_of[chunks[i][0]] for i in split_chunks], dtype=torch.long, device=dev)
+        j_idx = torch.tensor([cslot[i] for i in split_chunks], dtype=torch.long, device=dev)
         o_p[r_idx, j_idx] = ep["o_part"][idx]
         m_p[r_idx, j_idx] = ep["m_part"][idx]
         l_p[r_idx, j_idx] = ep["l_part"][idx]
