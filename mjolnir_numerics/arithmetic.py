@@ -406,6 +406,18 @@ fused_chain_available = available
 _fused = compiled_many
 
 
+_INDICES: dict = {}
+
+
+def index_on(index: torch.Tensor, device) -> torch.Tensor:
+    """A small CPU index tensor (a walk's key order) on ``device``, copied there once per process: a copy from
+    the host waits for all the work queued on the device, and the emulator asks for the same order every window."""
+    key = (tuple(index.tolist()), str(device))
+    if key not in _INDICES:
+        _INDICES[key] = index.to(device)
+    return _INDICES[key]
+
+
 def chain_gemm(
     a_rows: torch.Tensor, b_rows: torch.Tensor, c: torch.Tensor, groups: torch.Tensor, model: MmaModel, fused=None
 ) -> torch.Tensor:
@@ -440,6 +452,6 @@ def chain_gemm(
     a, b = pack_fused(a_rows, model.operand), pack_fused(b_rows, model.operand)
     order = groups.reshape(-1).cpu()
     if not torch.equal(order, torch.arange(order.numel())):  # consecutive groups need no gather
-        order = order.to(a_rows.device)
+        order = index_on(order, a_rows.device)
         a, b = a.index_select(-1, order), b.index_select(-1, order)
     return _fused(_int_chain, True)(a.unflatten(-1, (steps, k)), b.unflatten(-1, (steps, k)), c, model.name)

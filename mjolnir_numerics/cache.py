@@ -177,8 +177,10 @@ def _decode(codes: torch.Tensor, fmt: Format, out: Optional[torch.Tensor] = None
 
 
 # Tuning: page_values decodes this many elements per chunk (4 MiB of float32; the int32 index and
-# byte temporaries of a whole-pool decode cost more in page faults than the decode itself).
+# byte temporaries of a whole-pool decode cost more in page faults than the decode itself). On CUDA every
+# chunk is a handful of kernel launches, so chunks are 16x larger there (144 MiB of temporaries at most).
 _PAGE_VALUES_CHUNK = 1 << 20
+_PAGE_VALUES_CHUNK_CUDA = 1 << 24
 
 
 @dataclass(frozen=True, eq=False)
@@ -363,7 +365,8 @@ class PagedKVCache:
             if uniq.numel() < idx.numel():
                 return self._page_values(which, uniq, kernel_view)[inverse].view(*pages.shape, *pool.shape[1:-1], -1)
         out = torch.empty((idx.numel(), *pool.shape[1:-1], self.head_dim), dtype=torch.float32, device=pool.device)
-        step = max(1, _PAGE_VALUES_CHUNK // max(1, math.prod(out.shape[1:])))  # pages per chunk
+        chunk = _PAGE_VALUES_CHUNK_CUDA if out.is_cuda else _PAGE_VALUES_CHUNK
+        step = max(1, chunk // max(1, math.prod(out.shape[1:])))  # pages per chunk
         for i in range(0, idx.numel(), step):  # chunked: the temporaries stay a few MiB
             self._decode_pages(pool, scales, idx[i : i + step], out[i : i + step], kernel_view)
         return out.view(*pages.shape, *out.shape[1:])

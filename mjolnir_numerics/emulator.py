@@ -57,7 +57,15 @@ from typing import Optional, Union
 
 import torch
 
-from .arithmetic import MMA_MODELS, OPERAND_FORMATS, _chain_formula, _fused, fused_chain_available, kstep_groups
+from .arithmetic import (
+    MMA_MODELS,
+    OPERAND_FORMATS,
+    _chain_formula,
+    _fused,
+    fused_chain_available,
+    index_on,
+    kstep_groups,
+)
 from .cache import PagedKVCache, check_descale, descale_table
 from .capability import HEAD_DIMS, unsupported_reason
 from .checks import ArgumentTypeError, check_bool, check_choice, check_f32
@@ -284,7 +292,9 @@ class _TileSource:
         def decode(p: torch.Tensor) -> torch.Tensor:  # (..., PS, G, D) per page index
             if self.codes:  # gathered as float8 (torch's uint8 gather path is ~40x slower on CPU), kept as codes
                 return pool[p.to(pool.device)].view(torch.uint8).to(dev)
-            return cache.page_values(which, p.to(pool.device)).to(dev)
+            # unchecked: every index here is a page of the block table (checked once) or 0; the check would
+            # ask the device twice per call
+            return cache._page_values(which, p.to(pool.device), kernel_view=True).to(dev)
 
         if dev.type == "cpu" and offset is None:
             masked = torch.where(valid, pages, -1)  # -1: a page past the sequence's end (zeros)
@@ -477,7 +487,7 @@ def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
     v = v_src.operand().transpose(-1, -2).float()
     order = mma[2].reshape(-1)
     if not torch.equal(order, torch.arange(steps * k)):
-        v = v.index_select(-1, order.to(v.device))
+        v = v.index_select(-1, index_on(order, v.device))
     return v.unflatten(-1, (steps, k))
 
 

@@ -6,11 +6,16 @@ operation is a kernel launch costing the host microseconds, whatever its size. T
 path on the CPU (several tiles per window, the MMA chains as the fused formula, the branch-free stages: what
 ``test_cuda_code_paths_give_the_pinned_bits_on_the_cpu`` runs), counts every operation dispatched outside the
 functions CUDA compiles (``arithmetic._fused`` / ``emulator._fused``; views and allocations not counted), and
-attributes each to the stage ``_emulate`` called. The counts do not depend on the sizes, only on the numbers
-of tiles, windows and splits, so small shapes give the big rows' counts:
+attributes each to the stage ``_emulate`` called (the tile sources' search for pages shared by sequences is
+counted too, though only the CPU runs it). The counts do not depend on the sizes, only on the numbers of
+tiles, windows and splits, so small shapes give the big rows' counts:
 
 * ``b32``: 32 sequences, one chunk each (the plan of b32 x 4K and b32 x 32K: no split), 24/4 heads, d = 256;
-* ``b1_32_splits``: one sequence in 32 chunks (the plan of b1 x 128K), merged by the reduction stage.
+* ``b1_32_splits``: one sequence in 32 chunks (the plan of b1 x 128K), merged by the reduction stage;
+* ``b32_nvfp4``: ``b32``'s plan with an NVFP4 cache, 32/8 heads, d = 128. Its tile sources decode pages in
+  chunks (of CUDA's size here), so its counts grow with the pages per window once they pass a chunk (16M
+  values); and its ``quantize`` runs the CPU's loop, where CUDA launches one kernel: its count is an upper
+  bound on CUDA's.
 
 It also times, on this machine's host, what ``fused.compiled_many`` spends around each call to raise torch's
 recompile limits: ``torch._dynamo.config.patch`` (what it used until 2026-12-06) against setting and restoring
@@ -71,6 +76,7 @@ def count(q, cache, inside, **kw) -> collections.Counter:
 def host_ops(tiles: int = 4, window: int = 2) -> dict[str, collections.Counter]:
     """The two cases of the module doc: ``{case: Counter(stage -> eager operations)}``."""
     import mjolnir_numerics.arithmetic as arithmetic
+    import mjolnir_numerics.cache as cache_module
     import mjolnir_numerics.emulator as emulator
     import mjolnir_numerics.emulator_stages as stages
     from mjolnir_numerics.cache import PagedKVCache
@@ -90,11 +96,12 @@ def host_ops(tiles: int = 4, window: int = 2) -> dict[str, collections.Counter]:
 
     gen = torch.Generator().manual_seed(0)
 
-    def case(b, n_tiles, hq, hk, d):
+    def case(b, n_tiles, hq, hk, d, fmt="e4m3"):
         L = 128 * n_tiles
         k, v = torch.randn(b, L, hk, d, generator=gen), torch.randn(b, L, hk, d, generator=gen)
-        kd, vd = k.abs().amax((0, 1, 3)) / 448, v.abs().amax((0, 1, 3)) / 448
-        cache = PagedKVCache.from_float(k, v, "e4m3", page_size=64, granularity="per_head", k_descale=kd, v_descale=vd)
+        top = 448 * (6 if fmt == "nvfp4" else 1)
+        kd, vd = k.abs().amax((0, 1, 3)) / top, v.abs().amax((0, 1, 3)) / top
+        cache = PagedKVCache.from_float(k, v, fmt, page_size=64, granularity="per_head", k_descale=kd, v_descale=vd)
         q, q_descale = quantize_q(torch.randn(b, hq, d, generator=gen).to(torch.bfloat16), b, 1, hk)
         return q, cache, q_descale
 
@@ -105,6 +112,7 @@ def host_ops(tiles: int = 4, window: int = 2) -> dict[str, collections.Counter]:
         mock.patch.object(arithmetic, "_fused", fused),
         mock.patch.object(emulator, "_fused", fused),
         mock.patch.object(stages, "_sync_free", lambda x: True),
+        mock.patch.object(cache_module, "_PAGE_VALUES_CHUNK", cache_module._PAGE_VALUES_CHUNK_CUDA),  # as on CUDA
     ]
     for p in patches:
         p.start()
@@ -113,6 +121,8 @@ def host_ops(tiles: int = 4, window: int = 2) -> dict[str, collections.Counter]:
         rows = {"b32": count(q, cache, inside, q_descale=qd, target="h200", chunk_tiles=0)}
         q, cache, qd = case(1, 32, 24, 4, 256)
         rows["b1_32_splits"] = count(q, cache, inside, q_descale=qd, target="h200", chunk_tiles=1)
+        q, cache, qd = case(32, tiles, 32, 8, 128, "nvfp4")
+        rows["b32_nvfp4"] = count(q, cache, inside, q_descale=qd, target="h200", chunk_tiles=0)
     finally:
         for p in patches:
             p.stop()
@@ -147,7 +157,8 @@ def main(argv=None) -> int:
     windows = -(-args.tiles // args.window)
     print(f"# eager torch operations outside the compiled graphs, per emulate_decode call (CUDA code path on "
           f"{torch.__version__}'s CPU)")  # fmt: skip
-    print(f"# b32: 32 chunks x {args.tiles} tiles, {windows} windows; b1_32_splits: 32 chunks x 1 tile, one window")
+    print(f"# b32, b32_nvfp4: 32 chunks x {args.tiles} tiles, {windows} windows; b1_32_splits: 32 chunks x 1 tile, "
+          "one window")  # fmt: skip
     stages_seen = sorted(set().union(*rows.values()), key=lambda s: -max(r[s] for r in rows.values()))
     print(f"{'stage':28s}" + "".join(f"{name:>14s}" for name in rows))
     for s in stages_seen:

@@ -286,3 +286,21 @@ def test_shared_pages_decode_once_with_the_same_bits(fmt):
             for pos in (pages == idx).nonzero().tolist():
                 assert torch.equal(got[pos[0], pos[1]], one), (fmt, which, idx, pos)
         assert not torch.equal(got[0, 0], got[0, 1])  # distinct pages stay distinct
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e3m2", "e2m1", "nvfp4"])
+def test_page_values_do_not_depend_on_the_decode_chunk(fmt, monkeypatch):
+    """page_values decodes in chunks of pages (CUDA's 16x the CPU's): one page per chunk, a chunk of several
+    pages, and everything in one chunk give the same values."""
+    import mjolnir_numerics.cache as cache_module
+
+    k, v = _kv()
+    cache = PagedKVCache.from_float(k, v, fmt, page_size=16)
+    pages = torch.arange(cache.num_pages).flip(0)
+    per_page = 16 * cache.heads_k * cache.head_dim
+    results = []
+    for chunk in (1, 3 * per_page, 1 << 30):
+        monkeypatch.setattr(cache_module, "_PAGE_VALUES_CHUNK", chunk)
+        results.append(cache.page_values("k", pages).view(torch.int32))  # bits: unwritten pages hold NaN
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+    assert not torch.equal(results[0][0], results[0][-1])
