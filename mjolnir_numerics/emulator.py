@@ -360,6 +360,14 @@ class _TileSource:
         return out
 
 
+def _host_tensor(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(data, dtype=dtype)`` on ``device``. On CUDA the copy goes through pinned memory without
+    blocking: a copy from pageable memory synchronises the stream, so the host would wait for all the work
+    queued (the windows' masks and the epilogue's indices are built while the device is busy)."""
+    t = torch.tensor(data, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
 def _buffer(workspace: dict, name: str, shape, dtype, device) -> torch.Tensor:
     """A reused scratch tensor of ``shape`` (contents undefined)."""
     n = math.prod(shape)
@@ -800,7 +808,7 @@ def _emulate(
         # later tiles masked whole (they leave m unchanged) and its l and O kept from its last tile
         act_list = [i for i, n in enumerate(lens) if n > s0]
         full = len(act_list) == C
-        act = None if full else torch.tensor(act_list, dtype=torch.long, device=dev)
+        act = None if full else _host_tensor(act_list, torch.long, dev)
         sel = slice(None) if full else act
         n_w = min(window, n_steps - s0)
         A = len(act_list)
@@ -814,7 +822,7 @@ def _emulate(
         keys = tiles[:, None] * T + key_ids[None, :]
         last = rep(last_key[sel])
         if not all(map(all, live)):
-            last = torch.where(torch.tensor(sum(live, []), device=dev)[:, None], last, -1)
+            last = torch.where(_host_tensor(sum(live, []), torch.bool, dev)[:, None], last, -1)
         c_a = c_c[sel]
         c_w = rep(c_a)
         blocks = _blocks(n_w * A, G, d, dev)
@@ -846,7 +854,7 @@ def _emulate(
             if all(live[j]):
                 l_a, o_a = l_new, o_new
             else:
-                keep = torch.tensor(live[j], device=dev)[:, None, None, None]
+                keep = _host_tensor(live[j], torch.bool, dev)[:, None, None, None]
                 l_a, o_a = torch.where(keep, l_new, l_a), torch.where(keep, o_new, o_a)
         del v_src, v_fused, p_q, p_sum, corr
         m_a = m_new[(n_w - 1) * A :]
@@ -856,9 +864,9 @@ def _emulate(
             m[act], l[act], o[act] = m_a, l_a, o_a
 
     # -- epilogue --------------------------------------------------------------------------------------
-    # which chunks are split, from the plan on the host (asking the device would wait for all the work queued)
+    # which chunks are split, from the plan on the host (nonzero() would wait for all the work queued)
     split_list = [plan.n_splits[w[0]] > 1 for w in chunks]
-    split = torch.tensor(split_list, dtype=torch.bool, device=dev)
+    split = _host_tensor(split_list, torch.bool, dev)
     lse_scale = None if knobs.lse_base == "e" else c_c
     # the correctly rounded logs (research knobs) decide near-midpoint results in decimal on the host: eager
     final_stage = stage if lse_log is log_libdevice_f32 else (lambda fn: fn)
@@ -866,7 +874,7 @@ def _emulate(
     ep = dict(zip(("o_final", "lse", "o_part", "m_part", "l_part"), finals))
     o_out = torch.zeros((num_seqs, G, N, D), device=dev)
     lse_out = torch.zeros((num_seqs, G, N), device=dev)
-    unsplit = torch.tensor([i for i, s in enumerate(split_list) if not s], dtype=torch.long, device=dev)
+    unsplit = _host_tensor([i for i, s in enumerate(split_list) if not s], torch.long, dev)
     o_out[cseq[unsplit]] = ep["o_final"][unsplit]
     lse_out[cseq[unsplit]] = ep["lse"][unsplit]
     split_chunks = [i for i, s in enumerate(split_list) if s]
@@ -877,16 +885,16 @@ def _emulate(
         o_p = torch.zeros((len(split_seqs), J, G, N, D), device=dev)
         m_p = torch.full((len(split_seqs), J, G, N), -math.inf, device=dev)
         l_p = torch.zeros((len(split_seqs), J, G, N), device=dev)
-        idx = torch.tensor(split_chunks, dtype=torch.long, device=dev)
-        r_idx = torch.tensor([row_of[chunks[i][0]] for i in split_chunks], dtype=torch.long, device=dev)
-        j_idx = torch.tensor([cslot[i] for i in split_chunks], dtype=torch.long, device=dev)
+        idx = _host_tensor(split_chunks, torch.long, dev)
+        r_idx = _host_tensor([row_of[chunks[i][0]] for i in split_chunks], torch.long, dev)
+        j_idx = _host_tensor([cslot[i] for i in split_chunks], torch.long, dev)
         o_p[r_idx, j_idx] = ep["o_part"][idx]
         m_p[r_idx, j_idx] = ep["m_part"][idx]
         l_p[r_idx, j_idx] = ep["l_part"][idx]
         o_red, lse_red = final_stage(reduction)(
             o_p, m_p, l_p, scale_o, LOG2E_F32 if knobs.lse_base == "e" else 1.0, lse_log, ex2
         )
-        seq_idx = torch.tensor(split_seqs, dtype=torch.long, device=dev)
+        seq_idx = _host_tensor(split_seqs, torch.long, dev)
         o_out[seq_idx] = o_red
         lse_out[seq_idx] = lse_red
 
