@@ -51,7 +51,7 @@ from .fused import available, compiled_many
 
 __all__ = [
     "MmaModel", "MMA_MODELS", "OPERAND_FORMATS", "WALKS", "block_fma", "ideal_block", "round_toward_zero_f32",
-    "round_nearest_f32",
+    "round_nearest_f32", "round_nearest_grid",
     "kstep_groups", "chain_fma", "chain_gemm", "fused_chain_available",
 ]  # fmt: skip
 
@@ -125,36 +125,45 @@ def round_toward_zero_f32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), x, out).to(torch.float32)
 
 
-_F64_F32_OVERFLOW = 0x47F0000000000000  # float64 bits of 2^128: a magnitude rounded to it or past is fp32 inf
 _F64_INF = 0x7FF0000000000000
-_F64_F32_MIN_NORMAL = 897 << 52  # float64 bits of 2^-126
 _F64_SIGN = -(1 << 63)
+
+
+def round_nearest_grid(x: torch.Tensor, man_bits: int, min_exp: int, overflow_exp: int) -> torch.Tensor:
+    """float64 ``x`` rounded to nearest, ties to even, on the grid of a binary format with ``man_bits`` fraction
+    bits, smallest normal exponent ``min_exp`` (subnormals below, steps of ``2^(min_exp - man_bits)``) and
+    ``2^overflow_exp`` the first magnitude that is infinite; NaN and the sign of zero kept. Returns float64 (the
+    rounded values, each exact in the format), in integer operations on the bits.
+
+    Where the format is normal the float64 fraction bits below its ``man_bits`` are rounded away with ties to
+    even on the magnitude's bits (a carry runs into the exponent, and from ``2^overflow_exp`` on the result is
+    inf); below, ``|x| 2^(man_bits - min_exp)`` is rounded to an integer (``torch.round``: ties to even, exact)
+    and scaled back.
+    """
+    drop = 52 - man_bits
+    bits = x.contiguous().view(torch.int64)
+    mag = bits & ~_F64_SIGN
+    normal = (mag + ((1 << (drop - 1)) - 1) + ((mag >> drop) & 1)) & ~((1 << drop) - 1)
+    normal = torch.where(normal >= (1023 + overflow_exp) << 52, _F64_INF, normal)
+    step = man_bits - min_exp
+    sub = (torch.round(mag.view(torch.float64) * 2.0**step) * 2.0**-step).view(torch.int64)
+    out = torch.where(mag >= (1023 + min_exp) << 52, normal, sub)
+    out = torch.where(mag > _F64_INF, mag, out)  # NaN: kept
+    return (out | (bits & _F64_SIGN)).view(torch.float64)
 
 
 def round_nearest_f32(x: torch.Tensor) -> torch.Tensor:
     """float64 ``x`` rounded to nearest fp32, ties to even (subnormals kept, overflow to +-inf, NaN kept, the
-    sign of zero kept), as float32: what ``x.float()`` gives, written in integer operations on the bits.
+    sign of zero kept), as float32: what ``x.float()`` gives, written in integer operations on the bits
+    (:func:`round_nearest_grid`).
 
     Why not ``x.float()``: in a compiled graph a float32 result that the next operation widens again can lose
     its rounding. Inductor's ``pointless_convert`` pass (torch 2.11, the device's) rewrites
     ``float64 -> float32 -> float64`` as no conversion at all, so a chain of emulated fp32 operations (the
     fma of the row sum, libdevice's log polynomial, the split merge) would run in float64. This rounding is
     integer arithmetic no pass removes; the final conversion is exact, so dropping it changes nothing.
-
-    Where fp32 is normal (``|x| >= 2^-126``) the 29 float64 fraction bits below fp32's 23 are rounded away
-    with ties to even on the magnitude's bits (a carry runs into the exponent, and past 2^128 the result is
-    inf); below, ``|x| 2^149`` is rounded to an integer (``torch.round``: ties to even, exact) and scaled back.
     """
-    bits = x.contiguous().view(torch.int64)
-    mag = bits & ~_F64_SIGN
-    lsb = (mag >> 29) & 1
-    normal = (mag + ((1 << 28) - 1) + lsb) & ~((1 << 29) - 1)
-    normal = torch.where(normal >= _F64_F32_OVERFLOW, _F64_INF, normal)
-    sub = (torch.round(mag.view(torch.float64) * 2.0**149) * 2.0**-149).view(torch.int64)
-    out = torch.where(mag >= _F64_F32_MIN_NORMAL, normal, sub)
-    out = torch.where(mag > _F64_INF, mag, out)  # NaN: kept
-    out = out | (bits & _F64_SIGN)
-    return out.view(torch.float64).to(torch.float32)
+    return round_nearest_grid(x, 23, -126, 128).to(torch.float32)
 
 
 def ideal_block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

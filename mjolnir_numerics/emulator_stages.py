@@ -55,9 +55,9 @@ representable data, so the emulator is bit-identical on CPU and CUDA.
    hardware's ``add.rn``/``mul.rn``/``div.rn``. The reduction's ``l_acc += w * l`` and
    ``o_acc += w * o`` are one fma per term, as the reduction kernel writes them
    (``mjolnir_kernel.reduction.weighted_add``, ``FFMA`` in its SASS).
-6. **Conversions**: e4m3 / fp6 / fp4 by :func:`mjolnir_numerics.quantize.quantize` (bit-exact
-   ``cvt.rn.satfinite``); bf16 and e5m2 by torch's round-to-nearest-even casts (exact for the
-   in-range values they see here).
+6. **Conversions**: e4m3 / fp6 / fp4 by :func:`mjolnir_numerics.quantize.quantize`'s rounding (bit-exact
+   ``cvt.rn.satfinite``); bf16 and e5m2 as torch's round-to-nearest-even casts give them, written in
+   integer operations (:func:`round_bf16`, :func:`~mjolnir_numerics.arithmetic.round_nearest_grid`).
 7. **Subnormals**: fp32 add/mul keep subnormal results (the kernel's packed f32x2 ops do not set
    ``.ftz``); only the ex2 results are flushed. ex2's flush of subnormal *inputs* is irrelevant
    (2^x of a tiny x is 1 either way).
@@ -76,7 +76,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .arithmetic import chain_gemm, round_nearest_f32
+from .arithmetic import chain_gemm, round_nearest_f32, round_nearest_grid
 from .formats import E4M3
 from .fused import quantize_f32
 from .quantize import _round_to_odd_lut
@@ -722,8 +722,8 @@ def round_p(p: torch.Tensor, p_scale: float, p_format: str) -> torch.Tensor:
         return E4M3.values(x.device)[quantize_f32(x, _round_to_odd_lut(E4M3, x.device)).long()]
     if p_format == "bf16":
         return round_bf16(x)
-    if p_format == "e5m2":
-        return x.to(torch.float8_e5m2).float()
+    if p_format == "e5m2":  # x.to(float8_e5m2).float() in integer operations (see round_bf16)
+        return round_nearest_grid(x.double(), 2, -14, 16).float()
     if p_format == "fp32":
         return x
     raise ValueError(f"p_format: {p_format!r} is not one of e4m3, e5m2, bf16, fp32")

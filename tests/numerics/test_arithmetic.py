@@ -23,6 +23,7 @@ from mjolnir_numerics.arithmetic import (
     ideal_block,
     kstep_groups,
     round_nearest_f32,
+    round_nearest_grid,
     round_toward_zero_f32,
 )
 from mjolnir_numerics.emulator_stages import (
@@ -366,7 +367,7 @@ def test_ex2_model_shift_special_values_and_domain():
     assert exp2_sm90_f32(torch.tensor([1e-30]), check=False).tolist() == [1.0]
 
 
-def test_round_nearest_f32_is_the_float32_conversion():
+def test_round_nearest_is_the_float32_and_e5m2_conversion():
     """The integer rounding of float64 to fp32 against torch's conversion: random bit patterns of every
     exponent, values on and next to fp32 midpoints from the subnormal range to past the overflow threshold
     (both signs), and the special values."""
@@ -387,6 +388,10 @@ def test_round_nearest_f32_is_the_float32_conversion():
     )  # fmt: skip
     x = torch.cat([rand.view(torch.float64), (sign | (e << 52) | frac).view(torch.float64), special])
     assert bool(_same(round_nearest_f32(x), x.float()).all())
+    # the same rounding on e5m2's grid (P's e5m2 knob) against torch's cast, from every binade of fp32
+    y = torch.cat([x.float(), (torch.rand(n, generator=gen) * 2.0 ** torch.randint(-30, 18, (n,), generator=gen))])
+    y = torch.cat([y, torch.tensor([57344.0, 61440.0, 61439.996, 2.0**-16, 2.0**-17, 3 * 2.0**-18, -(2.0**-17)])])
+    assert bool(_same(round_nearest_grid(y.double(), 2, -14, 16).float(), y.to(torch.float8_e5m2).float()).all())
 
 
 def _chains(a, b, c):

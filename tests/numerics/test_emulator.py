@@ -532,7 +532,7 @@ def _stage_inputs(gen, n_w=3, a=5, g=2, n=4, t=128, d=64):
 def test_compiled_stages_give_the_eager_bits(device, monkeypatch):
     """The stages CUDA compiles (steps 4-8's factors per window, the epilogue, the split merge), compiled by
     inductor for ``device``, against their eager bits on the CPU (both in their branch-free forms), with the
-    kernels' P formats (e4m3, bf16), both ex2 models and the rounded row sum."""
+    kernels' P formats (e4m3, bf16) and e5m2, both ex2 models and the rounded row sum."""
     import functools
 
     import mjolnir_numerics.emulator as emulator
@@ -550,7 +550,7 @@ def test_compiled_stages_give_the_eager_bits(device, monkeypatch):
         for w, g in zip(want, got):
             assert _equal(w, g.cpu()), fn.__name__
 
-    for p_format, rounded, ex2 in (("e4m3", False, sm90), ("bf16", True, stages.exp2_f32)):
+    for p_format, rounded, ex2 in (("e4m3", False, sm90), ("bf16", True, stages.exp2_f32), ("e5m2", False, sm90)):
         check(emulator._window_softmax, window, 3, 448.0 if p_format == "e4m3" else 1.0, p_format, rounded, ex2)
     split = torch.tensor([True, False, True, False, False])
     check(emulator._final, final, split, None, stages.log_libdevice_f32)
