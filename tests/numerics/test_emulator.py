@@ -76,17 +76,21 @@ def _exp2_decimal(x: torch.Tensor) -> torch.Tensor:
 
 def test_exp2_is_the_decimal_correct_rounding_with_no_branch():
     """exp2_f32 (float64 exp2 rounded once, the hard-case table looked up) against the float64 exp2 with its
-    near-midpoint values decided in decimal: on every hard input and the hard inputs shifted by whole binades
-    (the reduction x = n + r), random inputs of every binade and bit pattern, and the special values."""
+    near-midpoint values decided in decimal: on every hard input, the hard inputs shifted by whole numbers where
+    the sum is exact (the reduction x = n + r gives a negative hard r back), random inputs of every binade and
+    bit pattern, and the special values."""
     from mjolnir_numerics.emulator_stages import _exp2_hard_table
 
     keys, _ = _exp2_hard_table(torch.device("cpu"))
     hard = keys.view(torch.float32)
     gen = torch.Generator().manual_seed(5)
     n = 400_000 if FULL else 100_000
+    shifts = (-127.0, -126.0, -100.0, -3.0, -2.0, -1.0, 1.0, 2.0, 5.0, 126.0, 127.0)
+    shifted = [(hard + s)[(hard + s) - s == hard] for s in shifts]  # x = s + r exact in fp32
+    assert sum(x.numel() for x in shifted) >= 30
     x = torch.cat(
         [hard]
-        + [hard + s for s in (-127.0, -126.0, -100.0, -3.0, -1.0, 1.0, 5.0, 126.0, 127.0)]
+        + shifted
         + [
             (torch.rand(n, generator=gen) * 300 - 150).float(),
             torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen).to(torch.int32).view(torch.float32),
