@@ -311,7 +311,13 @@ def exp2_f32(x: torch.Tensor) -> torch.Tensor:
     scaled by ``2^n`` is the correctly rounded ``2^x`` wherever that is normal (below, both flush to 0: no
     fp32 ``x`` puts ``2^x`` within half a subnormal step of 2^-126; past 2^128 both are inf). No branch asks
     the device, so the function also runs inside compiled graphs (call :func:`load_tables` for the device
-    first: a graph can look the hard-case table up but not read its file)."""
+    first: a graph can look the hard-case table up but not read its file).
+
+    Raises:
+        TypeError: ``x`` is not float32 (the table is keyed by float32 bit patterns).
+    """
+    if x.dtype != torch.float32:
+        raise TypeError(f"x: expected float32, got {x.dtype}")
     finite = torch.isfinite(x)
     xf = torch.where(finite, x, torch.zeros_like(x))
     n = torch.where((xf > 0) & (xf < 1), 0.0, torch.ceil(xf))

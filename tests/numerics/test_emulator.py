@@ -100,6 +100,8 @@ def test_exp2_is_the_decimal_correct_rounding_with_no_branch():
         ]
     )
     assert _equal(exp2_f32(x), _exp2_decimal(x).float())
+    with pytest.raises(TypeError, match="x: expected float32"):
+        exp2_f32(torch.tensor([-0.3, 0.4], dtype=torch.bfloat16))  # two bf16 would read as one float32 key
 
 
 def test_exp2_hard_case_table_is_exact_and_complete():
