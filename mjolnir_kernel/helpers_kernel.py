@@ -116,14 +116,6 @@ def cvt_e4m3x2(lo, hi, *, loc=None, ip=None) -> Int32:
 
 
 @dsl_user_op
-def cvt_e5m2x2(lo, hi, *, loc=None, ip=None) -> Int32:
-    """Two float32 converted by the hardware's ``cvt.rn.satfinite.e5m2x2.f32`` (nearest, ties to even,
-    subnormals kept, saturated to +-57344): ``lo``'s code in bits 0-7, ``hi``'s in bits 8-15."""
-    text = "{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.e5m2x2.f32 t, $2, $1;\n\tcvt.u32.u16 $0, t;\n\t}"
-    return Int32(_asm(T.i32(), [_f32(lo, loc, ip), _f32(hi, loc, ip)], text, "=r,f,f"))
-
-
-@dsl_user_op
 def e4m3_value(code, *, loc=None, ip=None) -> Float32:
     """The value of e4m3 code ``code`` (low byte) as float32: ``cvt.rn.f16x2.e4m3x2`` then ``cvt.f32.f16``, both
     exact (e4m3 values are float16 values)."""
@@ -194,29 +186,10 @@ def quantize_words(qs: list, lut) -> list:
     return [c[4 * i] | (c[4 * i + 1] << 8) | (c[4 * i + 2] << 16) | (c[4 * i + 3] << 24) for i in range(len(c) // 4)]
 
 
-def fp8_words(qs: list, cvt=cvt_e4m3x2) -> list:
-    """The fp8 codes of float32 bits ``qs`` by the hardware conversion ``cvt`` (e4m3, or :func:`cvt_e5m2x2`),
-    packed four to a word (lowest first)."""
-    pairs = [cvt(as_f32(qs[2 * i]), as_f32(qs[2 * i + 1])) for i in range(len(qs) // 2)]
+def e4m3_words(qs: list) -> list:
+    """16 e4m3 codes of float32 bits ``qs`` by the hardware conversion, packed four to a word (lowest first)."""
+    pairs = [cvt_e4m3x2(as_f32(qs[2 * i]), as_f32(qs[2 * i + 1])) for i in range(len(qs) // 2)]
     return [pairs[2 * i] | (pairs[2 * i + 1] << 16) for i in range(len(pairs) // 2)]
-
-
-# The fp6 formats' rounding is an fp8 conversion's at a scale: e2m3 (bias 1, 3 fraction bits) and e4m3 (bias 7,
-# 3 bits) share the fraction width, so x * 2^-6 has e4m3 exponent field E - 6 + 7 = E + 1, e2m3's for x, and the
-# same subnormal spacing (2^-9 = 2^-3 * 2^-6); e3m2 (bias 3, 2 bits) and e5m2 (bias 15, 2 bits) likewise at
-# 2^-12. Below the fp6 format's overflow the two codes' magnitudes are equal; above it the fp8 magnitude is
-# at least 32 and saturates to 31 (:func:`fp6_word`). {format: (conversion, k): codes of x * 2^-k}
-FP6_BY_FP8 = {"e2m3": (cvt_e4m3x2, 6), "e3m2": (cvt_e5m2x2, 12)}
-
-
-@cute.jit
-def fp6_word(w: Int32) -> Int32:
-    """Four fp8 codes (bytes of ``w``) of scaled values -> their fp6 codes (one per byte), four at once: each
-    magnitude of 32 or more saturated to 31, the sign moved from bit 7 to bit 5."""
-    mag = w & 0x7F7F7F7F
-    over = (((mag + 0x60606060) & -2139062144) >> 7) & 0x01010101  # 0x80808080: the bytes with mag >= 32
-    full = over * 0xFF  # 0xFF in those bytes (no carries: each byte is 0 or 1)
-    return (mag & ~full) | (full & 0x1F1F1F1F) | ((w >> 2) & 0x20202020)
 
 
 @cute.jit
@@ -266,7 +239,7 @@ class QuantizeKernel:
             w = ld_v4_b32(x0 + i * 4)
             if cutlass.const_expr(self.fmt.name == "e4m3"):
                 if abs_max_bits(w) < 0x7F800000:  # finite
-                    st_b32(out0 + i, fp8_words(w)[0])
+                    st_b32(out0 + i, e4m3_words(w)[0])
                 else:
                     st_b32(out0 + i, quantize_words(w, lut0)[0])
             else:
@@ -408,33 +381,22 @@ def block_codes(bits: list, divisor_value, lut, keep=None) -> list:
     return out
 
 
-def quotients_fast(bits: list, divisor_value, keep=None, scale_exp: int = 0) -> list:
-    """The bits of ``x / divisor * 2^-k`` (``k = scale_exp``) for a block (:func:`quotient_fast`, one reciprocal
-    per block), the correctly rounded quotients where :func:`fast_division_ok` holds; ``keep``: a mask they are
-    and-ed with.
-
-    With ``k > 0`` (the fp6 formats' fp8 scale, :data:`FP6_BY_FP8`) the sequence divides by ``divisor * 2^k``
-    (exact), whose correctly rounded reciprocal is ``fp32(2^-k / divisor)``: the same residuals, so each
-    quotient is ``fp32(x / divisor)`` times 2^-k exactly where that is a normal float32, i.e. wherever
-    ``|x / divisor| >= 2^(k - 126)``; below that both are under ``2^-110`` with ``x``'s sign, the fp6 zero code
-    of that sign either way (the argument of ``fast_division_ok`` for tiny ``x``)."""
-    d = divisor_value if scale_exp == 0 else mul_rn(divisor_value, Float32(2.0**scale_exp))
-    recip = div_rn(Float32(2.0**-scale_exp), divisor_value)
-    neg = -d
-    qs = [quotient_fast(b, d, neg, recip) for b in bits]
+def quotients_fast(bits: list, divisor_value, keep=None) -> list:
+    """The bits of ``x / divisor`` for a block (:func:`quotient_fast`, one reciprocal per block), the correctly
+    rounded quotients where :func:`fast_division_ok` holds; ``keep``: a mask they are and-ed with."""
+    recip = div_rn(Float32(1.0), divisor_value)
+    neg = -divisor_value
+    qs = [quotient_fast(b, divisor_value, neg, recip) for b in bits]
     return qs if keep is None else [q & keep for q in qs]
 
 
-def store_block_fast(addr, qs: list, lut, fmt) -> None:
-    """:func:`store_block` of the ``fmt`` codes of quotients ``qs`` (finite: where :func:`fast_division_ok`
-    holds; for fp6, scaled by ``2^-k`` of :data:`FP6_BY_FP8`): e4m3 by the hardware conversion, fp6 by the fp8
-    conversion of :data:`FP6_BY_FP8` and :func:`fp6_word`, e2m1 through ``lut``."""
-    if fmt.name == "e4m3":
-        st_v4_b32(addr, *fp8_words(qs))
-    elif fmt.name in FP6_BY_FP8:
-        store_words6(addr, [pack6_word(fp6_word(w)) for w in fp8_words(qs, FP6_BY_FP8[fmt.name][0])])
+def store_block_fast(addr, qs: list, lut, bits: int, e4m3: bool) -> None:
+    """:func:`store_block` (``bits`` per code) of the codes of quotients ``qs`` (finite: where
+    :func:`fast_division_ok` holds): e4m3 (``e4m3``) by the hardware conversion, else through ``lut``."""
+    if e4m3:
+        st_v4_b32(addr, *e4m3_words(qs))
     else:
-        store_block(addr, [quantize_word(q, lut) for q in qs], fmt.bits)
+        store_block(addr, [quantize_word(q, lut) for q in qs], bits)
 
 
 def nvfp4_scale(amax_bits, g, floor, has_floor: bool, divisor: float) -> tuple:
@@ -457,19 +419,15 @@ def store_block(addr, codes: list, bits: int) -> None:
                  for i in range(4)]  # fmt: skip
         st_v4_b32(addr, *words)
     elif bits == 6:
-        store_words6(addr, [codes[4 * i] | (codes[4 * i + 1] << 6) | (codes[4 * i + 2] << 12) | (codes[4 * i + 3] << 18)
-                            for i in range(4)])  # fmt: skip
+        p = [codes[4 * i] | (codes[4 * i + 1] << 6) | (codes[4 * i + 2] << 12) | (codes[4 * i + 3] << 18)
+             for i in range(4)]  # fmt: skip
+        st_b32(addr, p[0] | (p[1] << 24))
+        st_b32(addr + 4, (p[1] >> 8) | (p[2] << 16))
+        st_b32(addr + 8, (p[2] >> 16) | (p[3] << 8))
     else:
         pairs = [codes[2 * i] | (codes[2 * i + 1] << 4) for i in range(8)]
         st_v2_b32(addr, *[pairs[4 * i] | (pairs[4 * i + 1] << 8) | (pairs[4 * i + 2] << 16) | (pairs[4 * i + 3] << 24)
                           for i in range(2)])  # fmt: skip
-
-
-def store_words6(addr, p: list) -> None:
-    """Store four 24-bit groups of four 6-bit codes (``pack6_word``'s) as 12 bytes at 4-byte aligned ``addr``."""
-    st_b32(addr, p[0] | (p[1] << 24))
-    st_b32(addr + 4, (p[1] >> 8) | (p[2] << 16))
-    st_b32(addr + 8, (p[2] >> 16) | (p[3] << 8))
 
 
 # -- NVFP4 -------------------------------------------------------------------------------------------
@@ -529,8 +487,9 @@ class NVFP4EncodeKernel:
             keep, divisor = positive_mask(total), positive_or_one(total)
             dst = codes.toint() + blk * (8 if self.packed else 16)
             if fast_division_ok(amax, divisor):
-                e2m1 = [quantize_word(q, e2m1_lut.toint()) for q in quotients_fast(bits, divisor, keep)]
-                store_block(dst, e2m1, 4 if self.packed else 8)
+                store_block_fast(
+                    dst, quotients_fast(bits, divisor, keep), e2m1_lut.toint(), 4 if self.packed else 8, False
+                )
             else:
                 store_block(dst, block_codes(bits, divisor, e2m1_lut.toint(), keep), 4 if self.packed else 8)
 
@@ -627,7 +586,7 @@ class CacheWriteKernel:
                 st_b8(sc + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
                 keep, divisor = positive_mask(total), positive_or_one(total)
             if fast_division_ok(amax, divisor):
-                scale_exp = FP6_BY_FP8[self.fmt.name][1] if self.fmt.name in FP6_BY_FP8 else 0
-                store_block_fast(dst, quotients_fast(bits, divisor, keep, scale_exp), lut.toint(), self.fmt)
+                e4m3 = self.fmt.name == "e4m3"
+                store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), self.bits, e4m3)
             else:
                 store_block(dst, block_codes(bits, divisor, lut.toint(), keep), self.bits)
