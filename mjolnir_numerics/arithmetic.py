@@ -132,8 +132,9 @@ _F64_SIGN = -(1 << 63)
 def round_nearest_grid(x: torch.Tensor, man_bits: int, min_exp: int, overflow_exp: int) -> torch.Tensor:
     """float64 ``x`` rounded to nearest, ties to even, on the grid of a binary format with ``man_bits`` fraction
     bits, smallest normal exponent ``min_exp`` (subnormals below, steps of ``2^(min_exp - man_bits)``) and
-    ``2^overflow_exp`` the first magnitude that is infinite; NaN and the sign of zero kept. Returns float64 (the
-    rounded values, each exact in the format), in integer operations on the bits.
+    ``2^overflow_exp`` the first magnitude that is infinite; NaN and the sign of zero kept. ``x``: float64, any
+    shape; returns float64 of the same shape (the rounded values, each exact in the format), computed in
+    integer operations on the bits. fp32 is ``(23, -126, 128)``, bf16 ``(7, -126, 128)``, e5m2 ``(2, -14, 16)``.
 
     Where the format is normal the float64 fraction bits below its ``man_bits`` are rounded away with ties to
     even on the magnitude's bits (a carry runs into the exponent, and from ``2^overflow_exp`` on the result is

@@ -526,10 +526,10 @@ def _window_softmax(s_t, keys, last, m_in, c_w, n_w: int, p_scale: float, p_form
     return m_prev, m_new, p_q, p_sum, row_sum_correction(m_prev, m_use, c_w, ex2)
 
 
-def _final(l, o, m, cta_scale, out_scale, part_scale, split, lse_scale, lse_log):
+def _final(l, o, m, cta_scale, out_scale, part_scale, lse_scale, lse_log):
     """Step 10 as one function (what CUDA compiles into one graph): the row sums reduced, then the
     epilogue. Returns :func:`~mjolnir_numerics.emulator_stages.epilogue`'s values as a tuple, in its order."""
-    ep = epilogue(o, m, reduce_row_sum(l), cta_scale, out_scale, part_scale, split, lse_scale, lse_log)
+    ep = epilogue(o, m, reduce_row_sum(l), cta_scale, out_scale, part_scale, lse_scale, lse_log)
     return ep["o_final"], ep["lse"], ep["o_part"], ep["m_part"], ep["l_part"]
 
 
@@ -776,7 +776,7 @@ def _emulate(
     ex2 = _EX2_SM90_UNCHECKED if hw_ex2 and tgt.ex2 == "sm90_mufu" else exp2_f32
     # CUDA: the stages between the MMA chains as compiled graphs (each a few kernels instead of dozens of
     # launches); the CPU runs the same functions eagerly
-    stage = (lambda fn: _fused(fn)) if fused_chain_available(dev) else (lambda fn: fn)
+    stage = _fused if fused_chain_available(dev) else (lambda fn: fn)
     load_tables(dev, ex2 is _EX2_SM90_UNCHECKED)
 
     # -- chunks of all sequences advance together ----------------------------------------------------
@@ -866,17 +866,17 @@ def _emulate(
     # -- epilogue --------------------------------------------------------------------------------------
     # which chunks are split, from the plan on the host (nonzero() would wait for all the work queued)
     split_list = [plan.n_splits[w[0]] > 1 for w in chunks]
-    split = _host_tensor(split_list, torch.bool, dev)
     lse_scale = None if knobs.lse_base == "e" else c_c
     # the correctly rounded logs (research knobs) decide near-midpoint results in decimal on the host: eager
     final_stage = stage if lse_log is log_libdevice_f32 else (lambda fn: fn)
-    finals = final_stage(_final)(l, o, m, cta_scale_c, out_scale[cseq], part_scale[cseq], split, lse_scale, lse_log)
-    ep = dict(zip(("o_final", "lse", "o_part", "m_part", "l_part"), finals))
+    o_final, lse, o_part, m_part, l_part = final_stage(_final)(
+        l, o, m, cta_scale_c, out_scale[cseq], part_scale[cseq], lse_scale, lse_log
+    )
     o_out = torch.zeros((num_seqs, G, N, D), device=dev)
     lse_out = torch.zeros((num_seqs, G, N), device=dev)
     unsplit = _host_tensor([i for i, s in enumerate(split_list) if not s], torch.long, dev)
-    o_out[cseq[unsplit]] = ep["o_final"][unsplit]
-    lse_out[cseq[unsplit]] = ep["lse"][unsplit]
+    o_out[cseq[unsplit]] = o_final[unsplit]
+    lse_out[cseq[unsplit]] = lse[unsplit]
     split_chunks = [i for i, s in enumerate(split_list) if s]
     split_seqs = sorted({chunks[i][0] for i in split_chunks})
     if split_seqs:
@@ -888,9 +888,9 @@ def _emulate(
         idx = _host_tensor(split_chunks, torch.long, dev)
         r_idx = _host_tensor([row_of[chunks[i][0]] for i in split_chunks], torch.long, dev)
         j_idx = _host_tensor([cslot[i] for i in split_chunks], torch.long, dev)
-        o_p[r_idx, j_idx] = ep["o_part"][idx]
-        m_p[r_idx, j_idx] = ep["m_part"][idx]
-        l_p[r_idx, j_idx] = ep["l_part"][idx]
+        o_p[r_idx, j_idx] = o_part[idx]
+        m_p[r_idx, j_idx] = m_part[idx]
+        l_p[r_idx, j_idx] = l_part[idx]
         o_red, lse_red = final_stage(reduction)(
             o_p, m_p, l_p, scale_o, LOG2E_F32 if knobs.lse_base == "e" else 1.0, lse_log, ex2
         )

@@ -202,25 +202,26 @@ def add_round_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def mul_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """IEEE fp32 ``a * b`` (``mul.rn``) of fp32 tensors: the exact float64 product rounded once. Where a product
-    feeds an addition, this form keeps a compiler from contracting the two into one fma (Triton may)."""
+    """IEEE fp32 ``a * b`` (``mul.rn``) of fp32 tensors (broadcasting; float32 out): the exact float64 product
+    rounded once. Where a product feeds an addition, this form keeps a compiler from contracting the two into
+    one fma (Triton may)."""
     return round_nearest_f32(a.double() * b.double())
 
 
 def div_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """IEEE fp32 ``a / b`` (``div.rn``) of fp32 tensors: the float64 quotient rounded once more to fp32, which
-    is the correctly rounded fp32 quotient (53 >= 2 * 24 + 2: S. A. Figueroa, "When is double rounding
-    innocuous?", SIGNUM 1995). Also inside compiled graphs, where Triton's float32 ``/`` is approximate."""
+    """IEEE fp32 ``a / b`` (``div.rn``) of fp32 tensors (broadcasting; float32 out): the float64 quotient rounded
+    once more to fp32, which is the correctly rounded fp32 quotient (53 >= 2 * 24 + 2: S. A. Figueroa, "When is
+    double rounding innocuous?", SIGNUM 1995). Also inside compiled graphs, where Triton's float32 ``/`` is
+    approximate. (``fused.div_rn`` is the same quotient with a plain ``.float()``, for graphs that chain none.)"""
     return round_nearest_f32(a.double() / b.double())
 
 
 def round_bf16(x: torch.Tensor) -> torch.Tensor:
     """float32 ``x`` rounded to bfloat16 (nearest, ties to even; NaN kept), as float32: ``x.to(bfloat16).float()``
-    in integer operations on the bits, which no compiler pass can drop (inductor's ``pointless_convert``, torch
-    2.11, rewrites ``float32 -> bfloat16 -> float32`` as no conversion at all)."""
-    b = x.contiguous().view(torch.int32)
-    r = ((b + (0x7FFF + ((b >> 16) & 1))) >> 16) << 16  # a carry runs into the exponent; past the max: inf
-    return torch.where(torch.isnan(x), x, r.view(torch.float32))
+    in integer operations on the bits (:func:`~mjolnir_numerics.arithmetic.round_nearest_grid`), which no
+    compiler pass can drop (inductor's ``pointless_convert``, torch 2.11, rewrites ``float32 -> bfloat16 ->
+    float32`` as no conversion at all)."""
+    return round_nearest_grid(x.double(), 7, -126, 128).float()
 
 
 def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -872,7 +873,6 @@ def epilogue(
     cta_scale: torch.Tensor,
     out_scale: torch.Tensor,
     part_scale: torch.Tensor,
-    split: torch.Tensor,
     lse_scale: Optional[torch.Tensor] = None,
     lse_log: Callable[[torch.Tensor], torch.Tensor] = log_f32,
 ) -> dict:
@@ -884,13 +884,12 @@ def epilogue(
         cta_scale: ``(C, G)`` ``scale_qs * q_descale * k_descale`` (LSE units per raw S unit).
         out_scale: ``(C, G)`` ``scale_o * v_descale * (1 / p_scale)``; part_scale ``(C, G)``
             ``v_descale * (1 / p_scale)``.
-        split: ``(C,)`` bool, True where the chunk's sequence has more than one chunk.
         lse_log: the log of the LSE (natural by default).
 
     Returns:
         dict with ``o_final`` (float32 ``O * (out_scale / (l + 1e-30))``, before the bf16 store),
         ``lse`` (``m_out + log(l)``), and the split partials ``o_part`` (``O * part_scale``), ``m_part``
-        (``m_out``), ``l_part`` (``l``); callers pick by ``split``.
+        (``m_out``), ``l_part`` (``l``); callers pick by whether the chunk's sequence is split.
     """
     m_out = mul_f32(m, (cta_scale if lse_scale is None else lse_scale)[..., None])  # not fused into the + below
     l_eps = l_sum + torch.tensor(1e-30, dtype=torch.float32, device=l_sum.device)

@@ -558,8 +558,7 @@ def test_compiled_stages_give_the_eager_bits(device, monkeypatch):
 
     for p_format, rounded, ex2 in (("e4m3", False, sm90), ("bf16", True, stages.exp2_f32), ("e5m2", False, sm90)):
         check(emulator._window_softmax, window, 3, 448.0 if p_format == "e4m3" else 1.0, p_format, rounded, ex2)
-    split = torch.tensor([True, False, True, False, False])
-    check(emulator._final, final, split, None, stages.log_libdevice_f32)
+    check(emulator._final, final, None, stages.log_libdevice_f32)
     check(stages.reduction, merge, 1.0, stages.LOG2E_F32, stages.log_libdevice_f32, sm90)
 
 
