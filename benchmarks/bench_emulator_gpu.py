@@ -3,7 +3,8 @@ same cache, side by side in one run (the lent H200), with the target's exact ari
 defaults: MMA, ex2 and log of the H200).
 
 Per row: the kernel's time (``mjolnir_kernel.decode``, eager calls, median), the emulator's (median of
-``--repeat`` calls after one warm-up call, which also compiles the fused MMA chains), their ratio against
+``--repeat`` calls after one warm-up call, which also compiles the fused MMA chains; the fastest and slowest
+call beside it, since the emulator's host-bound time varies between calls and processes), their ratio against
 the goal (25x), the emulator's peak extra GPU memory over the quantized cache's bytes
 (``torch.cuda.max_memory_allocated`` during the call, less what was allocated before it), and whether
 O and LSE of the two are identical in every bit (they must be: the emulator is the kernel's spec).
@@ -48,7 +49,9 @@ QUICK = {
 PAGE_SIZE = 64
 
 
-def _ms(fn, repeat: int) -> tuple[float, object]:
+def _ms(fn, repeat: int) -> tuple[float, list, object]:
+    """``fn``'s wall time in ms over ``repeat`` calls, each between device synchronisations: (median, every
+    call's time, the last output)."""
     times, out = [], None
     for _ in range(repeat):
         torch.cuda.synchronize()
@@ -56,7 +59,7 @@ def _ms(fn, repeat: int) -> tuple[float, object]:
         out = fn()
         torch.cuda.synchronize()
         times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times), out
+    return statistics.median(times), times, out
 
 
 def bench_row(name, spec, repeat: int, kernel_iters: int, gen) -> dict:
@@ -78,22 +81,22 @@ def bench_row(name, spec, repeat: int, kernel_iters: int, gen) -> dict:
     if q_dtype == "e4m3":
         q, kw["q_descale"] = quantize_q(q, b, 1, h_k)
     decode(q, cache, **kw)  # compile and load the kernel
-    kernel_ms, (o_k, lse_k) = _ms(lambda: decode(q, cache, **kw), kernel_iters)
+    kernel_ms, _, (o_k, lse_k) = _ms(lambda: decode(q, cache, **kw), kernel_iters)
     t0 = time.perf_counter()
     emulate_decode(q, cache, **kw)  # warm-up: compiles the fused chains of this shape
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    emu_ms, (o_e, lse_e) = _ms(lambda: emulate_decode(q, cache, **kw), repeat)
+    emu_ms, emu_times, (o_e, lse_e) = _ms(lambda: emulate_decode(q, cache, **kw), repeat)
     extra = torch.cuda.max_memory_allocated() - base
     same = torch.equal(o_k.view(torch.int16), o_e.view(torch.int16)) and torch.equal(
         lse_k.view(torch.int32), lse_e.view(torch.int32)
     )
     row = dict(
         name=name, shape=f"b{b} {L // 1024}K {h_q}/{h_k} d{d}", fmt=fmt, q=q_dtype, kernel_ms=kernel_ms,
-        emu_ms=emu_ms, ratio=emu_ms / kernel_ms, warm_s=warm_s, extra_gb=extra / 1e9, cache_gb=nbytes / 1e9,
-        mem_ratio=extra / nbytes, same=same,
+        emu_ms=emu_ms, emu_range=f"{min(emu_times):.1f}-{max(emu_times):.1f}", ratio=emu_ms / kernel_ms,
+        warm_s=warm_s, extra_gb=extra / 1e9, cache_gb=nbytes / 1e9, mem_ratio=extra / nbytes, same=same,
     )  # fmt: skip
     return row
 
@@ -120,7 +123,8 @@ def main(argv=None) -> int:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; page size {PAGE_SIZE}, shuffled pages, "
           f"random codes; emulator: default (hardware) arithmetic; median of {args.repeat} emulator calls after "
           f"a warm-up, {args.kernel_iters} eager kernel calls")  # fmt: skip
-    head = f"{'row':<20} {'shape':<20} {'KV':<6} {'Q':<5} {'kernel ms':>10} {'emulator ms':>12} {'ratio':>7}"
+    head = f"{'row':<20} {'shape':<20} {'KV':<6} {'Q':<5} {'kernel ms':>10} {'emulator ms':>12} {'calls ms':>13}"
+    head += f" {'ratio':>7}"
     print(head + f" {'warm-up s':>9} {'extra GB':>9} {'cache GB':>9} {'extra/cache':>11}  bits")
     gen = torch.Generator(device="cuda").manual_seed(0)
     bad = False
@@ -131,7 +135,7 @@ def main(argv=None) -> int:
         mem_ok = r["mem_ratio"] <= MEMORY_GOAL
         print(
             f"{name:<20} {r['shape']:<20} {r['fmt']:<6} {r['q']:<5} {r['kernel_ms']:>10.3f} {r['emu_ms']:>12.1f} "
-            f"{r['ratio']:>6.1f}x {r['warm_s']:>9.1f} {r['extra_gb']:>9.2f} {r['cache_gb']:>9.2f} "
+            f"{r['emu_range']:>13} {r['ratio']:>6.1f}x {r['warm_s']:>9.1f} {r['extra_gb']:>9.2f} {r['cache_gb']:>9.2f} "
             f"{r['mem_ratio']:>10.2f}x  {'identical' if r['same'] else 'DIFFER'}"
             f"{'' if ratio_ok or args.quick else '  (ratio goal missed)'}"
             f"{'' if mem_ok or args.quick else '  (memory goal missed)'}",

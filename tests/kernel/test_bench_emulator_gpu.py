@@ -1,0 +1,43 @@
+"""The emulator's GPU benchmark reports what a run measured (its rows faked here: no GPU needed)."""
+
+from __future__ import annotations
+
+import torch
+
+import benchmarks.bench_emulator_gpu as bench
+
+
+def _fake_row(emu_times, kernel_ms=1.0, same=True):
+    def bench_row(name, spec, repeat, kernel_iters, gen):
+        emu_ms = sorted(emu_times)[len(emu_times) // 2]
+        return dict(
+            name=name, shape="b32 4K 24/4 d256", fmt="e4m3", q="e4m3", kernel_ms=kernel_ms, emu_ms=emu_ms,
+            emu_range=f"{min(emu_times):.1f}-{max(emu_times):.1f}", ratio=emu_ms / kernel_ms, warm_s=1.0,
+            extra_gb=0.5, cache_gb=1.0, mem_ratio=0.5, same=same,
+        )  # fmt: skip
+
+    return bench_row
+
+
+def _run(monkeypatch, capsys, row, argv):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "fake GPU")
+    monkeypatch.setattr(torch, "Generator", lambda device=None: type("G", (), {"manual_seed": lambda s, n: s})())
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "bench_row", row)
+    rc = bench.main(argv)
+    return rc, capsys.readouterr().out.splitlines()
+
+
+def test_a_row_prints_its_median_and_the_spread_of_its_calls(monkeypatch, capsys):
+    rc, out = _run(monkeypatch, capsys, _fake_row([12.0, 10.0, 31.0]), ["--rows", "b32_4k_e4m3q"])
+    row = [line for line in out if line.startswith("b32_4k_e4m3q")][0]
+    assert "12.0" in row and "10.0-31.0" in row and "12.0x" in row and "identical" in row
+    assert rc == 0 and "goal missed" not in row
+
+
+def test_a_missed_ratio_or_differing_bits_fail_the_run(monkeypatch, capsys):
+    rc, out = _run(monkeypatch, capsys, _fake_row([40.0]), ["--rows", "b32_4k_e4m3q"])
+    assert rc == 1 and "(ratio goal missed)" in out[-1]
+    rc, out = _run(monkeypatch, capsys, _fake_row([2.0], same=False), ["--rows", "b32_4k_e4m3q"])
+    assert rc == 1 and "DIFFER" in out[-1]
