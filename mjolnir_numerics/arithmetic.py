@@ -428,6 +428,17 @@ def index_on(index: torch.Tensor, device) -> torch.Tensor:
     return _INDICES[key]
 
 
+def in_walk_order(x: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """``x (..., steps * k)`` read in the order of a tile's MMA instructions, ``(..., steps, k)``: step s holds
+    the indices of row s of ``groups`` (int64 ``(steps, k)``, :func:`kstep_groups`). A view where the groups
+    are consecutive, else one gather along the last dim (the order copied to ``x``'s device once)."""
+    steps, k = groups.shape
+    order = groups.reshape(-1).cpu()
+    if not torch.equal(order, torch.arange(order.numel())):
+        x = x.index_select(-1, index_on(order, x.device))
+    return x.unflatten(-1, (steps, k))
+
+
 def chain_gemm(
     a_rows: torch.Tensor, b_rows: torch.Tensor, c: torch.Tensor, groups: torch.Tensor, model: MmaModel, fused=None
 ) -> torch.Tensor:
@@ -458,10 +469,5 @@ def chain_gemm(
     if not fused:
         a, b = a_rows.double()[..., :, None, :], b_rows.double()[..., None, :, :]
         return chain_fma(a, b, c, groups.to(a_rows.device), model)
-    steps, k = groups.shape
     a, b = pack_fused(a_rows, model.operand), pack_fused(b_rows, model.operand)
-    order = groups.reshape(-1).cpu()
-    if not torch.equal(order, torch.arange(order.numel())):  # consecutive groups need no gather
-        order = index_on(order, a_rows.device)
-        a, b = a.index_select(-1, order), b.index_select(-1, order)
-    return _fused(_int_chain, True)(a.unflatten(-1, (steps, k)), b.unflatten(-1, (steps, k)), c, model.name)
+    return _fused(_int_chain, True)(in_walk_order(a, groups), in_walk_order(b, groups), c, model.name)

@@ -63,7 +63,7 @@ from .arithmetic import (
     _chain_formula,
     _fused,
     fused_chain_available,
-    index_on,
+    in_walk_order,
     kstep_groups,
 )
 from .cache import PagedKVCache, check_descale, descale_table
@@ -491,12 +491,7 @@ def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
     steps, K)`` (keys in the instructions' order; both walks issue consecutive keys); else None."""
     if mma is None or not fused_chain_available(v_src.device):
         return None
-    steps, k = mma[2].shape
-    v = v_src.operand().transpose(-1, -2).float()
-    order = mma[2].reshape(-1)
-    if not torch.equal(order, torch.arange(steps * k)):
-        v = v.index_select(-1, index_on(order, v.device))
-    return v.unflatten(-1, (steps, k))
+    return in_walk_order(v_src.operand().transpose(-1, -2).float(), mma[2])
 
 
 _EX2_SM90_UNCHECKED = functools.partial(exp2_sm90_f32, check=False)
