@@ -140,7 +140,12 @@ def round_nearest_grid(x: torch.Tensor, man_bits: int, min_exp: int, overflow_ex
     even on the magnitude's bits (a carry runs into the exponent, and from ``2^overflow_exp`` on the result is
     inf); below, ``|x| 2^(man_bits - min_exp)`` is rounded to an integer (``torch.round``: ties to even, exact)
     and scaled back.
+
+    Raises:
+        TypeError: ``x`` is not float64 (its bits are read as float64's).
     """
+    if x.dtype != torch.float64:
+        raise TypeError(f"x: expected float64, got {x.dtype}")
     drop = 52 - man_bits
     bits = x.contiguous().view(torch.int64)
     mag = bits & ~_F64_SIGN
@@ -163,6 +168,9 @@ def round_nearest_f32(x: torch.Tensor) -> torch.Tensor:
     ``float64 -> float32 -> float64`` as no conversion at all, so a chain of emulated fp32 operations (the
     fma of the row sum, libdevice's log polynomial, the split merge) would run in float64. This rounding is
     integer arithmetic no pass removes; the final conversion is exact, so dropping it changes nothing.
+
+    Raises:
+        TypeError: ``x`` is not float64.
     """
     return round_nearest_grid(x, 23, -126, 128).to(torch.float32)
 

@@ -392,6 +392,8 @@ def test_round_nearest_is_the_float32_and_e5m2_conversion():
     y = torch.cat([x.float(), (torch.rand(n, generator=gen) * 2.0 ** torch.randint(-30, 18, (n,), generator=gen))])
     y = torch.cat([y, torch.tensor([57344.0, 61440.0, 61439.996, 2.0**-16, 2.0**-17, 3 * 2.0**-18, -(2.0**-17)])])
     assert bool(_same(round_nearest_grid(y.double(), 2, -14, 16).float(), y.to(torch.float8_e5m2).float()).all())
+    with pytest.raises(TypeError, match="x: expected float64"):  # float32 bits read as float64 would be garbage
+        round_nearest_f32(torch.ones(4))
 
 
 def _chains(a, b, c):
