@@ -2,12 +2,15 @@
 and V in one launch; quotients from a reciprocal; e4m3 codes by the hardware conversion, the others through
 the round-to-odd table; one 16-value chunk per thread) against variants, side by side in one run:
 
-* ``arithmetic codes``: fp6 / fp4 codes by float arithmetic instead of the table (``element_code`` below:
-  the magnitude rounded on the format's grid by adding and subtracting a power of two, then rescaled so that
-  float32's encoding is the format's; the same codes, checked on every float32 on the CPU, 2026-12-04);
 * ``tables for e4m3``: e4m3 codes through the table as well;
 * ``div.rn everywhere``: every quotient by ``div.rn.f32``, no reciprocal;
 * ``neither``: no division, no rounding (loads, index arithmetic, packing and stores; wrong bits).
+
+Measured and removed: fp6 / fp4 codes by float arithmetic (2026-12-04: 1.15-1.17x slower than the table for
+bfloat16 rows; reports/helpers/2026-12-04-prefill-writer.md); e2m1 codes by integer rounding (2026-12-06, on an
+H100: 0.96-1.03x the table's time; commit 5c37707 has the variant); fp6 codes by an fp8 conversion at a scale
+(2026-12-06, on an H100: no faster than the table; tag ``experiment-fp6-by-fp8``,
+reports/helpers/2026-12-06-fp6-by-fp8.md).
 
 K and V (e4m3, e3m2, e2m1, NVFP4): 32K tokens x 8 heads x d 128 each, bfloat16 and float32, per-head
 descales, page size 16; time per call of 20 calls back to back (CUDA events), through
@@ -18,58 +21,12 @@ descales, page size 16; time per call of 20 calls back to back (CUDA events), th
 
 # ruff: noqa: B023  (a one-off probe: its lambdas run inside the loop that binds them)
 
-import math
-
 import torch
-from cutlass import Float32, Int32
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 import mjolnir_kernel.helpers_kernel as hk
 from mjolnir_kernel import helpers
-from mjolnir_kernel.hopper.ptx import _asm, _f32, _i32
 from mjolnir_numerics.formats import FORMATS
 from mjolnir_numerics.quantize import _round_to_odd_lut
-
-
-@dsl_user_op
-def add_rn(a, b, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm(T.f32(), [_f32(a, loc, ip), _f32(b, loc, ip)], "add.rn.f32 $0, $1, $2;", "=f,f,f"))
-
-
-@dsl_user_op
-def min_f32(a, b, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm(T.f32(), [_f32(a, loc, ip), _f32(b, loc, ip)], "min.f32 $0, $1, $2;", "=f,f,f"))
-
-
-@dsl_user_op
-def min_s32(a, b, *, loc=None, ip=None) -> Int32:
-    return Int32(_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)], "min.s32 $0, $1, $2;", "=r,r,r"))
-
-
-def element_code(q, fmt):
-    """The ``fmt`` code of a finite float32 (bits ``q``, ``|q| < 2^120``) by arithmetic: ``C = 2^(E + 23 - m)``
-    (``E`` the exponent of ``|q|`` clamped to the format's, ``m`` its mantissa bits) makes one float32 addition
-    round to nearest-even on the format's grid (subnormals included); saturate; scale by ``2^(-emin - 126)``,
-    after which float32's encoding is the format's shifted left by ``23 - m``; the sign is ``q``'s."""
-    m, top = fmt.man_bits, math.frexp(fmt.max_normal)[1] - 1
-    mag = q & 0x7FFFFFFF
-    e = min_s32(hk.max_s32(mag & 0x7F800000, (127 + fmt.min_exponent) << 23), (127 + top) << 23)
-    c = hk.as_f32(e + ((23 - m) << 23))
-    y = min_f32(add_rn(add_rn(hk.as_f32(mag), c), -c), Float32(fmt.max_normal))
-    code = hk.as_i32(hk.mul_rn(y, Float32(2.0 ** (-fmt.min_exponent - 126)))) >> (23 - m)
-    return code | ((q >> (32 - fmt.bits)) & fmt.sign_mask)
-
-
-def _arithmetic_store(element):
-    fmt = FORMATS[element]
-    original = hk.store_block_fast
-
-    def store(addr, qs, lut, bits, e4m3):
-        if e4m3:
-            return original(addr, qs, lut, bits, e4m3)
-        hk.store_block(addr, [element_code(q, fmt) for q in qs], bits)
-
-    return store
 
 
 def _table_store(addr, qs, lut, bits, e4m3):
@@ -121,10 +78,8 @@ def main():
                 "div.rn everywhere": {"fast_division_ok": lambda amax, dv: amax < 0},
                 "neither": NEITHER,
             }
-            if not nvfp4:
-                variants["tables for e4m3" if element == "e4m3" else "arithmetic codes"] = {
-                    "store_block_fast": _table_store if element == "e4m3" else _arithmetic_store(element)
-                }
+            if element == "e4m3":
+                variants["tables for e4m3"] = {"store_block_fast": _table_store}
             ref = None
             for name, patch in variants.items():
                 for attr, value in saved.items():
