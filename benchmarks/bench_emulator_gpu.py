@@ -12,6 +12,12 @@ O and LSE of the two are identical in every bit (they must be: the emulator is t
     python -m benchmarks.bench_emulator_gpu                  # the issue's rows and the memory row
     python -m benchmarks.bench_emulator_gpu --quick          # small shapes (a smoke run)
     python -m benchmarks.bench_emulator_gpu --rows b32_4k --repeat 1
+    python -m benchmarks.bench_emulator_gpu --rows b32_32k_e4m3_e4m3q --repeat 5 --ab MJOLNIR_X
+
+``--ab NAME`` compares two variants of the emulator within one process (the same row varies up to 2x between
+processes, and under 2 % within one): an experiment reads the environment variable ``NAME`` (``0``: without
+it, ``1``: with it); after one untimed call of each, ``--repeat`` calls of each run alternating, every one's
+bits checked against the kernel's, and the row's line is followed by both medians and their ratio.
 
 Exits non-zero when a row's bits differ, or a ratio or memory goal is missed on the issue's rows.
 """
@@ -19,9 +25,11 @@ Exits non-zero when a row's bits differ, or a ratio or memory goal is missed on 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -62,7 +70,30 @@ def _ms(fn, repeat: int) -> tuple[float, list, object]:
     return statistics.median(times), times, out
 
 
-def bench_row(name, spec, repeat: int, kernel_iters: int, gen) -> dict:
+def _ab(fn, name: str, repeat: int, same_as) -> tuple[float, float, bool]:
+    """``fn()`` with the environment variable ``name`` at ``0`` and ``1``: one untimed call of each (each
+    variant compiles its graphs), then ``repeat`` timed calls of each, alternating. Returns the two medians
+    (ms) and whether every output passed ``same_as``. ``name`` is restored afterwards."""
+    before = os.environ.get(name)
+    times: dict = {"0": [], "1": []}
+    same = True
+    try:
+        for timed in [False] + [True] * repeat:
+            for flag in ("0", "1"):
+                os.environ[name] = flag
+                _, t, out = _ms(fn, 1)
+                same = same and same_as(out)
+                if timed:
+                    times[flag] += t
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+    return statistics.median(times["0"]), statistics.median(times["1"]), same
+
+
+def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str] = None) -> dict:
     from benchmarks.bench_hopper_decode import build_pools
     from mjolnir_kernel import decode
     from mjolnir_numerics.cache import PagedKVCache
@@ -90,13 +121,23 @@ def bench_row(name, spec, repeat: int, kernel_iters: int, gen) -> dict:
     base = torch.cuda.memory_allocated()
     emu_ms, emu_times, (o_e, lse_e) = _ms(lambda: emulate_decode(q, cache, **kw), repeat)
     extra = torch.cuda.max_memory_allocated() - base
-    same = torch.equal(o_k.view(torch.int16), o_e.view(torch.int16)) and torch.equal(
-        lse_k.view(torch.int32), lse_e.view(torch.int32)
-    )
+
+    def same_as_kernel(out) -> bool:
+        o_x, lse_x = out
+        return torch.equal(o_k.view(torch.int16), o_x.view(torch.int16)) and torch.equal(
+            lse_k.view(torch.int32), lse_x.view(torch.int32)
+        )
+
+    same = same_as_kernel((o_e, lse_e))
+    ab_ms = None
+    if ab is not None:
+        *ab_ms, same_ab = _ab(lambda: emulate_decode(q, cache, **kw), ab, repeat, same_as_kernel)
+        same = same and same_ab
     row = dict(
         name=name, shape=f"b{b} {L // 1024}K {h_q}/{h_k} d{d}", fmt=fmt, q=q_dtype, kernel_ms=kernel_ms,
         emu_ms=emu_ms, emu_range=f"{min(emu_times):.1f}-{max(emu_times):.1f}", ratio=emu_ms / kernel_ms,
         warm_s=warm_s, extra_gb=extra / 1e9, cache_gb=nbytes / 1e9, mem_ratio=extra / nbytes, same=same,
+        ab=ab_ms,
     )  # fmt: skip
     return row
 
@@ -107,6 +148,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default=None, help=f"comma-separated row names (default: all of {', '.join(ROWS)})")
     ap.add_argument("--repeat", type=int, default=3, help="timed emulator calls per row (median)")
     ap.add_argument("--kernel-iters", type=int, default=20, help="timed kernel calls per row (median)")
+    ap.add_argument(
+        "--ab", metavar="NAME", default=None,
+        help="also time --repeat calls each with the environment variable NAME at 0 and at 1, alternating",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_emulator_gpu: needs a CUDA GPU that runs the Hopper kernel", file=sys.stderr)
@@ -129,7 +174,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     bad = False
     for name in names:
-        r = bench_row(name, table[name], args.repeat, args.kernel_iters, gen)
+        r = bench_row(name, table[name], args.repeat, args.kernel_iters, gen, args.ab)
         torch.cuda.empty_cache()  # the row's cache is freed with its frame
         ratio_ok = r["ratio"] <= RATIO_GOAL or name.endswith("_memory")
         mem_ok = r["mem_ratio"] <= MEMORY_GOAL
@@ -141,6 +186,10 @@ def main(argv=None) -> int:
             f"{'' if mem_ok or args.quick else '  (memory goal missed)'}",
             flush=True,
         )  # fmt: skip
+        if r.get("ab") is not None:
+            off, on = r["ab"]
+            line = f"{'':<20} {args.ab}=0 {off:.1f} ms, {args.ab}=1 {on:.1f} ms (medians of {args.repeat} "
+            print(line + f"alternating calls): 1/0 {on / off:.2f}, ratio at 1 {on / r['kernel_ms']:.1f}x", flush=True)
         bad |= not r["same"] or (not args.quick and not (ratio_ok and mem_ok))
     return 1 if bad else 0
 

@@ -7,13 +7,13 @@ import torch
 import benchmarks.bench_emulator_gpu as bench
 
 
-def _fake_row(emu_times, kernel_ms=1.0, same=True):
-    def bench_row(name, spec, repeat, kernel_iters, gen):
+def _fake_row(emu_times, kernel_ms=1.0, same=True, ab=None):
+    def bench_row(name, spec, repeat, kernel_iters, gen, ab_name=None):
         emu_ms = sorted(emu_times)[len(emu_times) // 2]
         return dict(
             name=name, shape="b32 4K 24/4 d256", fmt="e4m3", q="e4m3", kernel_ms=kernel_ms, emu_ms=emu_ms,
             emu_range=f"{min(emu_times):.1f}-{max(emu_times):.1f}", ratio=emu_ms / kernel_ms, warm_s=1.0,
-            extra_gb=0.5, cache_gb=1.0, mem_ratio=0.5, same=same,
+            extra_gb=0.5, cache_gb=1.0, mem_ratio=0.5, same=same, ab=ab if ab_name else None,
         )  # fmt: skip
 
     return bench_row
@@ -41,3 +41,26 @@ def test_a_missed_ratio_or_differing_bits_fail_the_run(monkeypatch, capsys):
     assert rc == 1 and "(ratio goal missed)" in out[-1]
     rc, out = _run(monkeypatch, capsys, _fake_row([2.0], same=False), ["--rows", "b32_4k_e4m3q"])
     assert rc == 1 and "DIFFER" in out[-1]
+
+
+def test_ab_prints_both_medians_and_their_ratio(monkeypatch, capsys):
+    rc, out = _run(monkeypatch, capsys, _fake_row([12.0], ab=(10.0, 8.0)), ["--rows", "b32_4k_e4m3q", "--ab", "X"])
+    assert rc == 0 and "X=0 10.0 ms, X=1 8.0 ms" in out[-1] and "1/0 0.80" in out[-1] and "8.0x" in out[-1]
+    rc, out = _run(monkeypatch, capsys, _fake_row([12.0], ab=(10.0, 8.0)), ["--rows", "b32_4k_e4m3q"])
+    assert "X=0" not in "\n".join(out)
+
+
+def test_ab_alternates_the_variable_after_a_call_of_each_and_restores_it(monkeypatch):
+    """One untimed call per value (each variant compiles its graphs there), then the timed calls alternate;
+    every output is checked, and the variable is put back as it was."""
+    import os
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setenv("MJOLNIR_AB_TEST", "keep")
+    seen = []
+    off, on, same = bench._ab(lambda: seen.append(os.environ["MJOLNIR_AB_TEST"]) or len(seen), "MJOLNIR_AB_TEST", 3,
+                              lambda out: out != 6)  # fmt: skip
+    assert seen == ["0", "1"] * 4 and not same and os.environ["MJOLNIR_AB_TEST"] == "keep"
+    monkeypatch.delenv("MJOLNIR_AB_TEST")
+    bench._ab(lambda: None, "MJOLNIR_AB_TEST", 1, lambda out: True)
+    assert "MJOLNIR_AB_TEST" not in os.environ
