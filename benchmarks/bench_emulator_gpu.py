@@ -162,6 +162,9 @@ def main(argv=None) -> int:
     if unknown:
         print(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(table)}", file=sys.stderr)
         return 2
+    if args.ab is not None and not args.ab.isidentifier():
+        print(f"--ab: expected an environment variable's name (letters, digits, _), got {args.ab!r}", file=sys.stderr)
+        return 2
     if args.repeat < 1 or args.kernel_iters < 1:
         print("--repeat and --kernel-iters: expected >= 1", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import benchmarks.bench_emulator_gpu as bench
@@ -48,6 +49,9 @@ def test_ab_prints_both_medians_and_their_ratio(monkeypatch, capsys):
     assert rc == 0 and "X=0 10.0 ms, X=1 8.0 ms" in out[-1] and "1/0 0.80" in out[-1] and "8.0x" in out[-1]
     rc, out = _run(monkeypatch, capsys, _fake_row([12.0], ab=(10.0, 8.0)), ["--rows", "b32_4k_e4m3q"])
     assert "X=0" not in "\n".join(out)
+    monkeypatch.setattr(bench, "bench_row", lambda *a: pytest.fail("no row runs with a bad --ab"))
+    assert bench.main(["--rows", "b32_4k_e4m3q", "--ab", "X=1"]) == 2
+    assert "--ab: expected an environment variable's name" in capsys.readouterr().err
 
 
 def test_ab_alternates_the_variable_after_a_call_of_each_and_restores_it(monkeypatch):
