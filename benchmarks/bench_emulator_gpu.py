@@ -15,9 +15,11 @@ O and LSE of the two are identical in every bit (they must be: the emulator is t
     python -m benchmarks.bench_emulator_gpu --rows b32_32k_e4m3_e4m3q --repeat 5 --ab MJOLNIR_X
 
 ``--ab NAME`` compares two variants of the emulator within one process (the same row varies up to 2x between
-processes, and under 2 % within one): an experiment reads the environment variable ``NAME`` (``0``: without
-it, ``1``: with it); after one untimed call of each, ``--repeat`` calls of each run alternating, every one's
-bits checked against the kernel's, and the row's line is followed by both medians and their ratio.
+processes, and 2-7 % between the calls of one): an experiment reads the environment variable ``NAME`` at each
+call (``0``: without it, ``1``: with it; a variable nothing reads, or read only once per process, gives two
+equal medians); after one untimed call of each, ``--repeat`` pairs of calls run, each pair in the other order
+than the last, every call's bits checked against the kernel's, and the row's line is followed by both medians
+and their ratio.
 
 Exits non-zero when a row's bits differ, or a ratio or memory goal is missed on the issue's rows.
 """
@@ -72,18 +74,19 @@ def _ms(fn, repeat: int) -> tuple[float, list, object]:
 
 def _ab(fn, name: str, repeat: int, same_as) -> tuple[float, float, bool]:
     """``fn()`` with the environment variable ``name`` at ``0`` and ``1``: one untimed call of each (each
-    variant compiles its graphs), then ``repeat`` timed calls of each, alternating. Returns the two medians
-    (ms) and whether every output passed ``same_as``. ``name`` is restored afterwards."""
+    variant compiles its graphs), then ``repeat`` timed pairs, the order swapped from pair to pair (0 1, 1 0,
+    0 1 ...: neither variant always runs after the other). Returns the two medians (ms) and whether every
+    output passed ``same_as``. ``name`` is restored afterwards."""
     before = os.environ.get(name)
     times: dict = {"0": [], "1": []}
     same = True
     try:
-        for timed in [False] + [True] * repeat:
-            for flag in ("0", "1"):
+        for pair in range(repeat + 1):  # pair 0: untimed
+            for flag in ("0", "1") if pair % 2 == 0 else ("1", "0"):
                 os.environ[name] = flag
                 _, t, out = _ms(fn, 1)
                 same = same and same_as(out)
-                if timed:
+                if pair:
                     times[flag] += t
     finally:
         if before is None:

@@ -55,16 +55,26 @@ def test_ab_prints_both_medians_and_their_ratio(monkeypatch, capsys):
 
 
 def test_ab_alternates_the_variable_after_a_call_of_each_and_restores_it(monkeypatch):
-    """One untimed call per value (each variant compiles its graphs there), then the timed calls alternate;
-    every output is checked, and the variable is put back as it was."""
+    """One untimed call per value (each variant compiles its graphs there), then timed pairs in alternating
+    order; the medians are of the timed calls only, every output is checked, and the variable is put back."""
     import os
 
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    calls = []
+
+    def fake_ms(fn, repeat):  # the untimed pair takes 1000 ms; the timed calls at 0: 10, 12, 14; at 1: 8, 9, 10
+        out = fn()
+        flag = os.environ["MJOLNIR_AB_TEST"]
+        k = calls[2:].count(flag) - 1  # this flag's timed calls before this one
+        t = 1000.0 if len(calls) <= 2 else {"0": 10.0 + 2 * k, "1": 8.0 + k}[flag]
+        return t, [t], out
+
+    monkeypatch.setattr(bench, "_ms", fake_ms)
     monkeypatch.setenv("MJOLNIR_AB_TEST", "keep")
-    seen = []
-    off, on, same = bench._ab(lambda: seen.append(os.environ["MJOLNIR_AB_TEST"]) or len(seen), "MJOLNIR_AB_TEST", 3,
-                              lambda out: out != 6)  # fmt: skip
-    assert seen == ["0", "1"] * 4 and not same and os.environ["MJOLNIR_AB_TEST"] == "keep"
+    off, on, same = bench._ab(lambda: calls.append(os.environ["MJOLNIR_AB_TEST"]) or len(calls), "MJOLNIR_AB_TEST",
+                              3, lambda out: out != 6)  # fmt: skip
+    assert calls == ["0", "1", "1", "0", "0", "1", "1", "0"]
+    assert (off, on) == (12.0, 9.0) and not same and os.environ["MJOLNIR_AB_TEST"] == "keep"
     monkeypatch.delenv("MJOLNIR_AB_TEST")
-    bench._ab(lambda: None, "MJOLNIR_AB_TEST", 1, lambda out: True)
+    calls.clear()
+    assert bench._ab(lambda: calls.append(1), "MJOLNIR_AB_TEST", 1, lambda out: True)[2]
     assert "MJOLNIR_AB_TEST" not in os.environ
