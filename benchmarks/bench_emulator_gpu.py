@@ -134,8 +134,8 @@ def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str]
     same = same_as_kernel((o_e, lse_e))
     ab_ms = None
     if ab is not None:
-        *ab_ms, same_ab = _ab(lambda: emulate_decode(q, cache, **kw), ab, repeat, same_as_kernel)
-        same = same and same_ab
+        off_ms, on_ms, same_ab = _ab(lambda: emulate_decode(q, cache, **kw), ab, repeat, same_as_kernel)
+        ab_ms, same = (off_ms, on_ms), same and same_ab
     row = dict(
         name=name, shape=f"b{b} {L // 1024}K {h_q}/{h_k} d{d}", fmt=fmt, q=q_dtype, kernel_ms=kernel_ms,
         emu_ms=emu_ms, emu_range=f"{min(emu_times):.1f}-{max(emu_times):.1f}", ratio=emu_ms / kernel_ms,
