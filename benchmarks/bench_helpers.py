@@ -7,6 +7,9 @@ Rows (``--n`` values, default 16M float32, standard normal times 4):
 * ``pack`` of 16M codes, with and without its range check, against a copy of its output bytes: goal <= 2x
   (unchecked);
 * ``nvfp4_quantize`` of the same values, checked and unchecked, against the cast: goal <= 3x (unchecked);
+* the unchecked ``pack`` (4 and 6 bits) and ``nvfp4_quantize`` again as replays of a CUDA graph, against a
+  graph of the copy / the cast: the same goals, with the host's launch time taken out of both sides (eager
+  calls back to back are bound by the host where the kernel is shorter than its launch);
 * ``PagedKVCache.write`` of one decode step (32 and 256 tokens x 8 KV heads x d 128, ``check=False``) inside
   a CUDA graph, against a graph of torch's cast and ``index_put_`` of the same K and V rows: goal <= 2x;
 * a prefill write (32K tokens x 8 heads x d 128, bfloat16 K and V; ``check=False`` back to back, as the layers
@@ -21,7 +24,7 @@ is first checked bit for bit against the CPU reference on a slice of its input.
     python -m benchmarks.bench_helpers --n 1048576 --iters 3
 
 ``MJOLNIR_KERNELS=0`` measures the compiled formulas instead of the helper kernels (the header says which
-path ran). Exits 1 when a goal is missed.
+path ran, and says so where the kernels are launched without apache-tvm-ffi). Exits 1 when a goal is missed.
 """
 
 from __future__ import annotations
@@ -102,6 +105,11 @@ def _elementwise_rows(n: int, iters: int, inner: int) -> list[dict]:
             goal = f"<= {PACK_GOAL:g}x" if not check else "-"
             name = f"pack {bits}-bit" + ("" if check else ", check=False")
             out.append(dict(row=name, us=us, ref=f"copy {copy_us:.1f} us", ratio=us / copy_us, goal=goal))
+        if bits != 8:  # the serving loop's call in a graph, against a graph of the copy: the GPU's share
+            copy_graph_us = _time_us(_graph(packed.clone), iters, inner)
+            us = _time_us(_graph(partial(pack, codes, bits, check=False)), iters, inner)
+            name, ref = f"pack {bits}-bit, check=False, graph", f"copy graph {copy_graph_us:.1f} us"
+            out.append(dict(row=name, us=us, ref=ref, ratio=us / copy_graph_us, goal=f"<= {PACK_GOAL:g}x"))
     xr = x.reshape(-1, 128)
     t_gpu, t_cpu = nvfp4_quantize(xr[:8192]), nvfp4_quantize(xr[:8192].cpu())
     assert torch.equal(t_gpu.codes.cpu(), t_cpu.codes) and torch.equal(t_gpu.scales.cpu(), t_cpu.scales)
@@ -110,6 +118,11 @@ def _elementwise_rows(n: int, iters: int, inner: int) -> list[dict]:
         goal = f"<= {NVFP4_GOAL:g}x" if not check else "-"
         name = "nvfp4_quantize" + ("" if check else ", check=False")
         out.append(dict(row=name, us=us, ref="cast", ratio=us / cast_us, goal=goal))
+    cast_graph_us = _time_us(_graph(partial(x.to, torch.float8_e4m3fn)), iters, inner)
+    us = _time_us(_graph(partial(nvfp4_quantize, xr, check=False)), iters, inner)
+    ref = f"cast graph {cast_graph_us:.1f} us"
+    out.append(dict(row="nvfp4_quantize, check=False, graph", us=us, ref=ref, ratio=us / cast_graph_us,
+                    goal=f"<= {NVFP4_GOAL:g}x"))  # fmt: skip
     return out
 
 
@@ -205,8 +218,15 @@ def main(argv=None) -> int:
         return 2
     from mjolnir_numerics import fused
 
-    path = "helper kernels (mjolnir_kernel.helpers)" if fused.helper_kernels("cuda") else "compiled formulas"
+    kernels = fused.helper_kernels("cuda")
+    path = "helper kernels (mjolnir_kernel.helpers)" if kernels else "compiled formulas"
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; quantize / pack / NVFP4 path: {path}")
+    if kernels and not kernels._tvm_ffi():
+        print(
+            "launches: the CuTe DSL's Python calling path (apache-tvm-ffi, which the kernel extra pins, is not "
+            "importable): eager rows then pay 10-75 us more host time per call than with the kernel extra installed "
+            "(the H100 runs of 2026-12-06)"
+        )
     print(f"{'row':52s} {'us':>9s}  {'against':>22s} {'ratio':>7s}  goal", flush=True)
     failed, table = 0, []
     for r in rows(args.n, args.iters, args.inner):

@@ -206,7 +206,9 @@ def pack_codes(codes: torch.Tensor, *, bits: int) -> torch.Tensor:
     n = codes.numel()
     _check_size("codes", n)
     shape = codes.shape
-    out = torch.empty((*shape[:-1], shape[-1] * bits // 8), dtype=torch.uint8, device=codes.device)
+    # new_empty: 0.7 us less host time per call than torch.empty(shape, dtype=, device=) on the H100's host
+    # (benchmarks/probes/helpers_alloc_ab.py), where the whole call costs ~9 us
+    out = codes.new_empty((*shape[:-1], shape[-1] * bits // 8))
     if n:
         _kernel(("pack", bits), codes.device, _PACK_BUILDS[bits])((codes, out), (n,), codes.device)
     return out

@@ -1,0 +1,67 @@
+"""How ``pack_codes`` should allocate its output on CUDA: the landed ``torch.empty(shape, dtype=, device=)``
+against ``codes.new_empty(shape)`` and ``torch.empty_like`` of a same-shaped tensor's (the probe's floor), host
+time per call of 2,000 calls, 7 rounds in alternating order (this host's timings drift), 1K and 16M codes.
+
+    python -m benchmarks.probes.helpers_alloc_ab
+"""
+
+# ruff: noqa: B023  (the rows' lambdas run inside the loop that binds them)
+
+import statistics
+import time
+
+import torch
+
+from mjolnir_kernel import helpers
+
+
+def host_us(fn, n=2000):
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
+def lean(codes, bits):
+    """``helpers.pack_codes`` with the output from ``codes.new_empty``."""
+    codes = helpers._aligned("codes", codes, 16)
+    n = codes.numel()
+    helpers._check_size("codes", n)
+    out = codes.new_empty((*codes.shape[:-1], codes.shape[-1] * bits // 8))
+    if n:
+        helpers._kernel(("pack", bits), codes.device, helpers._PACK_BUILDS[bits])((codes, out), (n,), codes.device)
+    return out
+
+
+def main():
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, TVM-FFI {helpers._tvm_ffi()}")
+    for n in (1024, 1 << 24):
+        for bits in (6, 4):
+            codes = torch.randint(0, 1 << bits, (n // 128, 128), dtype=torch.uint8, device="cuda")
+            assert torch.equal(lean(codes, bits), helpers.pack_codes(codes, bits=bits))
+            out = helpers.pack_codes(codes, bits=bits)
+            oshape = out.shape
+            rows = {
+                "pack_codes (torch.empty(shape, dtype=, device=))": lambda: helpers.pack_codes(codes, bits=bits),
+                "lean (codes.new_empty(shape))": lambda: lean(codes, bits),
+                "torch.empty(shape, dtype=, device=) alone": lambda: torch.empty(
+                    oshape, dtype=torch.uint8, device=codes.device
+                ),
+                "codes.new_empty(shape) alone": lambda: codes.new_empty(oshape),
+                "torch.empty_like(out) alone": lambda: torch.empty_like(out),
+            }
+            times = {name: [] for name in rows}
+            for r in range(7):
+                for name in rows if r % 2 == 0 else reversed(rows):
+                    times[name].append(host_us(rows[name]))
+            print(f"n={n}, {bits} bits: host us per call, median of 7 rounds (min-max)")
+            for name, t in times.items():
+                print(f"  {name:52s} {statistics.median(t):6.1f}  ({min(t):.1f}-{max(t):.1f})")
+
+
+if __name__ == "__main__":
+    main()
