@@ -1,6 +1,8 @@
-"""How ``pack_codes`` should allocate its output on CUDA: the landed ``torch.empty(shape, dtype=, device=)``
-against ``codes.new_empty(shape)`` and ``torch.empty_like`` of a same-shaped tensor's (the probe's floor), host
-time per call of 2,000 calls, 7 rounds in alternating order (this host's timings drift), 1K and 16M codes.
+"""How ``pack_codes`` allocates its output on CUDA: ``codes.new_empty(shape)`` (landed in 929ca51 on this
+probe's H100 run of 2026-12-06, reports/helpers/2026-12-06-launch-path.md) against ``torch.empty(shape,
+dtype=, device=)`` (before), each alone and inside ``pack_codes``, with ``torch.empty_like`` of a same-shaped
+tensor as the floor: host time per call of 2,000 calls, 7 rounds in alternating order (the host's timings
+drift), 1K and 16M codes.
 
     python -m benchmarks.probes.helpers_alloc_ab
 """
@@ -26,12 +28,12 @@ def host_us(fn, n=2000):
     return host
 
 
-def lean(codes, bits):
-    """``helpers.pack_codes`` with the output from ``codes.new_empty``."""
+def before(codes, bits):
+    """``helpers.pack_codes`` as before 929ca51: the output from ``torch.empty(shape, dtype=, device=)``."""
     codes = helpers._aligned("codes", codes, 16)
     n = codes.numel()
     helpers._check_size("codes", n)
-    out = codes.new_empty((*codes.shape[:-1], codes.shape[-1] * bits // 8))
+    out = torch.empty((*codes.shape[:-1], codes.shape[-1] * bits // 8), dtype=torch.uint8, device=codes.device)
     if n:
         helpers._kernel(("pack", bits), codes.device, helpers._PACK_BUILDS[bits])((codes, out), (n,), codes.device)
     return out
@@ -42,12 +44,12 @@ def main():
     for n in (1024, 1 << 24):
         for bits in (6, 4):
             codes = torch.randint(0, 1 << bits, (n // 128, 128), dtype=torch.uint8, device="cuda")
-            assert torch.equal(lean(codes, bits), helpers.pack_codes(codes, bits=bits))
+            assert torch.equal(before(codes, bits), helpers.pack_codes(codes, bits=bits))
             out = helpers.pack_codes(codes, bits=bits)
             oshape = out.shape
             rows = {
-                "pack_codes (torch.empty(shape, dtype=, device=))": lambda: helpers.pack_codes(codes, bits=bits),
-                "lean (codes.new_empty(shape))": lambda: lean(codes, bits),
+                "pack_codes before (torch.empty(shape, dtype=, device=))": lambda: before(codes, bits),
+                "pack_codes (codes.new_empty(shape))": lambda: helpers.pack_codes(codes, bits=bits),
                 "torch.empty(shape, dtype=, device=) alone": lambda: torch.empty(
                     oshape, dtype=torch.uint8, device=codes.device
                 ),
