@@ -49,7 +49,7 @@ def main():
                 "pack(check=False)": lambda: pack(codes, bits, check=False),
             }
             dev, oshape = codes.device, out.shape
-            # pack_codes built up a statement at a time: which one costs what on this host
+            # pack_codes as it was before 929ca51 (torch.empty), built up a statement at a time: which one costs what
             rows["ladder 1: launcher, device bound once"] = lambda: launcher((codes, out), (n,), dev)
             rows["ladder 2: + torch.empty(shape, uint8, dev)"] = lambda: launcher(
                 (codes, torch.empty(oshape, dtype=torch.uint8, device=dev)), (n,), dev
