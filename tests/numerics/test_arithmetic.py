@@ -254,6 +254,10 @@ def test_packed_integer_chain_equals_the_block_chain(name):
     # the largest sums: every product the largest significands at one exponent (int32 overflows for K = 32)
     top = {"f16": 2047 / 1024, "bf16": 255 / 128, "e4m3": 1.75}[model.operand] * 16
     a[1, 1], b[1, 1] = top, top
+    # a zero operand's exponent must sit below every product's: tiny products beside a zero times the largest
+    # operand (bf16 catches a zero-exponent sentinel as high as -100)
+    a[2, 2], b[2, 3] = 2.0 ** (lo // 3), 2.0 ** (lo // 3)
+    a[2, 2, 5], b[2, 3, 5] = 0.0, 2.0 ** (hi - 1)
     c = (torch.randn(3, 6, 40, generator=gen) * torch.exp2(torch.randint(-30, 30, (3, 6, 40), generator=gen))).float()
     c[1, :, :4] = 2.0**-140
     c[1, 1, 1] = 0.0
