@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 from typing import Optional
 
 import torch
@@ -87,6 +88,20 @@ def _tvm_ffi() -> bool:
     return True
 
 
+@functools.cache
+def _warn_slow_launches() -> None:
+    """Warn once per process where the kernels launch without TVM-FFI although it was not turned off."""
+    if not _tvm_ffi() and os.environ.get("MJOLNIR_TVM_FFI", "1") != "0":
+        warnings.warn(
+            "mjolnir_kernel.helpers: apache-tvm-ffi is not importable, so the helper kernels launch through the "
+            "CuTe DSL's Python calling path: the same bits, 10-75 us more host time per call (an H100, "
+            "2026-12-06). Install the kernel extra (pip install 'mjolnir[kernel]'), or set MJOLNIR_TVM_FFI=0 "
+            "to take that path without this warning.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
 try:  # the current stream's handle without building a Stream object (what Triton's launcher calls)
     _raw_stream = torch._C._cuda_getCurrentRawStream
 except AttributeError:  # pragma: no cover - a torch without it
@@ -111,6 +126,7 @@ class _Launcher:
 
         kernel, self.pointers, scalars = build()
         self.ffi = _tvm_ffi()
+        _warn_slow_launches()
         args = [_pointer(kind, 1 << 20, align) for kind, align in self.pointers]
         options = "--enable-tvm-ffi" if self.ffi else None
         with torch.cuda.device(device):

@@ -37,6 +37,31 @@ def test_write_unsupported_names_what_the_writer_cannot_take():
     assert "scale rows" in helpers.write_unsupported(pool, scales, 128, 4)
 
 
+def test_launches_without_tvm_ffi_warn_once_unless_asked_for(monkeypatch):
+    """Without apache-tvm-ffi the helper kernels still launch (the DSL's calling path, the same bits) but slower
+    per call: the first kernel a process compiles warns, once, naming the kernel extra. ``MJOLNIR_TVM_FFI=0``
+    (that path asked for) and an importable apache-tvm-ffi do not warn."""
+    import warnings
+
+    def warned(ffi: bool, env: str) -> list:
+        monkeypatch.setattr(helpers, "_tvm_ffi", lambda: ffi)
+        monkeypatch.setenv("MJOLNIR_TVM_FFI", env)
+        helpers._warn_slow_launches.cache_clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            helpers._warn_slow_launches()
+            helpers._warn_slow_launches()  # a second kernel of the same process
+        return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+    try:
+        got = warned(False, "1")
+        assert len(got) == 1 and "apache-tvm-ffi is not importable" in got[0] and "kernel extra" in got[0]
+        assert warned(False, "0") == []
+        assert warned(True, "1") == []
+    finally:
+        helpers._warn_slow_launches.cache_clear()
+
+
 @cuda_only
 def test_unchecked_write_to_a_slot_outside_the_pools_is_a_device_error():
     """Run in a child process: the trap leaves the CUDA context unusable."""
