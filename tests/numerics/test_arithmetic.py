@@ -97,6 +97,39 @@ def test_block_refuses_more_products_than_the_instruction_adds():
         block_fma(a, a, torch.tensor(0.0), SM90["f16"])
 
 
+@pytest.mark.parametrize("name", ["sm90_bf16", "sm100_bf16"])
+def test_block_model_subnormal_accumulator_and_zero_sign(name):
+    """Two rules of the block model that random operands never reach, in its three implementations
+    (``block_fma``, the float64 formula, the packed integer chain). A subnormal accumulator's exponent is
+    taken as -126: c = 2^-140 beside sixteen products of 2^-152 sets the grid to 2^-151, so the products
+    truncate away and the result is c (with -127 they would add 2^-148). A zero sum is +0: c = -0 and one
+    product of -2^-152 on a grid of 2^-158 sum to -2^-152, which fp32 truncates toward zero to a zero of
+    sign +."""
+    from mjolnir_numerics import arithmetic
+
+    model = MMA_MODELS[name]
+    emin = arithmetic.OPERAND_FORMATS[model.operand][1]
+    tiny = 2.0**-76  # bf16 normal; tiny * tiny = 2^-152
+    a = torch.full((2, 1, model.block), tiny, dtype=torch.float64)
+    b = torch.full((2, 1, model.block), tiny, dtype=torch.float64)
+    a[1, 0, 1:] = 0.0
+    a[1, 0, 0] = -tiny
+    c = torch.tensor([[[2.0**-140]], [[-0.0]]], dtype=torch.float32)
+    want_bits = _bits(torch.tensor([2.0**-140, 0.0], dtype=torch.float32))
+    ref = torch.stack([block_fma(a[i, 0], b[i, 0], c[i, 0, 0], model) for i in range(2)]).reshape(2)
+    f64 = arithmetic._chain_formula(
+        a.float()[:, :, None, :], b.float()[:, :, None, :], c, model.extra_bits, model.min_exponent, emin
+    ).reshape(2)
+    packed = arithmetic._int_chain(
+        arithmetic.pack_operands(a, model.operand)[:, :, None, :],
+        arithmetic.pack_operands(b, model.operand)[:, :, None, :],
+        c,
+        name,
+    ).reshape(2)
+    for got in (ref, f64, packed):
+        assert torch.equal(_bits(got.float()), want_bits), (name, got.tolist())
+
+
 def test_round_toward_zero_keeps_subnormals_and_overflows_to_inf():
     x = torch.tensor([2.0**-149 * 1.75, -(1 + 2**-30), 2.0**128, 0.0], dtype=torch.float64)
     got = round_toward_zero_f32(x).tolist()
