@@ -130,6 +130,27 @@ def test_block_model_subnormal_accumulator_and_zero_sign(name):
         assert torch.equal(_bits(got.float()), want_bits), (name, got.tolist())
 
 
+@pytest.mark.parametrize("sync_free", [False, True], ids=["risky-only", "to-odd-everywhere"])
+def test_fp32_sums_round_once_where_the_float64_sum_is_an_fp32_midpoint(sync_free, monkeypatch):
+    """``fma_f32`` and ``add_round_f32`` give the correctly rounded fp32 of the exact value where its float64
+    rounding lands exactly on an fp32 midpoint, which rounding again would tie to even. Normal range: 1 plus
+    a product 2^-24 + 4688 * 2^-70 (above the midpoint: 1 + 2^-23) or 2^-24 - 10000 * 2^-70 (below it, the
+    float64 sum rounded away from zero: 1). fp32 subnormals: 2^-140 + 2^-150 + 2^-200 (above the midpoint:
+    2^-140 + 2^-149). On the eager path, which re-rounds only the risky elements, and on the one that rounds
+    to odd everywhere (no host round trip)."""
+    import mjolnir_numerics.emulator_stages as stages
+
+    monkeypatch.setattr(stages, "_sync_free", lambda x: sync_free)
+    scale = 2.0**-35  # (2^23 + 2896)(2^23 - 2895) = 2^46 + 4688; (2^23 + 100)(2^23 - 100) = 2^46 - 10^4
+    a = torch.tensor([(2**23 + 2896) * scale, (2**23 + 100) * scale], dtype=torch.float32)
+    b = torch.tensor([(2**23 - 2895) * scale, (2**23 - 100) * scale], dtype=torch.float32)
+    assert stages.fma_f32(a, b, torch.ones(2)).tolist() == [1 + 2**-23, 1.0]
+    x = torch.tensor([2.0**-140 + 2.0**-150], dtype=torch.float64)
+    y = torch.tensor([2.0**-200], dtype=torch.float64)
+    assert stages.add_round_f32(x, y).tolist() == [2.0**-140 + 2.0**-149]
+    assert stages.add_round_f32(x, -y).tolist() == [2.0**-140]  # below the midpoint
+
+
 def test_round_toward_zero_keeps_subnormals_and_overflows_to_inf():
     x = torch.tensor([2.0**-149 * 1.75, -(1 + 2**-30), 2.0**128, 0.0], dtype=torch.float64)
     got = round_toward_zero_f32(x).tolist()
