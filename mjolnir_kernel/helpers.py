@@ -78,20 +78,13 @@ def _pointer(kind: str, address: int, align: int):
 def _tvm_ffi() -> bool:
     """Whether kernels are compiled for TVM-FFI calls (``apache-tvm-ffi`` importable; ``MJOLNIR_TVM_FFI=0``
     turns it off): a call then passes raw addresses through one C function, where the DSL's own calling
-    path converts every argument in Python (the H200 profile: tens of microseconds per call)."""
+    path converts every argument in Python (the H200 profile: tens of microseconds per call). Where it is
+    not importable (and not turned off), warns once per process: the same bits, slower launches."""
     if os.environ.get("MJOLNIR_TVM_FFI", "1") == "0":
         return False
     try:
         import tvm_ffi  # noqa: F401
     except ImportError:
-        return False
-    return True
-
-
-@functools.cache
-def _warn_slow_launches() -> None:
-    """Warn once per process where the kernels launch without TVM-FFI although it was not turned off."""
-    if not _tvm_ffi() and os.environ.get("MJOLNIR_TVM_FFI", "1") != "0":
         warnings.warn(
             "mjolnir_kernel.helpers: apache-tvm-ffi is not importable, so the helper kernels launch through the "
             "CuTe DSL's Python calling path: the same bits, 10-75 us more host time per call (an H100, "
@@ -100,6 +93,8 @@ def _warn_slow_launches() -> None:
             RuntimeWarning,
             stacklevel=2,
         )
+        return False
+    return True
 
 
 try:  # the current stream's handle without building a Stream object (what Triton's launcher calls)
@@ -126,7 +121,6 @@ class _Launcher:
 
         kernel, self.pointers, scalars = build()
         self.ffi = _tvm_ffi()
-        _warn_slow_launches()
         args = [_pointer(kind, 1 << 20, align) for kind, align in self.pointers]
         options = "--enable-tvm-ffi" if self.ffi else None
         with torch.cuda.device(device):

@@ -10,22 +10,11 @@ drift), 1K and 16M codes.
 # ruff: noqa: B023  (the rows' lambdas run inside the loop that binds them)
 
 import statistics
-import time
 
 import torch
 
+from benchmarks.probes.helpers_pack_host import host_us
 from mjolnir_kernel import helpers
-
-
-def host_us(fn, n=2000):
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    host = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return host
 
 
 def before(codes, bits):

@@ -7,23 +7,12 @@ reports/helpers/2026-12-02-h200-kernels-probes.txt).
 
 # ruff: noqa: B023, E402  (a one-off probe: its lambdas run inside the loop that binds them)
 
-import time
 import torch
+from benchmarks.probes.helpers_pack_host import host_us
 from mjolnir_numerics import quantize, pack, fused
 from mjolnir_numerics.quantize import _round_to_odd_lut
 from mjolnir_numerics.formats import FORMATS
 from mjolnir_kernel import helpers
-
-
-def host_us(fn, n=2000):
-    fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = (time.perf_counter() - t) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
 
 
 e4m3 = FORMATS["e4m3"]

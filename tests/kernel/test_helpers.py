@@ -41,16 +41,18 @@ def test_launches_without_tvm_ffi_warn_once_unless_asked_for(monkeypatch):
     """Without apache-tvm-ffi the helper kernels still launch (the DSL's calling path, the same bits) but slower
     per call: the first kernel a process compiles warns, once, naming the kernel extra. ``MJOLNIR_TVM_FFI=0``
     (that path asked for) and an importable apache-tvm-ffi do not warn."""
+    import sys
+    import types
     import warnings
 
-    def warned(ffi: bool, env: str) -> list:
-        monkeypatch.setattr(helpers, "_tvm_ffi", lambda: ffi)
+    def warned(importable: bool, env: str) -> list:
+        monkeypatch.setitem(sys.modules, "tvm_ffi", types.ModuleType("tvm_ffi") if importable else None)
         monkeypatch.setenv("MJOLNIR_TVM_FFI", env)
-        helpers._warn_slow_launches.cache_clear()
+        helpers._tvm_ffi.cache_clear()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            helpers._warn_slow_launches()
-            helpers._warn_slow_launches()  # a second kernel of the same process
+            helpers._tvm_ffi()
+            helpers._tvm_ffi()  # a second kernel of the same process
         return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
 
     try:
@@ -59,7 +61,7 @@ def test_launches_without_tvm_ffi_warn_once_unless_asked_for(monkeypatch):
         assert warned(False, "0") == []
         assert warned(True, "1") == []
     finally:
-        helpers._warn_slow_launches.cache_clear()
+        helpers._tvm_ffi.cache_clear()
 
 
 @cuda_only
