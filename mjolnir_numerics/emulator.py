@@ -5,9 +5,10 @@ arithmetic").
 128-key tiles and the same rounding points; the stages live in :mod:`mjolnir_numerics.emulator_stages`
 (one function per kernel stage, and the single statement of what is modelled and what is bounded).
 
-Vectorization: all work items (chunks of the split plan) of all sequences and all kv heads advance
-together, one chunk-local tile index at a time (the fp32 recurrences are sequential in the tile
-index); chunks that have run out of tiles sit the remaining steps out. Only the pages a tile needs
+Vectorization: all work items (chunks of the split plan, or each chunk's tile streams where the target
+walks it in several: ``Target.tile_streams``) of all sequences and all kv heads advance together, one
+item-local tile index at a time (the fp32 recurrences are sequential in the tile index); items that have
+run out of tiles sit the remaining steps out. Only the pages a tile needs
 are decoded, so memory stays at a few tiles of K/V for the whole batch.
 
 On CUDA the same stages run in larger batches and with fewer host round trips, for the same bits (the
@@ -68,7 +69,7 @@ from .arithmetic import (
 )
 from .cache import PagedKVCache, check_descale, descale_table
 from .capability import HEAD_DIMS, unsupported_reason
-from .checks import ArgumentTypeError, check_bool, check_choice, check_f32
+from .checks import ArgumentTypeError, check_bool, check_choice, check_f32, check_int
 from .emulator_stages import (
     LOG2E_F32,
     accumulate_pv,
@@ -141,6 +142,11 @@ class EmulatorKnobs:
             H200 and H100; correctly rounded on targets with none measured), ``"correctly_rounded"``
             (with flush to zero), or None: as ``mma``, the target's where the kernel runs the
             configuration, else correctly rounded.
+        tile_streams: how each work item walks its tiles (:attr:`~mjolnir_numerics.targets.Target.tile_streams`):
+            None, the target's (1 on every target today: front to back); S > 1, S interleaved streams of
+            tiles, each with its own online softmax, merged by the split reduction. A walk no kernel runs
+            yet (the Hopper target's two-warpgroup candidate): its accuracy, and the spec it would be
+            tested against.
     """
 
     p_scale: Optional[float] = None
@@ -151,8 +157,11 @@ class EmulatorKnobs:
     mma: Optional[str] = None
     log: Optional[str] = None
     ex2: Optional[str] = None
+    tile_streams: Optional[int] = None
 
     def __post_init__(self):
+        if self.tile_streams is not None:
+            check_int("tile_streams", self.tile_streams, low=1)
         if self.p_format is not None and self.p_format not in P_FORMATS:
             raise ValueError(f"p_format: {self.p_format!r} is not one of {', '.join(P_FORMATS)}")
         if self.p_scale is not None and not (math.isfinite(self.p_scale) and self.p_scale > 0):
@@ -775,7 +784,11 @@ def _emulate(
     load_tables(dev, ex2 is _EX2_SM90_UNCHECKED)
 
     # -- chunks of all sequences advance together ----------------------------------------------------
-    chunks = plan.chunks()
+    # A chunk walked in S tile streams is S items: stream s takes tiles t0 + s, t0 + s + S, ... with its own
+    # running max, row sums and O, and writes split j * S + s (S = 1: the chunk itself)
+    n_streams = knobs.tile_streams or tgt.tile_streams
+    chunks = [(b, t0 + s, len(range(t0 + s, t1, n_streams)), j * n_streams + s)
+              for b, t0, t1, j in plan.chunks() for s in range(n_streams)]  # fmt: skip
     cseq = torch.tensor([w[0] for w in chunks], dtype=torch.long, device=dev)
     ct0 = torch.tensor([w[1] for w in chunks], dtype=torch.long, device=dev)
     cslot = [w[3] for w in chunks]
@@ -794,7 +807,7 @@ def _emulate(
     l = torch.zeros((C, G, N, T), device=dev)
     o = torch.zeros((C, G, N, D), device=dev)
     key_ids = torch.arange(T, device=dev)
-    lens = [w[2] - w[1] for w in chunks]  # on the host: which chunks take part costs no device round trip
+    lens = [w[2] for w in chunks]  # on the host: which chunks take part costs no device round trip
     n_steps = max(lens, default=0)
     window = _window(dev, G, N, D, T, len(lens))
     ws: dict = {}  # scratch buffers reused across tiles
@@ -813,7 +826,8 @@ def _emulate(
             return x if n_w == 1 else x.repeat(n_w, *(1,) * (x.dim() - 1))
 
         seqs = rep(cseq[sel])
-        tiles = (ct0[sel][None, :] + s0 + torch.arange(n_w, device=dev)[:, None]).reshape(-1)
+        steps = (s0 + torch.arange(n_w, device=dev)[:, None]) * n_streams
+        tiles = (ct0[sel][None, :] + steps).reshape(-1)
         keys = tiles[:, None] * T + key_ids[None, :]
         last = rep(last_key[sel])
         if not all(map(all, live)):
@@ -860,7 +874,7 @@ def _emulate(
 
     # -- epilogue --------------------------------------------------------------------------------------
     # which chunks are split, from the plan on the host (nonzero() would wait for all the work queued)
-    split_list = [plan.n_splits[w[0]] > 1 for w in chunks]
+    split_list = [plan.n_splits[w[0]] * n_streams > 1 for w in chunks]
     lse_scale = None if knobs.lse_base == "e" else c_c
     # the correctly rounded logs (research knobs) decide near-midpoint results in decimal on the host: eager
     final_stage = stage if lse_log is log_libdevice_f32 else (lambda fn: fn)
@@ -875,7 +889,7 @@ def _emulate(
     split_chunks = [i for i, s in enumerate(split_list) if s]
     split_seqs = sorted({chunks[i][0] for i in split_chunks})
     if split_seqs:
-        J = max(plan.n_splits[b] for b in split_seqs)
+        J = max(plan.n_splits[b] for b in split_seqs) * n_streams
         row_of = {b: r for r, b in enumerate(split_seqs)}
         o_p = torch.zeros((len(split_seqs), J, G, N, D), device=dev)
         m_p = torch.full((len(split_seqs), J, G, N), -math.inf, device=dev)

@@ -18,9 +18,10 @@ from mjolnir_numerics.cases import CASES, get_case
 from mjolnir_numerics.emulator import EmulatorKnobs, emulate_decode
 from mjolnir_numerics.emulator_stages import exp2_f32, fma_f32, log_f32, reduce_row_sum
 from mjolnir_numerics.formats import FORMATS
-from mjolnir_numerics.plan import plan_split_kv
+from mjolnir_numerics.plan import SplitPlan, chunked_plan, plan_split_kv
 from mjolnir_numerics.reference import reference_decode
 from mjolnir_numerics.scales import pack_q
+from mjolnir_numerics.targets import get_target
 from tests.conftest import DEVICES
 
 FULL = os.environ.get("MJOLNIR_TEST_SIZE", "small") == "full"
@@ -569,6 +570,100 @@ def test_split_equals_unsplit_within_merge_rounding():
     # merging reorders fp32 sums and rounds the partials: a few bf16 ulps at most
     assert (o_s.float() - o_u.float()).abs().max() <= 4 * 2.0**-8 * o_u.float().abs().max()
     assert (l_s - l_u).abs().max() <= 2.0**-16 * l_u.abs().max()
+
+
+def _streams_as_chunks(cache, plan, streams: int):
+    """The cache and plan that walk, front to back, what ``tile_streams=streams`` walks in interleaved streams:
+    each chunk's tiles reordered stream by stream (tiles t0 + s, t0 + s + S, ...; the block table permuted
+    128 keys at a time), each stream a chunk of its own at split slot ``j * S + s``."""
+    per_tile = 128 // cache.page_size
+    table = cache.block_table.clone()
+    work, n_splits = [], [n * streams for n in plan.n_splits]
+    for b, t0, t1, j in plan.chunks():
+        order = [t for s in range(streams) for t in range(t0 + s, t1, streams)]
+        for i, t in enumerate(order):
+            src = cache.block_table[b, t * per_tile : (t + 1) * per_tile]
+            table[b, (t0 + i) * per_tile : (t0 + i + 1) * per_tile] = src
+        at = t0
+        for s in range(streams):
+            n = len(range(t0 + s, t1, streams))
+            assert n > 0, "every stream needs a tile here (an empty one is not a chunk)"
+            work.append((b, at, at + n, j * streams + s))
+            at += n
+    return dataclasses.replace(cache, block_table=table), SplitPlan(tuple(work), tuple(n_splits), 0, len(work))
+
+
+@pytest.mark.parametrize("target", ["thor", "h200"])
+@pytest.mark.parametrize("chunk_tiles", [0, 3], ids=["unsplit", "split"])
+@pytest.mark.parametrize("fmt,q_dtype", [("e4m3", "e4m3"), ("e4m3", "bf16"), ("nvfp4", "e4m3")])
+def test_tile_streams_walk_each_stream_as_a_chunk_merged_by_the_reduction(fmt, q_dtype, chunk_tiles, target):
+    """``tile_streams=2`` against the front-to-back walk of the same tiles reordered stream by stream, every
+    stream a split of its own: bit-identical. Lengths whose last tile is partial end their last chunk on an
+    even tile count, so that the partial tile stays the last one walked (its mask is by key position)."""
+    case = dataclasses.replace(
+        get_case("varlen"), fmt=fmt, q_dtype=q_dtype, pattern="moving_max", seq_lens=(640, 200, 1000, 256, 768)
+    )
+    x = case.build()
+    plan = chunked_plan(x.cache.seq_lens, chunk_tiles)
+    kw = dict(q_descale=x.q_descale, target=target)
+    got = emulate_decode(x.q, x.cache, plan=plan, knobs=EmulatorKnobs(tile_streams=2), **kw)
+    cache2, plan2 = _streams_as_chunks(x.cache, plan, 2)
+    want = emulate_decode(x.q, cache2, plan=plan2, **kw)
+    assert _equal(got[0], want[0]) and _equal(got[1], want[1])
+    one = emulate_decode(x.q, x.cache, plan=plan, **kw)  # the knob changes the walk (the merge re-rounds)
+    assert not _equal(got[0], one[0])
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_tile_streams_on_the_cuda_code_path(window, monkeypatch):
+    """The CUDA code path (windows of tiles, the fused chains; run here on the CPU) walks the streams as the
+    CPU path does: bit-identical, with sequences that end inside a window."""
+    import mjolnir_numerics.arithmetic as arithmetic
+    import mjolnir_numerics.emulator as emulator
+    import mjolnir_numerics.emulator_stages as stages
+
+    x = dataclasses.replace(get_case("varlen"), pattern="moving_max", seq_lens=(900, 130, 1500, 0, 300)).build()
+    kw = dict(q_descale=x.q_descale, target="h200", chunk_tiles=4, knobs=EmulatorKnobs(tile_streams=2))
+    want = emulate_decode(x.q, x.cache, **kw)
+    monkeypatch.setattr(emulator, "_window", lambda *args: window)
+    monkeypatch.setattr(emulator, "fused_chain_available", lambda device: True)
+    monkeypatch.setattr(arithmetic, "fused_chain_available", lambda device: True)
+    monkeypatch.setattr(arithmetic, "_fused", lambda fn, tune=False: fn)
+    monkeypatch.setattr(emulator, "_fused", lambda fn, tune=False: fn)
+    monkeypatch.setattr(stages, "_sync_free", lambda x: True)
+    got = emulate_decode(x.q, x.cache, **kw)
+    assert _equal(got[0], want[0]) and _equal(got[1], want[1])
+
+
+def test_tile_streams_come_from_the_target_unless_the_knob_says():
+    x = get_case("forced_splits").build()
+    two = dataclasses.replace(get_target("h200"), tile_streams=2)
+    by_target = _run(x, target=two)
+    by_knob = _run(x, target="h200", knobs=EmulatorKnobs(tile_streams=2))
+    assert _equal(by_target[0], by_knob[0]) and _equal(by_target[1], by_knob[1])
+    back = _run(x, target=two, knobs=EmulatorKnobs(tile_streams=1))
+    front = _run(x, target="h200")
+    assert _equal(back[0], front[0]) and not _equal(by_knob[0], front[0])
+    with pytest.raises(ValueError, match="tile_streams: expected an int >= 1, got 0"):
+        EmulatorKnobs(tile_streams=0)
+    with pytest.raises(TypeError, match="tile_streams: expected an int"):
+        EmulatorKnobs(tile_streams=2.0)
+
+
+def test_tile_streams_with_empty_streams():
+    """A one-tile sequence in two streams: its second stream is empty (max -inf, weight 0), so the reduction of
+    its one partial gives the front-to-back LSE bit for bit and O within the merge's rounding; an empty
+    sequence still gives O = 0 and LSE = -inf."""
+    q, qd, cache, vs = _tiny([[], [1, 0, 2], [0.5] * 100])
+    base = emulate_decode(q, cache, q_descale=qd, softmax_scale=LN2, chunk_tiles=0)
+    for streams in (2, 3):
+        o, lse = emulate_decode(
+            q, cache, q_descale=qd, softmax_scale=LN2, chunk_tiles=0, knobs=EmulatorKnobs(tile_streams=streams)
+        )
+        assert torch.equal(o[0], torch.zeros_like(o[0])) and lse[0].item() == -math.inf
+        assert not torch.isnan(o.float()).any() and not torch.isnan(lse).any()
+        assert torch.equal(lse[1:], base[1][1:])
+        assert (o[1:].float() - base[0][1:].float()).abs().max() <= 2.0**-7 * base[0][1:].float().abs().max()
 
 
 # ------------------------------------------------------------------------------------------------
