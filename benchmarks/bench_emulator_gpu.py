@@ -7,7 +7,12 @@ Per row: the kernel's time (``mjolnir_kernel.decode``, eager calls, median), the
 call beside it, since the emulator's host-bound time varies between calls and processes), their ratio against
 the goal (25x), the emulator's peak extra GPU memory over the quantized cache's bytes
 (``torch.cuda.max_memory_allocated`` during the call, less what was allocated before it), and whether
-O and LSE of the two are identical in every bit (they must be: the emulator is the kernel's spec).
+O and LSE of the two are identical in every bit (they must be: the emulator is the kernel's spec). Two
+columns say whether the host or the GPU bounds the emulator: ``returned ms``, the median time until
+``emulate_decode`` returned, before the device synchronisation, and ``syncs``, how many of one call's
+operations made the host wait for the device (torch's sync debug mode). With few syncs, a returned time
+close to the emulator's time means the host's launches are the limit, and a much shorter one means the GPU's
+work is.
 
     python -m benchmarks.bench_emulator_gpu                  # the issue's rows and the memory row
     python -m benchmarks.bench_emulator_gpu --quick          # small shapes (a smoke run)
@@ -59,17 +64,37 @@ QUICK = {
 PAGE_SIZE = 64
 
 
-def _ms(fn, repeat: int) -> tuple[float, list, object]:
+def _ms(fn, repeat: int, returned: Optional[list] = None) -> tuple[float, list, object]:
     """``fn``'s wall time in ms over ``repeat`` calls, each between device synchronisations: (median, every
-    call's time, the last output)."""
+    call's time, the last output). ``returned``: a list that gets each call's time until ``fn`` returned,
+    before the synchronisation (the host's share where the call itself waits for nothing)."""
     times, out = [], None
     for _ in range(repeat):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = fn()
+        t1 = time.perf_counter()
         torch.cuda.synchronize()
         times.append(1e3 * (time.perf_counter() - t0))
+        if returned is not None:
+            returned.append(1e3 * (t1 - t0))
     return statistics.median(times), times, out
+
+
+def _syncs(fn) -> int:
+    """How many operations of one ``fn()`` call made the host wait for the device (torch's sync debug mode:
+    ``.item()``, ``nonzero``, copies to the host, ...)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def _ab(fn, name: str, repeat: int, same_as) -> tuple[float, float, bool]:
@@ -122,8 +147,10 @@ def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str]
     warm_s = time.perf_counter() - t0
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    emu_ms, emu_times, (o_e, lse_e) = _ms(lambda: emulate_decode(q, cache, **kw), repeat)
+    returned: list = []
+    emu_ms, emu_times, (o_e, lse_e) = _ms(lambda: emulate_decode(q, cache, **kw), repeat, returned)
     extra = torch.cuda.max_memory_allocated() - base
+    syncs = _syncs(lambda: emulate_decode(q, cache, **kw))
 
     def same_as_kernel(out) -> bool:
         o_x, lse_x = out
@@ -140,7 +167,7 @@ def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str]
         name=name, shape=f"b{b} {L // 1024}K {h_q}/{h_k} d{d}", fmt=fmt, q=q_dtype, kernel_ms=kernel_ms,
         emu_ms=emu_ms, emu_range=f"{min(emu_times):.1f}-{max(emu_times):.1f}", ratio=emu_ms / kernel_ms,
         warm_s=warm_s, extra_gb=extra / 1e9, cache_gb=nbytes / 1e9, mem_ratio=extra / nbytes, same=same,
-        ab=ab_ms,
+        ab=ab_ms, returned_ms=statistics.median(returned), syncs=syncs,
     )  # fmt: skip
     return row
 
@@ -176,7 +203,8 @@ def main(argv=None) -> int:
           f"a warm-up, {args.kernel_iters} eager kernel calls")  # fmt: skip
     head = f"{'row':<20} {'shape':<20} {'KV':<6} {'Q':<5} {'kernel ms':>10} {'emulator ms':>12} {'calls ms':>13}"
     head += f" {'ratio':>7}"
-    print(head + f" {'warm-up s':>9} {'extra GB':>9} {'cache GB':>9} {'extra/cache':>11}  bits")
+    print(head + f" {'warm-up s':>9} {'extra GB':>9} {'cache GB':>9} {'extra/cache':>11} {'returned ms':>11}"
+          f" {'syncs':>5}  bits")  # fmt: skip
     gen = torch.Generator(device="cuda").manual_seed(0)
     bad = False
     for name in names:
@@ -187,7 +215,8 @@ def main(argv=None) -> int:
         print(
             f"{name:<20} {r['shape']:<20} {r['fmt']:<6} {r['q']:<5} {r['kernel_ms']:>10.3f} {r['emu_ms']:>12.1f} "
             f"{r['emu_range']:>13} {r['ratio']:>6.1f}x {r['warm_s']:>9.1f} {r['extra_gb']:>9.2f} {r['cache_gb']:>9.2f} "
-            f"{r['mem_ratio']:>10.2f}x  {'identical' if r['same'] else 'DIFFER'}"
+            f"{r['mem_ratio']:>10.2f}x {r['returned_ms']:>11.1f} {r['syncs']:>5}"
+            f"  {'identical' if r['same'] else 'DIFFER'}"
             f"{'' if ratio_ok or args.quick else '  (ratio goal missed)'}"
             f"{'' if mem_ok or args.quick else '  (memory goal missed)'}",
             flush=True,
