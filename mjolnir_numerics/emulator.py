@@ -98,7 +98,7 @@ from .emulator_stages import (
 from .formats import Format, get_format
 from .plan import PLAN_MODES, TILE_KEYS, SplitPlan, chunked_plan, default_plan
 from .scales import pack_q, unpack_o
-from .targets import Target, default_target, get_target
+from .targets import MAX_TILE_STREAMS, Target, default_target, get_target
 
 __all__ = ["EmulatorKnobs", "DecodeResult", "emulate_decode", "P_FORMATS", "KERNEL_P_SCALE"]
 
@@ -143,7 +143,7 @@ class EmulatorKnobs:
             (with flush to zero), or None: as ``mma``, the target's where the kernel runs the
             configuration, else correctly rounded.
         tile_streams: how each work item walks its tiles (:attr:`~mjolnir_numerics.targets.Target.tile_streams`):
-            None, the target's (1 on every target today: front to back); S > 1, S interleaved streams of
+            None, the target's (1 on every target today: front to back); S in 2 .. 32, S interleaved streams of
             tiles, each with its own online softmax, merged by the split reduction. A walk no kernel runs
             yet (the Hopper target's two-warpgroup candidate): its accuracy, and the spec it would be
             tested against.
@@ -161,7 +161,7 @@ class EmulatorKnobs:
 
     def __post_init__(self):
         if self.tile_streams is not None:
-            check_int("tile_streams", self.tile_streams, low=1)
+            check_int("tile_streams", self.tile_streams, low=1, high=MAX_TILE_STREAMS)
         if self.p_format is not None and self.p_format not in P_FORMATS:
             raise ValueError(f"p_format: {self.p_format!r} is not one of {', '.join(P_FORMATS)}")
         if self.p_scale is not None and not (math.isfinite(self.p_scale) and self.p_scale > 0):

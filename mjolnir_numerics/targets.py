@@ -47,6 +47,7 @@ BACKENDS = ("thor", "hopper")
 Q_DTYPES = ("bf16", "e4m3")
 EX2_MODELS = ("correctly_rounded", "sm90_mufu")
 LOG_MODELS = ("libdevice_logf", "correctly_rounded")
+MAX_TILE_STREAMS = 32  # a stream is at least one warp, and a CTA has at most 32
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,6 @@ class Target:
         smem_reserved_per_cta: shared memory the driver reserves for each resident CTA (1 KiB).
         walk: the kernel's MMA walk (``mjolnir_numerics.arithmetic.kstep_groups``): which head dims and
             keys each MMA instruction adds, in which order.
-        tile_streams: how a work item's 128-key tiles are walked: 1, front to back with one online softmax
-            (every kernel today); S > 1, in S interleaved streams (stream s: tiles s, s + S, s + 2S, ... of
-            the chunk; for instance two warpgroups on alternate tiles), each with its own running max, row
-            sums and O, their partials merged by the split reduction (``emulator_stages.reduction``) in
-            order (split j of stream s at index j * S + s), unsplit sequences included.
         mma_e4m3_q, mma_bf16_q: the MMA models (``arithmetic.MMA_MODELS``) of the e4m3-Q and bf16-Q paths.
         ex2: the model of the kernel's ``ex2.approx.ftz.f32``: ``"sm90_mufu"`` (the H200's SFU, measured on
             every input: :func:`mjolnir_numerics.emulator_stages.exp2_sm90_f32`) or ``"correctly_rounded"``
@@ -82,6 +78,12 @@ class Target:
             ``"correctly_rounded"``.
         arithmetic_verified: where the MMA models were checked against this target's silicon ("" for
             predicted only).
+        tile_streams: how a work item's 128-key tiles are walked: 1, front to back with one online softmax
+            (every kernel today); S in 2 .. 32 (a stream is at least one warp), in S interleaved streams
+            (stream s: tiles s, s + S, s + 2S, ... of the chunk; for instance two warpgroups on alternate
+            tiles), each with its own running max, row sums and O, their partials merged by the split
+            reduction (``emulator_stages.reduction``) in order (split j of stream s at index j * S + s),
+            unsplit sequences included.
     """
 
     name: str
@@ -96,12 +98,12 @@ class Target:
     smem_per_cta: int = 232448
     smem_reserved_per_cta: int = 1024
     walk: str = "tcgen05"
-    tile_streams: int = 1
     mma_e4m3_q: str = "sm100_e4m3"
     mma_bf16_q: str = "sm100_bf16"
     ex2: str = "correctly_rounded"
     log: str = "libdevice_logf"
     arithmetic_verified: str = ""
+    tile_streams: int = 1
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -109,7 +111,7 @@ class Target:
         for name in ("sm_count", "fp8_min_q_tile", "max_splits", "smem_per_sm", "smem_per_cta"):
             check_int(name, getattr(self, name), low=1)
         check_int("smem_reserved_per_cta", self.smem_reserved_per_cta, low=0)
-        check_int("tile_streams", self.tile_streams, low=1)
+        check_int("tile_streams", self.tile_streams, low=1, high=MAX_TILE_STREAMS)
         tiles = self.q_tiles
         if not isinstance(tiles, tuple) or not tiles or list(tiles) != sorted(set(tiles)):
             raise ValueError(f"q_tiles: expected a non-empty ascending tuple of distinct ints, got {tiles!r}")

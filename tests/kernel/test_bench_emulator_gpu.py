@@ -14,7 +14,8 @@ def _fake_row(emu_times, kernel_ms=1.0, same=True, ab=None):
         return dict(
             name=name, shape="b32 4K 24/4 d256", fmt="e4m3", q="e4m3", kernel_ms=kernel_ms, emu_ms=emu_ms,
             emu_range=f"{min(emu_times):.1f}-{max(emu_times):.1f}", ratio=emu_ms / kernel_ms, warm_s=1.0,
-            extra_gb=0.5, cache_gb=1.0, mem_ratio=0.5, same=same, ab=ab if ab_name else None,
+            extra_gb=0.5, cache_gb=1.0, mem_ratio=0.5, same=same, ab=ab if ab_name else None, returned_ms=7.5,
+            syncs=3,
         )  # fmt: skip
 
     return bench_row
@@ -34,6 +35,7 @@ def test_a_row_prints_its_median_and_the_spread_of_its_calls(monkeypatch, capsys
     rc, out = _run(monkeypatch, capsys, _fake_row([12.0, 10.0, 31.0]), ["--rows", "b32_4k_e4m3q"])
     row = [line for line in out if line.startswith("b32_4k_e4m3q")][0]
     assert "12.0" in row and "10.0-31.0" in row and "12.0x" in row and "identical" in row
+    assert row.split()[-3:] == ["7.5", "3", "identical"]  # the time until the call returned, the host syncs
     assert rc == 0 and "goal missed" not in row
 
 
@@ -78,3 +80,26 @@ def test_ab_alternates_the_variable_after_a_call_of_each_and_restores_it(monkeyp
     calls.clear()
     assert bench._ab(lambda: calls.append(1), "MJOLNIR_AB_TEST", 1, lambda out: True)[2]
     assert "MJOLNIR_AB_TEST" not in os.environ
+
+
+def test_the_host_share_and_the_syncs_of_a_call(monkeypatch):
+    """``_ms`` records each call's time until it returned (before the device synchronisation), never more
+    than its whole time; ``_syncs`` counts the sync debug mode's warnings of one call, and only those, and
+    switches the mode back."""
+    import time
+    import warnings
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: time.sleep(0.02))  # the device finishing its work
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    returned: list = []
+    total, times, out = bench._ms(lambda: time.sleep(0.005) or "o", 3, returned)
+    assert out == "o" and len(returned) == 3 and all(5 <= r < t for r, t in zip(returned, times))
+    assert all(t >= 25 for t in times)
+
+    def call():
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+        warnings.warn("something else", stacklevel=2)
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+
+    assert bench._syncs(call) == 2 and modes == ["warn", "default"]

@@ -644,10 +644,12 @@ def test_tile_streams_come_from_the_target_unless_the_knob_says():
     back = _run(x, target=two, knobs=EmulatorKnobs(tile_streams=1))
     front = _run(x, target="h200")
     assert _equal(back[0], front[0]) and not _equal(by_knob[0], front[0])
-    with pytest.raises(ValueError, match="tile_streams: expected an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="tile_streams: expected an int in 1..32, got 0"):
         EmulatorKnobs(tile_streams=0)
     with pytest.raises(TypeError, match="tile_streams: expected an int"):
         EmulatorKnobs(tile_streams=2.0)
+    with pytest.raises(ValueError, match="tile_streams: expected an int in 1..32, got 33"):
+        EmulatorKnobs(tile_streams=33)
 
 
 def test_tile_streams_with_empty_streams():
