@@ -614,23 +614,29 @@ def test_tile_streams_walk_each_stream_as_a_chunk_merged_by_the_reduction(fmt, q
     assert not _equal(got[0], one[0])
 
 
-@pytest.mark.parametrize("window", [1, 3])
-def test_tile_streams_on_the_cuda_code_path(window, monkeypatch):
-    """The CUDA code path (windows of tiles, the fused chains; run here on the CPU) walks the streams as the
-    CPU path does: bit-identical, with sequences that end inside a window."""
+def _take_the_cuda_code_path(monkeypatch, window: int) -> None:
+    """Run the emulator's CUDA code path on the CPU: ``window`` tiles per window, the MMA chains as the fused
+    formula (eager: no compile), the stages' branch-free forms."""
     import mjolnir_numerics.arithmetic as arithmetic
     import mjolnir_numerics.emulator as emulator
     import mjolnir_numerics.emulator_stages as stages
 
-    x = dataclasses.replace(get_case("varlen"), pattern="moving_max", seq_lens=(900, 130, 1500, 0, 300)).build()
-    kw = dict(q_descale=x.q_descale, target="h200", chunk_tiles=4, knobs=EmulatorKnobs(tile_streams=2))
-    want = emulate_decode(x.q, x.cache, **kw)
     monkeypatch.setattr(emulator, "_window", lambda *args: window)
     monkeypatch.setattr(emulator, "fused_chain_available", lambda device: True)
     monkeypatch.setattr(arithmetic, "fused_chain_available", lambda device: True)
     monkeypatch.setattr(arithmetic, "_fused", lambda fn, tune=False: fn)
     monkeypatch.setattr(emulator, "_fused", lambda fn, tune=False: fn)
     monkeypatch.setattr(stages, "_sync_free", lambda x: True)
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_tile_streams_on_the_cuda_code_path(window, monkeypatch):
+    """The CUDA code path (windows of tiles, the fused chains; run here on the CPU) walks the streams as the
+    CPU path does: bit-identical, with sequences that end inside a window."""
+    x = dataclasses.replace(get_case("varlen"), pattern="moving_max", seq_lens=(900, 130, 1500, 0, 300)).build()
+    kw = dict(q_descale=x.q_descale, target="h200", chunk_tiles=4, knobs=EmulatorKnobs(tile_streams=2))
+    want = emulate_decode(x.q, x.cache, **kw)
+    _take_the_cuda_code_path(monkeypatch, window)
     got = emulate_decode(x.q, x.cache, **kw)
     assert _equal(got[0], want[0]) and _equal(got[1], want[1])
 
@@ -1012,16 +1018,7 @@ def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatc
     """What the emulator does differently on CUDA, run here: several tiles per window (steps 3-7 batched,
     chunks that end inside a window masked), the MMA chains as the fused formula (evaluated eagerly here;
     the H200 run compiles it), and the stages' branch-free forms (no shortcut that asks the device)."""
-    import mjolnir_numerics.arithmetic as arithmetic
-    import mjolnir_numerics.emulator as emulator
-    import mjolnir_numerics.emulator_stages as stages
-
-    monkeypatch.setattr(emulator, "_window", lambda *args: window)
-    monkeypatch.setattr(emulator, "fused_chain_available", lambda device: True)
-    monkeypatch.setattr(arithmetic, "fused_chain_available", lambda device: True)
-    monkeypatch.setattr(arithmetic, "_fused", lambda fn, tune=False: fn)
-    monkeypatch.setattr(emulator, "_fused", lambda fn, tune=False: fn)
-    monkeypatch.setattr(stages, "_sync_free", lambda x: True)
+    _take_the_cuda_code_path(monkeypatch, window)
     name, target = key.split("/")
     if name.startswith("random_"):
         q, cache, kw = _random_pinned_inputs(e4m3_q=name == "random_e4m3")
