@@ -97,28 +97,33 @@ def _syncs(fn) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def _ab(fn, name: str, repeat: int, same_as) -> tuple[float, float, bool]:
+def _ab(fn, name: str, repeat: int, same_as) -> tuple[float, float, bool, tuple[float, float]]:
     """``fn()`` with the environment variable ``name`` at ``0`` and ``1``: one untimed call of each (each
     variant compiles its graphs), then ``repeat`` timed pairs, the order swapped from pair to pair (0 1, 1 0,
-    0 1 ...: neither variant always runs after the other). Returns the two medians (ms) and whether every
-    output passed ``same_as``. ``name`` is restored afterwards."""
+    0 1 ...: neither variant always runs after the other). Returns the two medians (ms), whether every
+    output passed ``same_as``, and the two medians of the time until ``fn`` returned (the host's share, as
+    in :func:`_ms`). ``name`` is restored afterwards."""
     before = os.environ.get(name)
     times: dict = {"0": [], "1": []}
+    returned: dict = {"0": [], "1": []}
     same = True
     try:
         for pair in range(repeat + 1):  # pair 0: untimed
             for flag in ("0", "1") if pair % 2 == 0 else ("1", "0"):
                 os.environ[name] = flag
-                _, t, out = _ms(fn, 1)
+                back: list = []
+                _, t, out = _ms(fn, 1, back)
                 same = same and same_as(out)
                 if pair:
                     times[flag] += t
+                    returned[flag] += back
     finally:
         if before is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
-    return statistics.median(times["0"]), statistics.median(times["1"]), same
+    med = statistics.median
+    return med(times["0"]), med(times["1"]), same, (med(returned["0"]), med(returned["1"]))
 
 
 def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str] = None) -> dict:
@@ -161,8 +166,10 @@ def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str]
     same = same_as_kernel((o_e, lse_e))
     ab_ms = None
     if ab is not None:
-        off_ms, on_ms, same_ab = _ab(lambda: emulate_decode(q, cache, **kw), ab, repeat, same_as_kernel)
-        ab_ms, same = (off_ms, on_ms), same and same_ab
+        off_ms, on_ms, same_ab, (off_back, on_back) = _ab(
+            lambda: emulate_decode(q, cache, **kw), ab, repeat, same_as_kernel
+        )
+        ab_ms, same = (off_ms, on_ms, off_back, on_back), same and same_ab
     row = dict(
         name=name, shape=f"b{b} {L // 1024}K {h_q}/{h_k} d{d}", fmt=fmt, q=q_dtype, kernel_ms=kernel_ms,
         emu_ms=emu_ms, emu_range=f"{min(emu_times):.1f}-{max(emu_times):.1f}", ratio=emu_ms / kernel_ms,
@@ -222,9 +229,10 @@ def main(argv=None) -> int:
             flush=True,
         )  # fmt: skip
         if r.get("ab") is not None:
-            off, on = r["ab"]
+            off, on, off_back, on_back = r["ab"]
             line = f"{'':<20} {args.ab}=0 {off:.1f} ms, {args.ab}=1 {on:.1f} ms (medians of {args.repeat} "
-            print(line + f"alternating calls): 1/0 {on / off:.2f}, ratio at 1 {on / r['kernel_ms']:.1f}x", flush=True)
+            line += f"alternating calls): 1/0 {on / off:.2f}, ratio at 1 {on / r['kernel_ms']:.1f}x; "
+            print(line + f"returned {off_back:.1f} / {on_back:.1f} ms", flush=True)
         bad |= not r["same"] or (not args.quick and not (ratio_ok and mem_ok))
     return 1 if bad else 0
 

@@ -47,9 +47,12 @@ def test_a_missed_ratio_or_differing_bits_fail_the_run(monkeypatch, capsys):
 
 
 def test_ab_prints_both_medians_and_their_ratio(monkeypatch, capsys):
-    rc, out = _run(monkeypatch, capsys, _fake_row([12.0], ab=(10.0, 8.0)), ["--rows", "b32_4k_e4m3q", "--ab", "X"])
+    rc, out = _run(
+        monkeypatch, capsys, _fake_row([12.0], ab=(10.0, 8.0, 6.5, 4.5)), ["--rows", "b32_4k_e4m3q", "--ab", "X"]
+    )
     assert rc == 0 and "X=0 10.0 ms, X=1 8.0 ms" in out[-1] and "1/0 0.80" in out[-1] and "8.0x" in out[-1]
-    rc, out = _run(monkeypatch, capsys, _fake_row([12.0], ab=(10.0, 8.0)), ["--rows", "b32_4k_e4m3q"])
+    assert out[-1].endswith("returned 6.5 / 4.5 ms")
+    rc, out = _run(monkeypatch, capsys, _fake_row([12.0], ab=(10.0, 8.0, 6.5, 4.5)), ["--rows", "b32_4k_e4m3q"])
     assert "X=0" not in "\n".join(out)
     monkeypatch.setattr(bench, "bench_row", lambda *a: pytest.fail("no row runs with a bad --ab"))
     assert bench.main(["--rows", "b32_4k_e4m3q", "--ab", "X=1"]) == 2
@@ -63,19 +66,20 @@ def test_ab_alternates_the_variable_after_a_call_of_each_and_restores_it(monkeyp
 
     calls = []
 
-    def fake_ms(fn, repeat):  # the untimed pair takes 1000 ms; the timed calls at 0: 10, 12, 14; at 1: 8, 9, 10
+    def fake_ms(fn, repeat, returned):  # the untimed pair: 1000 ms; the timed calls at 0: 10, 12, 14; at 1: 8, 9, 10
         out = fn()
         flag = os.environ["MJOLNIR_AB_TEST"]
         k = calls[2:].count(flag) - 1  # this flag's timed calls before this one
         t = 1000.0 if len(calls) <= 2 else {"0": 10.0 + 2 * k, "1": 8.0 + k}[flag]
+        returned.append(t / 2)  # the host's share: half of each call
         return t, [t], out
 
     monkeypatch.setattr(bench, "_ms", fake_ms)
     monkeypatch.setenv("MJOLNIR_AB_TEST", "keep")
-    off, on, same = bench._ab(lambda: calls.append(os.environ["MJOLNIR_AB_TEST"]) or len(calls), "MJOLNIR_AB_TEST",
-                              3, lambda out: out != 6)  # fmt: skip
+    off, on, same, back = bench._ab(lambda: calls.append(os.environ["MJOLNIR_AB_TEST"]) or len(calls),
+                                    "MJOLNIR_AB_TEST", 3, lambda out: out != 6)  # fmt: skip
     assert calls == ["0", "1", "1", "0", "0", "1", "1", "0"]
-    assert (off, on) == (12.0, 9.0) and not same and os.environ["MJOLNIR_AB_TEST"] == "keep"
+    assert (off, on) == (12.0, 9.0) and back == (6.0, 4.5) and not same and os.environ["MJOLNIR_AB_TEST"] == "keep"
     monkeypatch.delenv("MJOLNIR_AB_TEST")
     calls.clear()
     assert bench._ab(lambda: calls.append(1), "MJOLNIR_AB_TEST", 1, lambda out: True)[2]
