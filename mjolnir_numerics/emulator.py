@@ -497,10 +497,16 @@ def _pv_step(o_a: torch.Tensor, p_q: torch.Tensor, v_src: _TileSource, blocks, w
 
 def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
     """On the fused path (CUDA, hardware MMA): the window's V as the chain reads it, float32 ``(A, G, D,
-    steps, K)`` (keys in the instructions' order; both walks issue consecutive keys); else None."""
+    steps, K)`` (keys in the instructions' order; both walks issue consecutive keys), contiguous; else None.
+
+    The chain reduces over the keys. Widened in place of the gathered tile's ``(A, T, G, D)`` order, they
+    would sit G * D floats apart, and inductor compiles the strided operand into slower kernels: on an H100
+    the b32 x 32K row took 99.4 ms with it against 70.6 ms with this one copy per window, same bits
+    (reports/emulator/2026-12-06-v-contiguous.md)."""
     if mma is None or not fused_chain_available(v_src.device):
         return None
-    return in_walk_order(v_src.operand().transpose(-1, -2).float(), mma[2])
+    v = v_src.operand().transpose(-1, -2)  # (A, G, D, T), keys strided
+    return in_walk_order(torch.empty(v.shape, dtype=torch.float32, device=v.device).copy_(v), mma[2])
 
 
 _EX2_SM90_UNCHECKED = functools.partial(exp2_sm90_f32, check=False)

@@ -1029,6 +1029,24 @@ def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatc
     assert _digest(*got) == PINNED_HW_DIGESTS[key], f"{key}: O / LSE bits differ from the CPU path's"
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "nvfp4"])
+def test_the_fused_pv_operand_has_its_keys_contiguous(fmt, monkeypatch):
+    """The P.V chain reduces over keys: the CUDA path hands it V with the keys contiguous, the values of the
+    gathered tile widened in place (whose keys are strided)."""
+    import mjolnir_numerics.emulator as emulator
+    from mjolnir_numerics.arithmetic import MMA_MODELS, in_walk_order, kstep_groups
+
+    monkeypatch.setattr(emulator, "fused_chain_available", lambda device: True)
+    x = dataclasses.replace(get_case("varlen"), fmt=fmt, seq_lens=(300, 129)).build()
+    seqs, tiles = torch.tensor([0, 0, 1]), torch.tensor([0, 2, 1])
+    src = emulator._TileSource(x.cache, "v", seqs, tiles, x.cache.seq_lens, x.cache.block_table)
+    mma = (MMA_MODELS["sm90_f16"], *kstep_groups("mma_sync_sm90", fmt, "e4m3", 128))
+    v = emulator._fused_pv_operand(src, mma)
+    strided = in_walk_order(src.operand().transpose(-1, -2).float(), mma[2])
+    assert v.is_contiguous() and not strided.is_contiguous() and v.shape == (3, 2, 128, 8, 16)
+    assert torch.equal(v, strided) and v.dtype == torch.float32
+
+
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "nvfp4"])
 @pytest.mark.parametrize("q_path", ["e4m3", "bf16", "fp32_q_fp32_p"])
 def test_prefix_shared_pages_give_the_bits_of_private_copies(fmt, q_path, monkeypatch):
