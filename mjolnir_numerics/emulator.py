@@ -280,7 +280,9 @@ class _TileSource:
     whatever the GEMM's shape and order).
     """
 
-    def __init__(self, cache, which: str, seqs: torch.Tensor, tiles: torch.Tensor, seq_lens, bt):
+    def __init__(self, cache, which: str, seqs: torch.Tensor, tiles: torch.Tensor, seq_lens, bt, inside=False):
+        """``inside``: the caller knows (on the host) that every key of these tiles lies before its sequence's
+        end, so no page needs zeroing (on CUDA the zeroing pass over the gathered tiles is skipped)."""
         ps = cache.page_size
         dev = seqs.device
         if ps <= TILE_KEYS:
@@ -322,7 +324,7 @@ class _TileSource:
         if offset is not None:
             rows = offset[:, None] + torch.arange(TILE_KEYS, device=dev)[None, :]
             raw = raw[torch.arange(a, device=dev)[:, None], rows]
-        if dev.type != "cpu" or not bool(valid.all()):  # on CUDA always: asking would stall the queue
+        if not inside and (dev.type != "cpu" or not bool(valid.all())):  # CUDA: asking would stall the queue
             key_valid = (
                 valid.repeat_interleave(ps, dim=1)[:, :TILE_KEYS] if offset is None else valid.expand(a, TILE_KEYS)
             )
@@ -730,7 +732,8 @@ def _emulate(
         plan = default_plan(seq_lens, heads_k, n_rows, target=tgt, q_dtype=q_dtype, head_dim=plan_d, mode=mode)
     if not isinstance(plan, SplitPlan):
         raise ArgumentTypeError(f"plan: expected a SplitPlan or one of {PLAN_MODES}, got {type(plan).__name__}")
-    plan.check(seq_lens.tolist())
+    seq_lens_host = seq_lens.tolist()
+    plan.check(seq_lens_host)
 
     # -- per-path constants -------------------------------------------------------------------------
     p_format = knobs.p_format or ("e4m3" if fp8_q else "bf16")
@@ -814,6 +817,7 @@ def _emulate(
     o = torch.zeros((C, G, N, D), device=dev)
     key_ids = torch.arange(T, device=dev)
     lens = [w[2] for w in chunks]  # on the host: which chunks take part costs no device round trip
+    keys_of = [seq_lens_host[w[0]] for w in chunks]
     n_steps = max(lens, default=0)
     window = _window(dev, G, N, D, T, len(lens))
     ws: dict = {}  # scratch buffers reused across tiles
@@ -841,8 +845,11 @@ def _emulate(
         c_a = c_c[sel]
         c_w = rep(c_a)
         blocks = _blocks(n_w * A, G, d, dev)
+        # whether every key of the window's tiles (ended chunks' too) lies before its sequence's end
+        last_tile = (s0 + n_w - 1) * n_streams
+        inside = all((chunks[i][1] + last_tile + 1) * T <= keys_of[i] for i in act_list)
         # steps 3-7 and the factors of step 8 for all W tiles at once: nothing here depends on l or O
-        k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev)
+        k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev, inside)
         q_a = rep(q_c[sel])
         q_n = None if q_norm_c is None else rep(q_norm_c[sel])
         s_t = _score_step(q_a, q_n, N, k_src, blocks, ws, q_sig_bits, mma)
@@ -851,7 +858,7 @@ def _emulate(
             s_t, keys, last, m[sel], c_w, n_w, p_scale, p_format, knobs.row_sum == "rounded", ex2
         )
         del s_t
-        v_src = _TileSource(cache, "v", seqs, tiles, sl_dev, bt_dev)
+        v_src = _TileSource(cache, "v", seqs, tiles, sl_dev, bt_dev, inside)
         v_fused = _fused_pv_operand(v_src, mma)
         # steps 8-9 tile after tile: the fp32 recurrences of l and O
         l_a, o_a = l[sel], o[sel]

@@ -480,6 +480,39 @@ def test_poisoned_pages_are_never_read():
     assert not torch.isnan(got[0].float()).any()
 
 
+@pytest.mark.parametrize("window", [2, 5])
+def test_poisoned_pages_are_never_read_on_the_cuda_code_path(window, monkeypatch):
+    """The CUDA code path zeroes the keys of pages past a sequence's end unless the host knows that a window's
+    tiles hold none (``_TileSource(inside=True)``): NaN in every unused page, and sequences that end inside
+    a window, give the CPU path's bits; the host's claim holds wherever it is made, and is made."""
+    import mjolnir_numerics.emulator as emulator
+
+    x = dataclasses.replace(get_case("varlen"), seq_lens=(1536, 1000, 1280, 5)).build()
+    cache = x.cache
+    used = set()
+    for s in range(cache.num_seqs):
+        used |= set(cache.block_table[s, : math.ceil(int(cache.seq_lens[s]) / cache.page_size)].tolist())
+    unused = torch.tensor(sorted(set(range(cache.num_pages)) - used))
+    for pool in (cache.k_pool, cache.v_pool):
+        pool.view(torch.uint8)[unused] = 0x7F  # e4m3 NaN
+    cache.block_table[3, 1:] = int(unused[0])  # sequence 3 (5 keys): its padding entries point at NaN
+    kw = dict(q_descale=x.q_descale, target="h200", chunk_tiles=12)
+    want = emulate_decode(x.q, cache, **kw)
+    _take_the_cuda_code_path(monkeypatch, window)
+    claims = []
+    tile_source = emulator._TileSource
+
+    def spy(cache, which, seqs, tiles, seq_lens, bt, inside=False):
+        if inside:
+            claims.append(bool(((tiles + 1) * emulator.TILE_KEYS <= seq_lens[seqs]).all()))
+        return tile_source(cache, which, seqs, tiles, seq_lens, bt, inside)
+
+    monkeypatch.setattr(emulator, "_TileSource", spy)
+    got = emulate_decode(x.q, cache, **kw)
+    assert _equal(got[0], want[0]) and _equal(got[1], want[1]) and not torch.isnan(got[0].float()).any()
+    assert claims and all(claims)
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 @pytest.mark.gpu
 @pytest.mark.parametrize("target", ["h200", "thor"])
