@@ -508,6 +508,7 @@ def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
     if mma is None or not fused_chain_available(v_src.device):
         return None
     v = v_src.operand().transpose(-1, -2)  # (A, G, D, T), keys strided
+    # a new tensor, not .to(): that returns the strided view itself where V is float32 already (NVFP4, fp6)
     return in_walk_order(torch.empty(v.shape, dtype=torch.float32, device=v.device).copy_(v), mma[2])
 
 
@@ -817,7 +818,6 @@ def _emulate(
     o = torch.zeros((C, G, N, D), device=dev)
     key_ids = torch.arange(T, device=dev)
     lens = [w[2] for w in chunks]  # on the host: which chunks take part costs no device round trip
-    keys_of = [seq_lens_host[w[0]] for w in chunks]
     n_steps = max(lens, default=0)
     window = _window(dev, G, N, D, T, len(lens))
     ws: dict = {}  # scratch buffers reused across tiles
@@ -847,7 +847,7 @@ def _emulate(
         blocks = _blocks(n_w * A, G, d, dev)
         # whether every key of the window's tiles (ended chunks' too) lies before its sequence's end
         last_tile = (s0 + n_w - 1) * n_streams
-        inside = all((chunks[i][1] + last_tile + 1) * T <= keys_of[i] for i in act_list)
+        inside = all((chunks[i][1] + last_tile + 1) * T <= seq_lens_host[chunks[i][0]] for i in act_list)
         # steps 3-7 and the factors of step 8 for all W tiles at once: nothing here depends on l or O
         k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev, inside)
         q_a = rep(q_c[sel])
