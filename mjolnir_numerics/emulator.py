@@ -992,9 +992,12 @@ def _emulate(
             last = torch.where(_host_tensor(sum(live, []), torch.bool, dev)[:, None], last, -1)
         c_w = rep(c_c[sel])
         blocks = _blocks(n_w * A, G, d, dev)
-        # whether every key of the window's tiles (ended chunks' too) lies before its sequence's end
+        # whether every key of the window's tiles (ended chunks' too) lies before its sequence's end; not for a
+        # captured window, whose replays are later windows (a chunk's last tile may end past its keys)
         last_tile = (s0 + n_w - 1) * n_streams
-        inside = all((chunks[i][1] + last_tile + 1) * T <= seq_lens_host[chunks[i][0]] for i in act_list)
+        inside = not isinstance(base, torch.Tensor) and all(
+            (chunks[i][1] + last_tile + 1) * T <= seq_lens_host[chunks[i][0]] for i in act_list
+        )
         # steps 3-7 and the factors of step 8 for all W tiles at once: nothing here depends on l or O
         k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev, inside)
         q_a = rep(q_c[sel])
