@@ -663,6 +663,14 @@ class _WindowGraph:
         return self.state
 
 
+def _static_k() -> bool:
+    """EXPERIMENT (branch experiment-static-k): the P.V chain's products per instruction (K, the last dim of
+    the walk-ordered V) a constant of the compiled tile update, so that inductor writes each instruction's
+    reductions as one persistent reduction (K values in registers) instead of loops over a symbolic K.
+    ``MJOLNIR_STATIC_K=0``: main's graph, for ``bench_emulator_gpu --ab MJOLNIR_STATIC_K``."""
+    return os.environ.get("MJOLNIR_STATIC_K", "1") != "0"
+
+
 def _window_softmax(s_t, keys, last, m_in, c_w, n_w: int, p_scale: float, p_format: str, rounded_sum: bool, ex2):
     """Steps 4-7 and the factor of step 8 for ``n_w`` consecutive tiles of every active chunk, as one function
     (what CUDA compiles into one graph): the masks, the running column max, P, P rounded as the second GEMM
@@ -703,6 +711,12 @@ def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, rescale: bool, extra_
         o = rescale_o(o, corr, m_new, m_prev)
     a = p_q[..., : o.shape[-2], :].unflatten(-1, (v.shape[-2], v.shape[-1]))
     return l, _chain_formula(a, v, o, extra_bits, min_exponent, emin)
+
+
+def _tile_update_static_k(*args):
+    """EXPERIMENT: :func:`_tile_update` under its own code object, so that its compiled graphs (K a
+    constant) and main's (K symbolic) sit in separate caches of torch's compiler for the A/B."""
+    return _tile_update(*args)
 
 
 def emulate_decode(
@@ -1015,8 +1029,12 @@ def _emulate(
         for j in range(n_w):
             t = slice(j * A, (j + 1) * A)
             if v_fused is not None:  # CUDA: the tile's whole update as one compiled graph
-                l_new, o_new = _fused(_tile_update, True)(
-                    corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_fused[t], s0 + j > 0, *mma[3]
+                v_t, update = v_fused[t], _tile_update
+                if _static_k():
+                    torch._dynamo.mark_static(v_t, v_t.dim() - 1)  # (a negative index is ignored)
+                    update = _tile_update_static_k
+                l_new, o_new = _fused(update, True)(
+                    corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_t, s0 + j > 0, *mma[3]
                 )
             else:
                 l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
