@@ -984,13 +984,19 @@ def _emulate(
     window = _window(dev, G, N, D, T, len(lens))
     ws: dict = {}  # scratch buffers reused across tiles
 
+    def inside_at(s0, n_w, act_list) -> bool:
+        """Whether every key of tiles ``s0 .. s0 + n_w - 1`` of the chunks ``act_list`` (ended chunks' too) lies
+        before its sequence's end: then no page past an end is read, and nothing needs zeroing."""
+        last_tile = (s0 + n_w - 1) * n_streams
+        return all((chunks[i][1] + last_tile + 1) * T <= seq_lens_host[chunks[i][0]] for i in act_list)
+
     def window_pass(s0, base, n_w, act_list, sel, m_in, l_in, o_in):
         """Steps 3-9 for tiles ``s0 .. s0 + n_w - 1`` of the chunks ``act_list`` (those that have tile s0; a
         chunk that ends inside the window has its later tiles masked whole, which leave m unchanged, and
         its l and O kept from its last tile); ``sel`` selects them (a slice of all, or their int64 indices
         on the device). ``base``: the window's first tile, ``s0`` itself or a 0-d int64 device tensor
-        holding it (what a replayed CUDA graph reads). ``m_in, l_in, o_in``: the state of those chunks
-        before the window; returns it after."""
+        holding it (what a replayed CUDA graph reads: every window it is replayed for is inside, see
+        ``graphable``). ``m_in, l_in, o_in``: the state of those chunks before the window; returns it after."""
         A = len(act_list)
         live = [[lens[i] > s0 + j for i in act_list] for j in range(n_w)]
 
@@ -1006,12 +1012,7 @@ def _emulate(
             last = torch.where(_host_tensor(sum(live, []), torch.bool, dev)[:, None], last, -1)
         c_w = rep(c_c[sel])
         blocks = _blocks(n_w * A, G, d, dev)
-        # whether every key of the window's tiles (ended chunks' too) lies before its sequence's end; not for a
-        # captured window, whose replays are later windows (a chunk's last tile may end past its keys)
-        last_tile = (s0 + n_w - 1) * n_streams
-        inside = not isinstance(base, torch.Tensor) and all(
-            (chunks[i][1] + last_tile + 1) * T <= seq_lens_host[chunks[i][0]] for i in act_list
-        )
+        inside = inside_at(s0, n_w, act_list)
         # steps 3-7 and the factors of step 8 for all W tiles at once: nothing here depends on l or O
         k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev, inside)
         q_a = rep(q_c[sel])
@@ -1051,12 +1052,13 @@ def _emulate(
         # the capture recompile, the H100 run of 2026-12-06)
         return m_new[(n_w - 1) * A :].clone(), l_a, o_a
 
-    # CUDA with the fused chains: a window of every chunk, all its tiles live, after the first (whose first
-    # tile does not rescale O) is the same work on the same shapes but for its first tile's index. One is
-    # captured as a CUDA graph (once an earlier window of that shape has compiled every graph it calls) and
-    # replayed for the others: one launch per window instead of hundreds of host-side calls.
+    # CUDA with the fused chains: a window of every chunk, all its tiles live and inside their sequences, after
+    # the first (whose first tile does not rescale O) is the same work on the same shapes but for its first
+    # tile's index. One is captured as a CUDA graph (once an earlier window of that shape has compiled every
+    # graph it calls) and replayed for the others: one launch per window instead of hundreds of host-side
+    # calls. Inside: the capture skips the zeroing of keys past a sequence's end, so its replays must too.
     def graphable(s0, n_w):
-        return n_w == window and s0 > 0 and all(n >= s0 + n_w for n in lens)
+        return n_w == window and s0 > 0 and all(n >= s0 + n_w for n in lens) and inside_at(s0, n_w, range(C))
 
     # the pools must be where the work is (a copy between devices cannot be captured)
     pools = [x for x in (cache.k_pool, cache.v_pool, cache.k_scales, cache.v_scales) if x is not None]

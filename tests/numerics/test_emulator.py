@@ -1130,9 +1130,57 @@ def test_replayed_windows_give_the_cpu_bits(key, window, monkeypatch):
     assert views and not any(views), views
     assert len(_EagerWindowGraph.replays) <= 1, "one capture per call"
     assert _EagerWindowGraph.closed == len(_EagerWindowGraph.replays), "a captured graph is closed by its call"
-    if name.startswith("random_"):  # window 1: the first rescaling window (1) eager, 2-5 replay; window 2: of
-        # windows 2 and 4, 2 runs eagerly and one left is not worth a capture
-        assert _EagerWindowGraph.replays == ([4] if window == 1 else [])
+    if name.startswith("random_"):  # 700 keys: tiles 0-4 inside, 5 not. Window 1: the first rescaling window
+        # (1) eager, 2-4 replay, 5 eager; window 2: of windows 2 and 4 (not inside), one is not worth a capture
+        assert _EagerWindowGraph.replays == ([3] if window == 1 else [])
+
+
+def test_replayed_windows_read_no_poisoned_page(monkeypatch):
+    """A captured window skips the zeroing of keys past a sequence's end, so it is replayed only for windows
+    whose keys all lie inside their sequences: NaN in every unused page and sequences whose last tile is
+    partial give the CPU path's bits; every window replayed was inside, and some were replayed."""
+    import mjolnir_numerics.emulator as emulator
+
+    x = dataclasses.replace(get_case("varlen"), seq_lens=(1536, 1000, 1280)).build()
+    cache = x.cache
+    used = set()
+    for s in range(cache.num_seqs):
+        used |= set(cache.block_table[s, : math.ceil(int(cache.seq_lens[s]) / cache.page_size)].tolist())
+    unused = torch.tensor(sorted(set(range(cache.num_pages)) - used))
+    for pool in (cache.k_pool, cache.v_pool):
+        pool.view(torch.uint8)[unused] = 0x7F  # e4m3 NaN
+    kw = dict(q_descale=x.q_descale, target="h200", chunk_tiles=12)
+    want = emulate_decode(x.q, cache, **kw)
+    _take_the_cuda_code_path(monkeypatch, 1)
+    monkeypatch.setattr(emulator, "_window_graphs_available", lambda device: True)
+    monkeypatch.setattr(emulator, "_WindowGraph", _EagerWindowGraph)
+    _EagerWindowGraph.replays, _EagerWindowGraph.closed = [], 0
+    replayed = []  # the tiles each replay's sources read, with whether they claimed to be inside
+    replay = _EagerWindowGraph.replay
+    tile_source = emulator._TileSource
+    reading = []
+
+    def spy_replay(self, s0):
+        reading.append(s0)
+        try:
+            return replay(self, s0)
+        finally:
+            reading.pop()
+
+    def spy_source(cache, which, seqs, tiles, seq_lens, bt, inside=False):
+        if reading:
+            keys_inside = bool(((tiles + 1) * emulator.TILE_KEYS <= seq_lens[seqs]).all())
+            replayed.append((reading[-1], inside, keys_inside))
+        return tile_source(cache, which, seqs, tiles, seq_lens, bt, inside)
+
+    monkeypatch.setattr(_EagerWindowGraph, "replay", spy_replay)
+    monkeypatch.setattr(emulator, "_TileSource", spy_source)
+    got = emulate_decode(x.q, cache, **kw)
+    assert _equal(got[0], want[0]) and _equal(got[1], want[1]) and not torch.isnan(got[0].float()).any()
+    # 1000 keys: tiles 0-6 of every sequence inside, tile 7 of the second not; window 1 eager, 2-6 replayed
+    assert _EagerWindowGraph.replays == [5]
+    assert sorted({r[0] for r in replayed}) == [2, 3, 4, 5, 6]
+    assert all(inside and keys_inside for _, inside, keys_inside in replayed), replayed
 
 
 @pytest.mark.parametrize("window", [1, 3, 6])
