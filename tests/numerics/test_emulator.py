@@ -579,6 +579,44 @@ def test_cuda_window_graphs_give_the_cpu_bits(name, monkeypatch):
     assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu()), name
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.gpu
+def test_cuda_window_graphs_read_no_poisoned_page(monkeypatch):
+    """A captured window skips the zeroing of keys past a sequence's end: NaN in every unused page, and
+    sequences whose last tile is partial (so that later windows need the zeroing), captured and replayed on
+    CUDA, give the CPU's bits with no NaN."""
+    import mjolnir_numerics.emulator as emulator
+
+    def poisoned(device):
+        x = dataclasses.replace(get_case("varlen"), seq_lens=(1536, 1000, 1280)).build(device)
+        cache = x.cache
+        used = set()
+        for s in range(cache.num_seqs):
+            used |= set(cache.block_table[s, : math.ceil(int(cache.seq_lens[s]) / cache.page_size)].tolist())
+        unused = torch.tensor(sorted(set(range(cache.num_pages)) - used), device=device)
+        for pool in (cache.k_pool, cache.v_pool):
+            pool.view(torch.uint8)[unused] = 0x7F  # e4m3 NaN
+        return x
+
+    x_c, x_g = poisoned("cpu"), poisoned("cuda")
+    o_c, l_c = emulate_decode(x_c.q, x_c.cache, q_descale=x_c.q_descale, target="h200", chunk_tiles=12)
+    captured = []
+
+    class Spy(emulator._WindowGraph):
+        def __init__(self, *args):
+            super().__init__(*args)
+            captured.append(1)
+
+    monkeypatch.setattr(emulator, "_window", lambda *args: 1)
+    monkeypatch.setattr(emulator, "_WindowGraph", Spy)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="emulate_decode: capturing")
+        o_g, l_g = emulate_decode(x_g.q, x_g.cache, q_descale=x_g.q_descale, target="h200", chunk_tiles=12)
+    assert captured == [1], "no window was captured"
+    assert not torch.isnan(o_g.float()).any()
+    assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu())
+
+
 def _stage_inputs(gen, n_w=3, a=5, g=2, n=4, t=128, d=64):
     """Random inputs of the stages CUDA compiles: scores with masked keys and whole masked tiles, running maxes
     from -inf, row sums, partials of split sequences with absent splits."""
