@@ -21,8 +21,11 @@ one compiled graph (the integer form measured slower there: reports/emulator/202
 steps 4-8's factors of a window, the epilogue and the split merge each as one compiled graph too; and the
 stages' branch-free forms (no data-dependent shortcut that would ask the device; every emulated fp32
 rounding written so that no compiler pass drops it: docs/numerics.md, "Roundings that compilers keep").
-``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a process compiles and tunes the graphs (about 4
-minutes on the H200's host for the first shape; torch's inductor cache keeps them across processes).
+A window of every chunk, all its tiles inside their sequences, is captured once as a CUDA graph and replayed
+for the later windows of its shape (one launch instead of hundreds of host-side calls; the same kernels, so
+the same bits). ``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a process compiles and tunes the
+graphs (about 4 minutes on the H200's host for the first shape; torch's inductor cache keeps them across
+processes).
 
 Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp level on the results;
 ``tests/numerics/test_emulator.py::test_agrees_with_the_seed_emulator`` bounds them):
@@ -53,7 +56,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -522,10 +524,8 @@ _EX2_SM90_UNCHECKED = functools.partial(exp2_sm90_f32, check=False)
 
 
 def _window_graphs_available(device) -> bool:
-    """Whether windows are replayed as CUDA graphs (:class:`_WindowGraph`): on CUDA, with the compiled stages,
-    unless ``MJOLNIR_CUDA_GRAPHS=0`` (read at each call: the same bits either way, more host time without)."""
-    if os.environ.get("MJOLNIR_CUDA_GRAPHS", "1") == "0":
-        return False
+    """Whether windows are replayed as CUDA graphs (:class:`_WindowGraph`): on the current CUDA device, with
+    the compiled stages."""
     device = torch.device(device)
     # on the current device only: a replay runs on the current device's stream
     current = device.type == "cuda" and device.index in (None, torch.cuda.current_device())
@@ -663,14 +663,6 @@ class _WindowGraph:
         return self.state
 
 
-def _static_k() -> bool:
-    """EXPERIMENT (branch experiment-static-k): the P.V chain's products per instruction (K, the last dim of
-    the walk-ordered V) a constant of the compiled tile update, so that inductor writes each instruction's
-    reductions as one persistent reduction (K values in registers) instead of loops over a symbolic K.
-    ``MJOLNIR_STATIC_K=0``: main's graph, for ``bench_emulator_gpu --ab MJOLNIR_STATIC_K``."""
-    return os.environ.get("MJOLNIR_STATIC_K", "1") != "0"
-
-
 def _window_softmax(s_t, keys, last, m_in, c_w, n_w: int, p_scale: float, p_format: str, rounded_sum: bool, ex2):
     """Steps 4-7 and the factor of step 8 for ``n_w`` consecutive tiles of every active chunk, as one function
     (what CUDA compiles into one graph): the masks, the running column max, P, P rounded as the second GEMM
@@ -711,12 +703,6 @@ def _tile_update(corr, l, p_sum, o, m_new, m_prev, p_q, v, rescale: bool, extra_
         o = rescale_o(o, corr, m_new, m_prev)
     a = p_q[..., : o.shape[-2], :].unflatten(-1, (v.shape[-2], v.shape[-1]))
     return l, _chain_formula(a, v, o, extra_bits, min_exponent, emin)
-
-
-def _tile_update_static_k(*args):
-    """EXPERIMENT: :func:`_tile_update` under its own code object, so that its compiled graphs (K a
-    constant) and main's (K symbolic) sit in separate caches of torch's compiler for the A/B."""
-    return _tile_update(*args)
 
 
 def emulate_decode(
@@ -1030,11 +1016,12 @@ def _emulate(
         for j in range(n_w):
             t = slice(j * A, (j + 1) * A)
             if v_fused is not None:  # CUDA: the tile's whole update as one compiled graph
-                v_t, update = v_fused[t], _tile_update
-                if _static_k():
-                    torch._dynamo.mark_static(v_t, v_t.dim() - 1)  # (a negative index is ignored)
-                    update = _tile_update_static_k
-                l_new, o_new = _fused(update, True)(
+                # the products per MMA instruction (V's last dim, K: 16 or 32) a constant of the compiled graph,
+                # so that inductor writes each instruction's sum as one persistent reduction over registers
+                # instead of a loop over a symbolic K (1.10x faster at b32 x 32K on an H100, 2026-12-06)
+                v_t = v_fused[t]
+                torch._dynamo.mark_static(v_t, v_t.dim() - 1)  # (a negative index is ignored)
+                l_new, o_new = _fused(_tile_update, True)(
                     corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_t, s0 + j > 0, *mma[3]
                 )
             else:

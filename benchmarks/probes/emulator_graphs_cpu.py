@@ -6,8 +6,7 @@ compiled stage recompiling, which fails a real capture) raises here, and the res
 This is the check that would have caught the window graphs' view of the running max before the H100 run of
 2026-12-06.
 
-    python -m benchmarks.probes.emulator_graphs_cpu window   # whole windows (branch experiment-window-graphs)
-    python -m benchmarks.probes.emulator_graphs_cpu tile     # tile updates (branch experiment-tile-graphs)
+    python -m benchmarks.probes.emulator_graphs_cpu window   # the window graphs of the emulator's CUDA path
 """
 
 from __future__ import annotations
@@ -41,29 +40,6 @@ class _TracedWindowGraph:
 
     def close(self):
         _EVENTS.append(f"window graph: {self.replays} replays")
-
-
-class _TracedTileGraph:
-    """``emulator._TileGraph`` on the CPU, the same way."""
-
-    def __init__(self, update, l, o, pool):
-        self.update, self.state = update, (l.clone(), o.clone())
-        self.j = torch.zeros((), dtype=torch.long)
-        with torch.compiler.set_stance("fail_on_recompile"):
-            update(self.j, *[t.clone() for t in self.state])
-        _EVENTS.append("tile graph")
-
-    @classmethod
-    def capture(cls, update, l, o, pool):
-        return cls(update, l, o, pool)
-
-    def replay(self, j):
-        self.j.fill_(j)
-        with torch.compiler.set_stance("fail_on_recompile"):
-            new = self.update(self.j, *self.state)
-        for x, y in zip(self.state, new):
-            x.copy_(y)
-        return self.state
 
 
 _EVENTS: list = []
@@ -122,16 +98,8 @@ def main(argv=None) -> int:
                 mock.patch.object(emulator, "_WindowGraph", _TracedWindowGraph),
             ],
         )
-    elif kind == "tile" and hasattr(emulator, "_TileGraph"):
-        window, graph_patches = (
-            6,
-            [
-                mock.patch.object(emulator, "_tile_graphs_available", lambda device: True),
-                mock.patch.object(emulator, "_TileGraph", _TracedTileGraph),
-            ],
-        )
     else:
-        print("emulator_graphs_cpu: give 'window' or 'tile', on a tree that has those graphs", file=sys.stderr)
+        print("emulator_graphs_cpu: give 'window'", file=sys.stderr)
         return 2
 
     def run(name):
