@@ -24,7 +24,7 @@ processes, and 2-7 % between the calls of one): an experiment reads the environm
 call (``0``: without it, ``1``: with it; a variable nothing reads, or read only once per process, gives two
 equal medians); after one untimed call of each, ``--repeat`` pairs of calls run, each pair in the other order
 than the last, every call's bits checked against the kernel's, and the row's line is followed by both medians
-and their ratio.
+and their ratio. ``--ab NAME1,NAME2`` sets several variables together (two experiments against neither).
 
 Exits non-zero when a row's bits differ, or a ratio or memory goal is missed on the issue's rows.
 """
@@ -97,20 +97,21 @@ def _syncs(fn) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def _ab(fn, name: str, repeat: int, same_as) -> tuple[float, float, bool, tuple[float, float]]:
-    """``fn()`` with the environment variable ``name`` at ``0`` and ``1``: one untimed call of each (each
-    variant compiles its graphs), then ``repeat`` timed pairs, the order swapped from pair to pair (0 1, 1 0,
-    0 1 ...: neither variant always runs after the other). Returns the two medians (ms), whether every
-    output passed ``same_as``, and the two medians of the time until ``fn`` returned (the host's share, as
-    in :func:`_ms`). ``name`` is restored afterwards."""
-    before = os.environ.get(name)
+def _ab(fn, names: str, repeat: int, same_as) -> tuple[float, float, bool, tuple[float, float]]:
+    """``fn()`` with the environment variables ``names`` (comma-separated: one or several, set together) all at
+    ``0`` and all at ``1``: one untimed call of each (each variant compiles its graphs), then ``repeat`` timed
+    pairs, the order swapped from pair to pair (0 1, 1 0, 0 1 ...: neither variant always runs after the
+    other). Returns the two medians (ms), whether every output passed ``same_as``, and the two medians of the
+    time until ``fn`` returned (the host's share, as in :func:`_ms`). The variables are restored afterwards."""
+    keys = names.split(",")
+    before = {k: os.environ.get(k) for k in keys}
     times: dict = {"0": [], "1": []}
     returned: dict = {"0": [], "1": []}
     same = True
     try:
         for pair in range(repeat + 1):  # pair 0: untimed
             for flag in ("0", "1") if pair % 2 == 0 else ("1", "0"):
-                os.environ[name] = flag
+                os.environ.update(dict.fromkeys(keys, flag))
                 back: list = []
                 _, t, out = _ms(fn, 1, back)
                 same = same and same_as(out)
@@ -118,10 +119,11 @@ def _ab(fn, name: str, repeat: int, same_as) -> tuple[float, float, bool, tuple[
                     times[flag] += t
                     returned[flag] += back
     finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     med = statistics.median
     return med(times["0"]), med(times["1"]), same, (med(returned["0"]), med(returned["1"]))
 
@@ -186,8 +188,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="timed emulator calls per row (median)")
     ap.add_argument("--kernel-iters", type=int, default=20, help="timed kernel calls per row (median)")
     ap.add_argument(
-        "--ab", metavar="NAME", default=None,
-        help="also time --repeat calls each with the environment variable NAME at 0 and at 1, alternating",
+        "--ab", metavar="NAME[,NAME...]", default=None,
+        help="also time --repeat calls each with the environment variables NAME all at 0 and all at 1, alternating",
     )  # fmt: skip
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -199,8 +201,9 @@ def main(argv=None) -> int:
     if unknown:
         print(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(table)}", file=sys.stderr)
         return 2
-    if args.ab is not None and not args.ab.isidentifier():
-        print(f"--ab: expected an environment variable's name (letters, digits, _), got {args.ab!r}", file=sys.stderr)
+    if args.ab is not None and not all(k.isidentifier() for k in args.ab.split(",")):
+        print(f"--ab: expected environment variables' names (letters, digits, _), comma-separated, got {args.ab!r}",
+              file=sys.stderr)  # fmt: skip
         return 2
     if args.repeat < 1 or args.kernel_iters < 1:
         print("--repeat and --kernel-iters: expected >= 1", file=sys.stderr)

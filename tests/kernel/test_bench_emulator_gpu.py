@@ -56,7 +56,7 @@ def test_ab_prints_both_medians_and_their_ratio(monkeypatch, capsys):
     assert "X=0" not in "\n".join(out)
     monkeypatch.setattr(bench, "bench_row", lambda *a: pytest.fail("no row runs with a bad --ab"))
     assert bench.main(["--rows", "b32_4k_e4m3q", "--ab", "X=1"]) == 2
-    assert "--ab: expected an environment variable's name" in capsys.readouterr().err
+    assert "--ab: expected environment variables' names" in capsys.readouterr().err
 
 
 def test_ab_alternates_the_variable_after_a_call_of_each_and_restores_it(monkeypatch):
@@ -84,6 +84,20 @@ def test_ab_alternates_the_variable_after_a_call_of_each_and_restores_it(monkeyp
     calls.clear()
     assert bench._ab(lambda: calls.append(1), "MJOLNIR_AB_TEST", 1, lambda out: True)[2]
     assert "MJOLNIR_AB_TEST" not in os.environ
+
+
+def test_ab_sets_several_variables_together(monkeypatch):
+    """``--ab A,B``: both variables at 0 in one arm and both at 1 in the other, each put back as it was."""
+    import os
+
+    seen = []
+    monkeypatch.setattr(bench, "_ms", lambda fn, repeat, returned: (returned.append(1.0), (2.0, [2.0], fn()))[1])
+    monkeypatch.setenv("MJOLNIR_AB_A", "keep")
+    monkeypatch.delenv("MJOLNIR_AB_B", raising=False)
+    both = "MJOLNIR_AB_A,MJOLNIR_AB_B"
+    bench._ab(lambda: seen.append((os.environ["MJOLNIR_AB_A"], os.environ["MJOLNIR_AB_B"])), both, 1, lambda out: True)
+    assert seen == [("0", "0"), ("1", "1"), ("1", "1"), ("0", "0")]
+    assert os.environ["MJOLNIR_AB_A"] == "keep" and "MJOLNIR_AB_B" not in os.environ
 
 
 def test_the_host_share_and_the_syncs_of_a_call(monkeypatch):
