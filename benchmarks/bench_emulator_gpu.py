@@ -123,11 +123,15 @@ def _arms(fn, arms: list, repeat: int, same_as) -> tuple[list, bool, list]:
                     else:
                         os.environ[k] = before[k]
                 back: list = []
+                t0 = time.perf_counter()
                 _, t, out = _ms(fn, 1, back)
                 same = same and same_as(out)
                 if round_:
                     times[a] += t
                     returned[a] += back
+                else:  # progress: an arm's first call compiles its variant's graphs (minutes on a fresh machine)
+                    print(f"# arm {a + 1} of {len(arms)} warmed up in {time.perf_counter() - t0:.1f} s",
+                          file=sys.stderr, flush=True)  # fmt: skip
     finally:
         for k, v in before.items():
             if v is None:
