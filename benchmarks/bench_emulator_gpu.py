@@ -100,6 +100,15 @@ def _syncs(fn) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
+def _set_env(values: dict) -> None:
+    """Each environment variable of ``values`` set to its value, or unset where the value is None."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def _arms(fn, arms: list, repeat: int, same_as) -> tuple[list, bool, list]:
     """``fn()`` under each arm of ``arms`` (dicts of environment variables to set): one untimed call of each
     (each variant compiles its graphs), then ``repeat`` timed rounds, the arms in order in one round and in
@@ -115,13 +124,8 @@ def _arms(fn, arms: list, repeat: int, same_as) -> tuple[list, bool, list]:
         for round_ in range(repeat + 1):  # round 0: untimed
             order = range(len(arms)) if round_ % 2 == 0 else reversed(range(len(arms)))
             for a in order:
-                for k in keys:  # a variable another arm sets, and this one does not, is as it was
-                    if k in arms[a]:
-                        os.environ[k] = arms[a][k]
-                    elif before[k] is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = before[k]
+                # a variable another arm sets, and this one does not, is as it was before
+                _set_env({k: arms[a].get(k, before[k]) for k in keys})
                 back: list = []
                 t0 = time.perf_counter()
                 _, t, out = _ms(fn, 1, back)
@@ -133,11 +137,7 @@ def _arms(fn, arms: list, repeat: int, same_as) -> tuple[list, bool, list]:
                     print(f"# arm {a + 1} of {len(arms)} warmed up in {time.perf_counter() - t0:.1f} s",
                           file=sys.stderr, flush=True)  # fmt: skip
     finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_env(before)
     med = statistics.median
     return [med(t) for t in times], same, [med(r) for r in returned]
 
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
             line += f"alternating calls): 1/0 {on / off:.2f}, ratio at 1 {on / r['kernel_ms']:.1f}x; "
             print(line + f"returned {off_back:.1f} / {on_back:.1f} ms", flush=True)
         for k, (ms, back) in enumerate(r.get("arms") or []):
-            first = r["arms"][0][0]
+            first = r["arms"][0][0]  # arm 1's median: the others are read against it
             label = ",".join(f"{n}={v}" for n, v in arms[k].items())
             print(f"{'':<20} arm {k + 1} {label}: {ms:.1f} ms (median of {args.repeat}, arms in turn), "
                   f"{ms / first:.2f} of arm 1, ratio {ms / r['kernel_ms']:.1f}x; returned {back:.1f} ms",
