@@ -591,13 +591,7 @@ def test_cuda_window_graphs_read_no_poisoned_page(monkeypatch):
 
     def poisoned(device):
         x = dataclasses.replace(get_case("varlen"), seq_lens=(1536, 1000, 1280)).build(device)
-        cache = x.cache
-        used = set()
-        for s in range(cache.num_seqs):
-            used |= set(cache.block_table[s, : math.ceil(int(cache.seq_lens[s]) / cache.page_size)].tolist())
-        unused = torch.tensor(sorted(set(range(cache.num_pages)) - used), device=device)
-        for pool in (cache.k_pool, cache.v_pool):
-            pool.view(torch.uint8)[unused] = 0x7F  # e4m3 NaN
+        _poison_unused_pages(x.cache)
         return x
 
     x_c, x_g = poisoned("cpu"), poisoned("cuda")
@@ -1183,12 +1177,7 @@ def test_replayed_windows_read_no_poisoned_page(monkeypatch):
 
     x = dataclasses.replace(get_case("varlen"), seq_lens=(1536, 1000, 1280)).build()
     cache = x.cache
-    used = set()
-    for s in range(cache.num_seqs):
-        used |= set(cache.block_table[s, : math.ceil(int(cache.seq_lens[s]) / cache.page_size)].tolist())
-    unused = torch.tensor(sorted(set(range(cache.num_pages)) - used))
-    for pool in (cache.k_pool, cache.v_pool):
-        pool.view(torch.uint8)[unused] = 0x7F  # e4m3 NaN
+    _poison_unused_pages(cache)
     kw = dict(q_descale=x.q_descale, target="h200", chunk_tiles=12)
     want = emulate_decode(x.q, cache, **kw)
     _take_the_cuda_code_path(monkeypatch, 1)
