@@ -24,7 +24,10 @@ processes, and 2-7 % between the calls of one): an experiment reads the environm
 call (``0``: without it, ``1``: with it; a variable nothing reads, or read only once per process, gives two
 equal medians); after one untimed call of each, ``--repeat`` pairs of calls run, each pair in the other order
 than the last, every call's bits checked against the kernel's, and the row's line is followed by both medians
-and their ratio.
+and their ratio. ``--ab NAME1,NAME2`` sets several variables together (two experiments against neither).
+``--arms "A=0,B=0;A=1,B=0;A=1,B=1"`` times any number of variants the same way (the arms in turn, the order
+reversed every round), so that one warm-up serves several experiments: a line per arm, and its time over
+the first arm's.
 
 Exits non-zero when a row's bits differ, or a ratio or memory goal is missed on the issue's rows.
 """
@@ -97,36 +100,76 @@ def _syncs(fn) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def _ab(fn, name: str, repeat: int, same_as) -> tuple[float, float, bool, tuple[float, float]]:
-    """``fn()`` with the environment variable ``name`` at ``0`` and ``1``: one untimed call of each (each
-    variant compiles its graphs), then ``repeat`` timed pairs, the order swapped from pair to pair (0 1, 1 0,
-    0 1 ...: neither variant always runs after the other). Returns the two medians (ms), whether every
-    output passed ``same_as``, and the two medians of the time until ``fn`` returned (the host's share, as
-    in :func:`_ms`). ``name`` is restored afterwards."""
-    before = os.environ.get(name)
-    times: dict = {"0": [], "1": []}
-    returned: dict = {"0": [], "1": []}
+def _set_env(values: dict) -> None:
+    """Each environment variable of ``values`` set to its value, or unset where the value is None."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _arms(fn, arms: list, repeat: int, same_as) -> tuple[list, bool, list]:
+    """``fn()`` under each arm of ``arms`` (dicts of environment variables to set): one untimed call of each
+    (each variant compiles its graphs), then ``repeat`` timed rounds, the arms in order in one round and in
+    reverse in the next (no arm always runs after the same one). Returns each arm's median (ms), whether every
+    output passed ``same_as``, and each arm's median of the time until ``fn`` returned (the host's share, as
+    in :func:`_ms`). Every variable an arm sets is restored afterwards."""
+    keys = sorted({k for arm in arms for k in arm})
+    before = {k: os.environ.get(k) for k in keys}
+    times: list = [[] for _ in arms]
+    returned: list = [[] for _ in arms]
     same = True
     try:
-        for pair in range(repeat + 1):  # pair 0: untimed
-            for flag in ("0", "1") if pair % 2 == 0 else ("1", "0"):
-                os.environ[name] = flag
+        for round_ in range(repeat + 1):  # round 0: untimed
+            order = range(len(arms)) if round_ % 2 == 0 else reversed(range(len(arms)))
+            for a in order:
+                # a variable another arm sets, and this one does not, is as it was before
+                _set_env({k: arms[a].get(k, before[k]) for k in keys})
                 back: list = []
+                t0 = time.perf_counter()
                 _, t, out = _ms(fn, 1, back)
                 same = same and same_as(out)
-                if pair:
-                    times[flag] += t
-                    returned[flag] += back
+                if round_:
+                    times[a] += t
+                    returned[a] += back
+                else:  # progress: an arm's first call compiles its variant's graphs (minutes on a fresh machine)
+                    print(f"# arm {a + 1} of {len(arms)} warmed up in {time.perf_counter() - t0:.1f} s",
+                          file=sys.stderr, flush=True)  # fmt: skip
     finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        _set_env(before)
     med = statistics.median
-    return med(times["0"]), med(times["1"]), same, (med(returned["0"]), med(returned["1"]))
+    return [med(t) for t in times], same, [med(r) for r in returned]
 
 
-def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str] = None) -> dict:
+def _ab(fn, names: str, repeat: int, same_as) -> tuple[float, float, bool, tuple[float, float]]:
+    """``fn()`` with the environment variables ``names`` (comma-separated: one or several, set together) all at
+    ``0`` and all at ``1``, alternating (:func:`_arms` with two arms). Returns the two medians (ms), whether
+    every output passed ``same_as``, and the two medians of the time until ``fn`` returned."""
+    keys = names.split(",")
+    (off, on), same, (off_back, on_back) = _arms(fn, [dict.fromkeys(keys, "0"), dict.fromkeys(keys, "1")], repeat,
+                                                 same_as)  # fmt: skip
+    return off, on, same, (off_back, on_back)
+
+
+def parse_arms(spec: str) -> list:
+    """``--arms`` ``"A=0,B=0;A=1,B=1;A=1,B=1,C=1"``: arms separated by ``;``, each a comma-separated list of
+    ``NAME=VALUE`` (at least one). Raises ``ValueError`` naming the part that is not."""
+    arms = []
+    for part in spec.split(";"):
+        arm = {}
+        for item in part.split(","):
+            name, eq, value = item.partition("=")
+            if not eq or not name.isidentifier() or name in arm:
+                raise ValueError(f"--arms: expected NAME=VALUE pairs, each name once per arm; got {item!r} in {part!r}")
+            arm[name] = value
+        arms.append(arm)
+    if len(arms) < 2:
+        raise ValueError(f"--arms: expected at least two arms separated by ';', got {spec!r}")
+    return arms
+
+
+def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str] = None, arms=None) -> dict:
     from benchmarks.bench_hopper_decode import build_pools
     from mjolnir_kernel import decode
     from mjolnir_numerics.cache import PagedKVCache
@@ -170,11 +213,15 @@ def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str]
             lambda: emulate_decode(q, cache, **kw), ab, repeat, same_as_kernel
         )
         ab_ms, same = (off_ms, on_ms, off_back, on_back), same and same_ab
+    arms_ms = None
+    if arms is not None:
+        medians, same_arms, backs = _arms(lambda: emulate_decode(q, cache, **kw), arms, repeat, same_as_kernel)
+        arms_ms, same = list(zip(medians, backs)), same and same_arms
     row = dict(
         name=name, shape=f"b{b} {L // 1024}K {h_q}/{h_k} d{d}", fmt=fmt, q=q_dtype, kernel_ms=kernel_ms,
         emu_ms=emu_ms, emu_range=f"{min(emu_times):.1f}-{max(emu_times):.1f}", ratio=emu_ms / kernel_ms,
         warm_s=warm_s, extra_gb=extra / 1e9, cache_gb=nbytes / 1e9, mem_ratio=extra / nbytes, same=same,
-        ab=ab_ms, returned_ms=statistics.median(returned), syncs=syncs,
+        ab=ab_ms, arms=arms_ms, returned_ms=statistics.median(returned), syncs=syncs,
     )  # fmt: skip
     return row
 
@@ -186,8 +233,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="timed emulator calls per row (median)")
     ap.add_argument("--kernel-iters", type=int, default=20, help="timed kernel calls per row (median)")
     ap.add_argument(
-        "--ab", metavar="NAME", default=None,
-        help="also time --repeat calls each with the environment variable NAME at 0 and at 1, alternating",
+        "--ab", metavar="NAME[,NAME...]", default=None,
+        help="also time --repeat calls each with the environment variables NAME all at 0 and all at 1, alternating",
+    )  # fmt: skip
+    ap.add_argument(
+        "--arms", metavar="A=0,B=0;A=1,B=0;...", default=None,
+        help="also time --repeat calls under each arm (';'-separated sets of environment variables), in turn",
     )  # fmt: skip
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -199,9 +250,20 @@ def main(argv=None) -> int:
     if unknown:
         print(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(table)}", file=sys.stderr)
         return 2
-    if args.ab is not None and not args.ab.isidentifier():
-        print(f"--ab: expected an environment variable's name (letters, digits, _), got {args.ab!r}", file=sys.stderr)
+    if args.ab is not None and not all(k.isidentifier() for k in args.ab.split(",")):
+        print(f"--ab: expected environment variables' names (letters, digits, _), comma-separated, got {args.ab!r}",
+              file=sys.stderr)  # fmt: skip
         return 2
+    arms = None
+    if args.arms is not None:
+        if args.ab is not None:
+            print("--ab and --arms: give one of them (--ab NAME is --arms NAME=0;NAME=1)", file=sys.stderr)
+            return 2
+        try:
+            arms = parse_arms(args.arms)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
     if args.repeat < 1 or args.kernel_iters < 1:
         print("--repeat and --kernel-iters: expected >= 1", file=sys.stderr)
         return 2
@@ -215,7 +277,7 @@ def main(argv=None) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     bad = False
     for name in names:
-        r = bench_row(name, table[name], args.repeat, args.kernel_iters, gen, args.ab)
+        r = bench_row(name, table[name], args.repeat, args.kernel_iters, gen, args.ab, arms)
         torch.cuda.empty_cache()  # the row's cache is freed with its frame
         ratio_ok = r["ratio"] <= RATIO_GOAL or name.endswith("_memory")
         mem_ok = r["mem_ratio"] <= MEMORY_GOAL
@@ -233,6 +295,12 @@ def main(argv=None) -> int:
             line = f"{'':<20} {args.ab}=0 {off:.1f} ms, {args.ab}=1 {on:.1f} ms (medians of {args.repeat} "
             line += f"alternating calls): 1/0 {on / off:.2f}, ratio at 1 {on / r['kernel_ms']:.1f}x; "
             print(line + f"returned {off_back:.1f} / {on_back:.1f} ms", flush=True)
+        for k, (ms, back) in enumerate(r.get("arms") or []):
+            first = r["arms"][0][0]  # arm 1's median: the others are read against it
+            label = ",".join(f"{n}={v}" for n, v in arms[k].items())
+            print(f"{'':<20} arm {k + 1} {label}: {ms:.1f} ms (median of {args.repeat}, arms in turn), "
+                  f"{ms / first:.2f} of arm 1, ratio {ms / r['kernel_ms']:.1f}x; returned {back:.1f} ms",
+                  flush=True)  # fmt: skip
         bad |= not r["same"] or (not args.quick and not (ratio_ok and mem_ok))
     return 1 if bad else 0
 

@@ -464,10 +464,9 @@ def test_paged_equals_dense(fmt):
         assert _equal(got[0], dense[0]) and _equal(got[1], dense[1]), str(kw)
 
 
-def test_poisoned_pages_are_never_read():
-    x = get_case("poisoned_pages").build()
-    base = _run(x)
-    cache = x.cache
+def _poison_unused_pages(cache) -> torch.Tensor:
+    """e4m3 NaN in every page of ``cache``'s pools that no sequence's keys use (in place); returns those pages'
+    indices (int64, at least one)."""
     used = set()
     for s in range(cache.num_seqs):
         n = math.ceil(int(cache.seq_lens[s]) / cache.page_size)
@@ -475,7 +474,15 @@ def test_poisoned_pages_are_never_read():
     unused = torch.tensor(sorted(set(range(cache.num_pages)) - used))
     assert unused.numel() > 0
     for pool in (cache.k_pool, cache.v_pool):
-        pool.view(torch.uint8)[unused] = 0x7F  # e4m3 NaN everywhere else
+        pool.view(torch.uint8)[unused.to(pool.device)] = 0x7F
+    return unused
+
+
+def test_poisoned_pages_are_never_read():
+    x = get_case("poisoned_pages").build()
+    base = _run(x)
+    cache = x.cache
+    unused = _poison_unused_pages(cache)
     cache.block_table[1, 1:] = int(unused[0])  # sequence 1 (5 keys) uses one page: its padding entries
     got = _run(x)
     assert _equal(got[0], base[0]) and _equal(got[1], base[1])
@@ -491,12 +498,7 @@ def test_poisoned_pages_are_never_read_on_the_cuda_code_path(window, monkeypatch
 
     x = dataclasses.replace(get_case("varlen"), seq_lens=(1536, 1000, 1280, 5)).build()
     cache = x.cache
-    used = set()
-    for s in range(cache.num_seqs):
-        used |= set(cache.block_table[s, : math.ceil(int(cache.seq_lens[s]) / cache.page_size)].tolist())
-    unused = torch.tensor(sorted(set(range(cache.num_pages)) - used))
-    for pool in (cache.k_pool, cache.v_pool):
-        pool.view(torch.uint8)[unused] = 0x7F  # e4m3 NaN
+    unused = _poison_unused_pages(cache)
     cache.block_table[3, 1:] = int(unused[0])  # sequence 3 (5 keys): its padding entries point at NaN
     kw = dict(q_descale=x.q_descale, target="h200", chunk_tiles=12)
     want = emulate_decode(x.q, cache, **kw)
@@ -589,13 +591,7 @@ def test_cuda_window_graphs_read_no_poisoned_page(monkeypatch):
 
     def poisoned(device):
         x = dataclasses.replace(get_case("varlen"), seq_lens=(1536, 1000, 1280)).build(device)
-        cache = x.cache
-        used = set()
-        for s in range(cache.num_seqs):
-            used |= set(cache.block_table[s, : math.ceil(int(cache.seq_lens[s]) / cache.page_size)].tolist())
-        unused = torch.tensor(sorted(set(range(cache.num_pages)) - used), device=device)
-        for pool in (cache.k_pool, cache.v_pool):
-            pool.view(torch.uint8)[unused] = 0x7F  # e4m3 NaN
+        _poison_unused_pages(x.cache)
         return x
 
     x_c, x_g = poisoned("cpu"), poisoned("cuda")
@@ -1181,12 +1177,7 @@ def test_replayed_windows_read_no_poisoned_page(monkeypatch):
 
     x = dataclasses.replace(get_case("varlen"), seq_lens=(1536, 1000, 1280)).build()
     cache = x.cache
-    used = set()
-    for s in range(cache.num_seqs):
-        used |= set(cache.block_table[s, : math.ceil(int(cache.seq_lens[s]) / cache.page_size)].tolist())
-    unused = torch.tensor(sorted(set(range(cache.num_pages)) - used))
-    for pool in (cache.k_pool, cache.v_pool):
-        pool.view(torch.uint8)[unused] = 0x7F  # e4m3 NaN
+    _poison_unused_pages(cache)
     kw = dict(q_descale=x.q_descale, target="h200", chunk_tiles=12)
     want = emulate_decode(x.q, cache, **kw)
     _take_the_cuda_code_path(monkeypatch, 1)
