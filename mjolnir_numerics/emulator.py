@@ -21,8 +21,11 @@ one compiled graph (the integer form measured slower there: reports/emulator/202
 steps 4-8's factors of a window, the epilogue and the split merge each as one compiled graph too; and the
 stages' branch-free forms (no data-dependent shortcut that would ask the device; every emulated fp32
 rounding written so that no compiler pass drops it: docs/numerics.md, "Roundings that compilers keep").
-``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a process compiles and tunes the graphs (about 4
-minutes on the H200's host for the first shape; torch's inductor cache keeps them across processes).
+A window of every chunk, all its tiles inside their sequences, is captured once as a CUDA graph and replayed
+for the later windows of its shape (one launch instead of hundreds of host-side calls; the same kernels, so
+the same bits). ``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a process compiles and tunes the
+graphs (about 4 minutes on the H200's host for the first shape; torch's inductor cache keeps them across
+processes).
 
 Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp level on the results;
 ``tests/numerics/test_emulator.py::test_agrees_with_the_seed_emulator`` bounds them):
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -376,7 +380,11 @@ def _host_tensor(data, dtype: torch.dtype, device: torch.device) -> torch.Tensor
     blocking: a copy from pageable memory synchronises the stream, so the host would wait for all the work
     queued (the windows' masks and the epilogue's indices are built while the device is busy)."""
     t = torch.tensor(data, dtype=dtype)
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+    if device.type != "cuda":
+        return t.to(device)
+    if torch.cuda.is_current_stream_capturing():  # a replay would read the pinned buffer again, reused by then
+        raise RuntimeError("_host_tensor: host data cannot be copied inside a CUDA graph capture")
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _buffer(workspace: dict, name: str, shape, dtype, device) -> torch.Tensor:
@@ -513,6 +521,146 @@ def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
 
 
 _EX2_SM90_UNCHECKED = functools.partial(exp2_sm90_f32, check=False)
+
+
+def _window_graphs_available(device) -> bool:
+    """Whether windows are replayed as CUDA graphs (:class:`_WindowGraph`): on the current CUDA device, with
+    the compiled stages."""
+    device = torch.device(device)
+    # on the current device only: a replay runs on the current device's stream
+    current = device.type == "cuda" and device.index in (None, torch.cuda.current_device())
+    return current and fused_chain_available(device)
+
+
+# one capture stream per device, for the process (as torch.cuda.graph keeps one): the caching allocator hands
+# a freed block back only to the stream it was allocated on, so a new stream per capture would not reuse memory
+_CAPTURE_STREAMS: dict = {}
+# one memory pool per device for every graph the emulator captures, held for the process with a graph that
+# keeps it open (see _graph_pool)
+_GRAPH_POOLS: dict = {}
+
+
+def _graph_pool(device: torch.device):
+    """The ``torch.cuda.MemPool`` the emulator's CUDA graphs allocate from on ``device``, made on first use and
+    held for the process: a capture reuses the memory the previous call's graph freed (a pool per call would
+    ``cudaMalloc`` a window's working set at every call, and its release waits for the device).
+
+    The pool is held together with a graph of its own (one fill, captured here, never replayed). torch 2.11
+    counts a pool's graphs twice: the device allocator, where the MemPool holds a count of its own, and the
+    pinned-host allocator, where only graphs do; each asserts ``use_count > 0`` when a capture reopens a pool
+    whose graphs were all freed. With the pool alone, every capture after a call's graph was freed failed the
+    host allocator's assert (both graph branches' H100 runs of 2026-12-06: the graphs of a call's first
+    capture only). :func:`release_graph_memory` lets both go."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _GRAPH_POOLS:
+        where = torch.device("cuda", index)
+        with torch.cuda.device(index):
+            pool, keeper = torch.cuda.MemPool(), torch.cuda.CUDAGraph()
+            _capture(keeper, pool, lambda: torch.zeros(1, device=where), where)
+        _GRAPH_POOLS[index] = (pool, keeper)
+    return _GRAPH_POOLS[index][0]
+
+
+def release_graph_memory() -> None:
+    """Let go of the memory pools of the emulator's CUDA graphs (one per device, up to a window's working set:
+    about a GiB at the largest windows); ``torch.cuda.empty_cache()`` then returns it to the device. The next
+    call on CUDA makes a new pool."""
+    _GRAPH_POOLS.clear()
+
+
+def _capture(graph, pool, fn, device: torch.device) -> None:
+    """Capture ``fn()`` (CUDA work on ``device``'s current stream) into ``graph``, allocating from ``pool`` (a
+    ``torch.cuda.MemPool``): on a side stream with ``capture_begin``, not ``torch.cuda.graph``, which
+    synchronizes the device and empties the allocator's cache on entry (the queued work would drain and every
+    later buffer be allocated afresh: the window graphs' H100 A/B of 2026-12-06 paid both once per call).
+    A capture that would compile (a guard that misses) raises instead; other threads' CUDA calls are theirs
+    (``thread_local``). On any failure, of ``capture_begin`` too, the device allocator leaves capture mode and
+    the device's pool is dropped (the pinned-host allocator's side cannot be ended from Python: the next
+    capture opens a new pool) before the error propagates."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    with torch.cuda.device(index):
+        if index not in _CAPTURE_STREAMS:
+            _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+        main, side = torch.cuda.current_stream(), _CAPTURE_STREAMS[index]
+        side.wait_stream(main)
+        with torch.cuda.stream(side), torch.compiler.set_stance("fail_on_recompile"):
+            try:
+                graph.capture_begin(pool=pool.id, capture_error_mode="thread_local")
+            except BaseException:
+                _abandon_capture(pool, index)
+                raise
+            try:
+                fn()
+            except BaseException:
+                _end_capture(graph, pool, index, failed=True)
+                raise
+            _end_capture(graph, pool, index, failed=False)
+        main.wait_stream(side)
+
+
+def _end_capture(graph, pool, index: int, failed: bool) -> None:
+    """``graph.capture_end()``; where CUDA refuses it (an invalidated capture), the capture is abandoned
+    (:func:`_abandon_capture`: capture_end raises before it ends the allocator's capture itself, and the pool
+    would stay the thread's allocation target for the rest of the process). Raises the refusal unless
+    ``failed`` (then the caller's error is the one to report)."""
+    try:
+        graph.capture_end()
+    except RuntimeError:
+        _abandon_capture(pool, index)
+        if not failed:
+            raise
+
+
+def _abandon_capture(pool, index: int) -> None:
+    """After a failed ``capture_begin`` or ``capture_end``: the device allocator's capture into ``pool`` ended
+    and its count released where the capture had begun it (``capture_begin`` can fail before or after), and
+    the device's pool dropped, so that the next capture starts a new one."""
+    try:
+        torch._C._cuda_endAllocateToPool(index, pool.id)
+    except RuntimeError:  # not recording: capture_begin failed before it began the allocator's side
+        pass
+    else:
+        torch._C._cuda_releasePool(index, pool.id)
+    if index in _GRAPH_POOLS and _GRAPH_POOLS[index][0] is pool:
+        del _GRAPH_POOLS[index]
+
+
+class _WindowGraph:
+    """One window's steps 3-9 (``body``) captured as a CUDA graph, replayed for every window of the same
+    shape: the state ``m, l, o`` lives in the graph's own tensors and is updated in place, and the window's
+    first tile is read from a device scalar, so a replay is one launch from the host where the window's
+    eager form is a few hundred compiled calls (each with its guards and Python wrapper). The graph runs
+    the same kernels on the same shapes, so the bits are the eager ones.
+
+    ``body(base, m, l, o) -> (m, l, o)``: ``base`` an int64 0-d tensor; it must ask the device nothing (no
+    sync, no data-dependent shape) and must have run eagerly on these shapes before (so that every
+    compiled graph it calls is compiled, outside the capture).
+    """
+
+    def __init__(self, body, m: torch.Tensor, l: torch.Tensor, o: torch.Tensor):
+        self.state = (m.clone(), l.clone(), o.clone())
+        self.base = torch.zeros((), dtype=torch.long, device=m.device)
+        self.graph = torch.cuda.CUDAGraph()
+        self.pool = _graph_pool(m.device)
+
+        def run():
+            for x, y in zip(self.state, body(self.base, *self.state)):
+                x.copy_(y)
+
+        _capture(self.graph, self.pool, run, m.device)
+
+    def close(self) -> None:
+        """Free the graph: its memory goes back to the pool, for the next call's capture."""
+        self.graph.reset()
+        self.graph = self.pool = None
+
+    def replay(self, s0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The window whose first tile is ``s0``, from the state the previous replay left (or the state
+        given at capture); returns the state after it (the graph's tensors: the next replay overwrites
+        them, so a caller keeps them only until then)."""
+        self.base.fill_(s0)
+        self.graph.replay()
+        return self.state
 
 
 def _window_softmax(s_t, keys, last, m_in, c_w, n_w: int, p_scale: float, p_format: str, rounded_sum: bool, ex2):
@@ -821,33 +969,36 @@ def _emulate(
     n_steps = max(lens, default=0)
     window = _window(dev, G, N, D, T, len(lens))
     ws: dict = {}  # scratch buffers reused across tiles
-    for s0 in range(0, n_steps, window):
-        # W consecutive tiles of every chunk that has tile s0; a chunk that ends inside the window has its
-        # later tiles masked whole (they leave m unchanged) and its l and O kept from its last tile
-        act_list = [i for i, n in enumerate(lens) if n > s0]
-        full = len(act_list) == C
-        act = None if full else _host_tensor(act_list, torch.long, dev)
-        sel = slice(None) if full else act
-        n_w = min(window, n_steps - s0)
+
+    def inside_at(s0, n_w, act_list) -> bool:
+        """Whether every key of tiles ``s0 .. s0 + n_w - 1`` of the chunks ``act_list`` (ended chunks' too) lies
+        before its sequence's end: then no page past an end is read, and nothing needs zeroing."""
+        last_tile = (s0 + n_w - 1) * n_streams
+        return all((chunks[i][1] + last_tile + 1) * T <= seq_lens_host[chunks[i][0]] for i in act_list)
+
+    def window_pass(s0, base, n_w, act_list, sel, m_in, l_in, o_in):
+        """Steps 3-9 for tiles ``s0 .. s0 + n_w - 1`` of the chunks ``act_list`` (those that have tile s0; a
+        chunk that ends inside the window has its later tiles masked whole, which leave m unchanged, and
+        its l and O kept from its last tile); ``sel`` selects them (a slice of all, or their int64 indices
+        on the device). ``base``: the window's first tile, ``s0`` itself or a 0-d int64 device tensor
+        holding it (what a replayed CUDA graph reads: every window it is replayed for is inside, see
+        ``graphable``). ``m_in, l_in, o_in``: the state of those chunks before the window; returns it after."""
         A = len(act_list)
         live = [[lens[i] > s0 + j for i in act_list] for j in range(n_w)]
 
-        def rep(x, n_w=n_w):  # the chunks' rows once per tile of the window
+        def rep(x):  # the chunks' rows once per tile of the window
             return x if n_w == 1 else x.repeat(n_w, *(1,) * (x.dim() - 1))
 
         seqs = rep(cseq[sel])
-        steps = (s0 + torch.arange(n_w, device=dev)[:, None]) * n_streams
+        steps = (base + torch.arange(n_w, device=dev)[:, None]) * n_streams
         tiles = (ct0[sel][None, :] + steps).reshape(-1)
         keys = tiles[:, None] * T + key_ids[None, :]
         last = rep(last_key[sel])
         if not all(map(all, live)):
             last = torch.where(_host_tensor(sum(live, []), torch.bool, dev)[:, None], last, -1)
-        c_a = c_c[sel]
-        c_w = rep(c_a)
+        c_w = rep(c_c[sel])
         blocks = _blocks(n_w * A, G, d, dev)
-        # whether every key of the window's tiles (ended chunks' too) lies before its sequence's end
-        last_tile = (s0 + n_w - 1) * n_streams
-        inside = all((chunks[i][1] + last_tile + 1) * T <= seq_lens_host[chunks[i][0]] for i in act_list)
+        inside = inside_at(s0, n_w, act_list)
         # steps 3-7 and the factors of step 8 for all W tiles at once: nothing here depends on l or O
         k_src = _TileSource(cache, "k", seqs, tiles, sl_dev, bt_dev, inside)
         q_a = rep(q_c[sel])
@@ -855,18 +1006,23 @@ def _emulate(
         s_t = _score_step(q_a, q_n, N, k_src, blocks, ws, q_sig_bits, mma)
         del k_src, q_a
         m_prev, m_new, p_q, p_sum, corr = stage(_window_softmax)(
-            s_t, keys, last, m[sel], c_w, n_w, p_scale, p_format, knobs.row_sum == "rounded", ex2
+            s_t, keys, last, m_in, c_w, n_w, p_scale, p_format, knobs.row_sum == "rounded", ex2
         )
         del s_t
         v_src = _TileSource(cache, "v", seqs, tiles, sl_dev, bt_dev, inside)
         v_fused = _fused_pv_operand(v_src, mma)
         # steps 8-9 tile after tile: the fp32 recurrences of l and O
-        l_a, o_a = l[sel], o[sel]
+        l_a, o_a = l_in, o_in
         for j in range(n_w):
             t = slice(j * A, (j + 1) * A)
             if v_fused is not None:  # CUDA: the tile's whole update as one compiled graph
+                # the products per MMA instruction (V's last dim, K: 16 or 32) a constant of the compiled graph,
+                # so that inductor writes each instruction's sum as one persistent reduction over registers
+                # instead of a loop over a symbolic K (1.10x faster at b32 x 32K on an H100, 2026-12-06)
+                v_t = v_fused[t]
+                torch._dynamo.mark_static(v_t, v_t.dim() - 1)  # (a negative index is ignored)
                 l_new, o_new = _fused(_tile_update, True)(
-                    corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_fused[t], s0 + j > 0, *mma[3]
+                    corr[t], l_a, p_sum[t], o_a, m_new[t], m_prev[t], p_q[t], v_t, s0 + j > 0, *mma[3]
                 )
             else:
                 l_new = accumulate_row_sum(corr[t], l_a, p_sum[t])
@@ -878,12 +1034,59 @@ def _emulate(
             else:
                 keep = _host_tensor(live[j], torch.bool, dev)[:, None, None, None]
                 l_a, o_a = torch.where(keep, l_new, l_a), torch.where(keep, o_new, o_a)
-        del v_src, v_fused, p_q, p_sum, corr
-        m_a = m_new[(n_w - 1) * A :]
+        # a copy, not a view of m_new: the compiled _window_softmax guards on whether m_in is a view and on its
+        # base's size, and the captured window reads the state from tensors of its own (a view here made
+        # the capture recompile, the H100 run of 2026-12-06)
+        return m_new[(n_w - 1) * A :].clone(), l_a, o_a
+
+    # CUDA with the fused chains: a window of every chunk, all its tiles live and inside their sequences, after
+    # the first (whose first tile does not rescale O) is the same work on the same shapes but for its first
+    # tile's index. One is captured as a CUDA graph (once an earlier window of that shape has compiled every
+    # graph it calls) and replayed for the others: one launch per window instead of hundreds of host-side
+    # calls. Inside: the capture skips the zeroing of keys past a sequence's end, so its replays must too.
+    def graphable(s0, n_w):
+        return n_w == window and s0 > 0 and all(n >= s0 + n_w for n in lens) and inside_at(s0, n_w, range(C))
+
+    # the pools must be where the work is (a copy between devices cannot be captured)
+    pools = [x for x in (cache.k_pool, cache.v_pool, cache.k_scales, cache.v_scales) if x is not None]
+    graphs = mma is not None and _window_graphs_available(dev) and all(x.device == dev for x in pools)
+    graph, warmed = None, False
+    # a capture costs what an eager window costs: worth it when at least two windows replay it
+    to_replay = sum(graphable(s0, min(window, n_steps - s0)) for s0 in range(0, n_steps, window))
+    for s0 in range(0, n_steps, window):
+        n_w = min(window, n_steps - s0)
+        act_list = [i for i, n in enumerate(lens) if n > s0]
+        full = len(act_list) == C
+        if graphs and graphable(s0, n_w) and (graph is not None or (warmed and to_replay >= 2)):
+            if graph is None:
+                body = lambda base, m_in, l_in, o_in, s0=s0, act_list=act_list: window_pass(  # noqa: E731
+                    s0, base, window, act_list, slice(None), m_in, l_in, o_in
+                )
+                try:
+                    graph = _WindowGraph(body, m, l, o)
+                except Exception as err:  # noqa: BLE001 - the eager windows give the same bits
+                    warnings.warn(
+                        f"emulate_decode: capturing a window as a CUDA graph failed ({err!r}); this call's windows "
+                        "run eagerly (the same bits, more host time)",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+                    graphs = False
+            if graph is not None:
+                m, l, o = graph.replay(s0)
+                to_replay -= 1
+                continue
+        if full:  # the state itself (m[:] would be a view: see window_pass)
+            m_a, l_a, o_a = window_pass(s0, s0, n_w, act_list, slice(None), m, l, o)
+        else:
+            sel = _host_tensor(act_list, torch.long, dev)
+            m_a, l_a, o_a = window_pass(s0, s0, n_w, act_list, sel, m[sel], l[sel], o[sel])
+        warmed = warmed or graphable(s0, n_w)  # (a first window does not rescale its first tile: not the same)
+        to_replay -= graphable(s0, n_w)
         if full:
             m, l, o = m_a, l_a, o_a
         else:
-            m[act], l[act], o[act] = m_a, l_a, o_a
+            m[sel], l[sel], o[sel] = m_a, l_a, o_a
 
     # -- epilogue --------------------------------------------------------------------------------------
     # which chunks are split, from the plan on the host (nonzero() would wait for all the work queued)
@@ -920,6 +1123,8 @@ def _emulate(
         o_out[seq_idx] = o_red
         lse_out[seq_idx] = lse_red
 
+    if graph is not None:  # its memory back to the pool, now that the epilogue is queued
+        graph.close()
     o_bf16 = o_out.to(torch.bfloat16)
     if knobs.v_descale_at == "output":
         o_bf16 = (o_bf16.float() * vd[:, :, None, None]).to(torch.bfloat16)

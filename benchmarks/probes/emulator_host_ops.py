@@ -58,6 +58,8 @@ class _StageCounter(TorchDispatchMode):
             stage = "?"
             if "_emulate" in names:
                 i = names.index("_emulate")
+                if names[i + 1 : i + 2] == ["window_pass"]:  # _emulate's per-window steps, as one nested function
+                    i += 1
                 stage = names[i + 1] if i + 1 < len(names) else "_emulate (its own lines)"
             self.by_stage[stage] += 1
         return func(*args, **(kwargs or {}))

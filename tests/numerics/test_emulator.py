@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
 import os
+import warnings
 from decimal import Decimal
 
 import numpy as np
@@ -549,6 +551,68 @@ def test_cpu_and_cuda_are_bit_identical_with_research_knobs(knobs):
     assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu())
 
 
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["random_e4m3", "random_bf16"])
+def test_cuda_window_graphs_give_the_cpu_bits(name, monkeypatch):
+    """Windows of one tile on CUDA, so that a call captures one as a CUDA graph and replays it for the
+    later ones (unsplit sequences of 6 tiles): the CPU's bits, and a capture did happen."""
+    import mjolnir_numerics.emulator as emulator
+
+    q, cache, kw = _random_pinned_inputs(e4m3_q=name == "random_e4m3")
+    o_c, l_c = emulate_decode(q, cache, **kw, chunk_tiles=6, target="h200")
+    captured = []
+
+    class Spy(emulator._WindowGraph):
+        def __init__(self, *args):
+            super().__init__(*args)
+            captured.append(1)  # only once the capture succeeded
+
+    monkeypatch.setattr(emulator, "_window", lambda *args: 1)
+    monkeypatch.setattr(emulator, "_WindowGraph", Spy)
+    from benchmarks.bench_emulator import random_e4m3_cache
+
+    cache_g = random_e4m3_cache(3, 700, 2, 128, 16, "cuda")  # _random_pinned_inputs' cache, built on CUDA
+    kw_g = {k: v.cuda() for k, v in kw.items()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="emulate_decode: capturing")  # a failed capture fails the test
+        o_g, l_g = emulate_decode(q.cuda(), cache_g, **kw_g, chunk_tiles=6, target="h200")
+    assert captured == [1], "no window was captured"
+    assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu()), name
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.gpu
+def test_cuda_window_graphs_read_no_poisoned_page(monkeypatch):
+    """A captured window skips the zeroing of keys past a sequence's end: NaN in every unused page, and
+    sequences whose last tile is partial (so that later windows need the zeroing), captured and replayed on
+    CUDA, give the CPU's bits with no NaN."""
+    import mjolnir_numerics.emulator as emulator
+
+    def poisoned(device):
+        x = dataclasses.replace(get_case("varlen"), seq_lens=(1536, 1000, 1280)).build(device)
+        _poison_unused_pages(x.cache)
+        return x
+
+    x_c, x_g = poisoned("cpu"), poisoned("cuda")
+    o_c, l_c = emulate_decode(x_c.q, x_c.cache, q_descale=x_c.q_descale, target="h200", chunk_tiles=12)
+    captured = []
+
+    class Spy(emulator._WindowGraph):
+        def __init__(self, *args):
+            super().__init__(*args)
+            captured.append(1)
+
+    monkeypatch.setattr(emulator, "_window", lambda *args: 1)
+    monkeypatch.setattr(emulator, "_WindowGraph", Spy)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="emulate_decode: capturing")
+        o_g, l_g = emulate_decode(x_g.q, x_g.cache, q_descale=x_g.q_descale, target="h200", chunk_tiles=12)
+    assert captured == [1], "no window was captured"
+    assert not torch.isnan(o_g.float()).any()
+    assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu())
+
+
 def _stage_inputs(gen, n_w=3, a=5, g=2, n=4, t=128, d=64):
     """Random inputs of the stages CUDA compiles: scores with masked keys and whole masked tiles, running maxes
     from -inf, row sums, partials of split sequences with absent splits."""
@@ -1047,6 +1111,107 @@ def test_bits_pinned_across_speed_work(key):
     assert _digest(*got) == PINNED_DIGESTS[key], f"{key}: O / LSE bits changed"
 
 
+class _EagerWindowGraph:
+    """``emulator._WindowGraph`` without CUDA: the same state kept in its own tensors and the same device
+    scalar for the window's first tile, the body run again at each replay instead of a captured graph.
+    Counts replays per instance (class attribute ``replays``)."""
+
+    replays: list = []
+    closed = 0
+
+    def __init__(self, body, m, l, o):
+        self.body, self.state = body, (m.clone(), l.clone(), o.clone())
+        self.base = torch.zeros((), dtype=torch.long)
+        _EagerWindowGraph.replays.append(0)
+
+    def replay(self, s0):
+        self.base.fill_(s0)
+        for x, y in zip(self.state, self.body(self.base, *self.state)):
+            x.copy_(y)
+        _EagerWindowGraph.replays[-1] += 1
+        return self.state
+
+    def close(self):
+        _EagerWindowGraph.closed += 1
+
+
+@pytest.mark.parametrize("window", [1, 2])
+@pytest.mark.parametrize("key", ["random_e4m3/h200", "random_bf16/thor", "fp4_e2m1/h200", "forced_splits/h200"])
+def test_replayed_windows_give_the_cpu_bits(key, window, monkeypatch):
+    """The CUDA path's window graphs (one full window captured, replayed for the later ones with the state
+    in the graph's tensors and the first tile read from a device scalar), their plumbing run on the CPU:
+    the bits must be the CPU path's, and the random cases (unsplit: 3 sequences of 6 tiles) must replay."""
+    import mjolnir_numerics.emulator as emulator
+
+    name, target = key.split("/")
+    if name.startswith("random_"):
+        q, cache, kw = _random_pinned_inputs(e4m3_q=name == "random_e4m3")
+        kw["chunk_tiles"] = 6
+    else:
+        x = get_case(name).build()
+        q, cache, kw = x.q, x.cache, x.emulator_kwargs()
+    want = _digest(*emulate_decode(q, cache, **kw, target=target))
+    _take_the_cuda_code_path(monkeypatch, window)
+    monkeypatch.setattr(emulator, "_window_graphs_available", lambda device: True)
+    monkeypatch.setattr(emulator, "_WindowGraph", _EagerWindowGraph)
+    _EagerWindowGraph.replays, _EagerWindowGraph.closed = [], 0
+    views = []  # whether each call's running max was a view: a capture reads a tensor of its own, so the eager
+    # windows must not pass a view (the compiled stage guards on it: a capture that recompiles fails)
+    softmax = emulator._window_softmax
+    monkeypatch.setattr(emulator, "_window_softmax", lambda *a: views.append(a[3]._base is not None) or softmax(*a))
+    got = emulate_decode(q, cache, **kw, target=target)
+    assert _digest(*got) == want, f"{key}: O / LSE bits differ from the CPU path's"
+    assert views and not any(views), views
+    assert len(_EagerWindowGraph.replays) <= 1, "one capture per call"
+    assert _EagerWindowGraph.closed == len(_EagerWindowGraph.replays), "a captured graph is closed by its call"
+    if name.startswith("random_"):  # 700 keys: tiles 0-4 inside, 5 not. Window 1: the first rescaling window
+        # (1) eager, 2-4 replay, 5 eager; window 2: of windows 2 and 4 (not inside), one is not worth a capture
+        assert _EagerWindowGraph.replays == ([3] if window == 1 else [])
+
+
+def test_replayed_windows_read_no_poisoned_page(monkeypatch):
+    """A captured window skips the zeroing of keys past a sequence's end, so it is replayed only for windows
+    whose keys all lie inside their sequences: NaN in every unused page and sequences whose last tile is
+    partial give the CPU path's bits; every window replayed was inside, and some were replayed."""
+    import mjolnir_numerics.emulator as emulator
+
+    x = dataclasses.replace(get_case("varlen"), seq_lens=(1536, 1000, 1280)).build()
+    cache = x.cache
+    _poison_unused_pages(cache)
+    kw = dict(q_descale=x.q_descale, target="h200", chunk_tiles=12)
+    want = emulate_decode(x.q, cache, **kw)
+    _take_the_cuda_code_path(monkeypatch, 1)
+    monkeypatch.setattr(emulator, "_window_graphs_available", lambda device: True)
+    monkeypatch.setattr(emulator, "_WindowGraph", _EagerWindowGraph)
+    _EagerWindowGraph.replays, _EagerWindowGraph.closed = [], 0
+    replayed = []  # the tiles each replay's sources read, with whether they claimed to be inside
+    replay = _EagerWindowGraph.replay
+    tile_source = emulator._TileSource
+    reading = []
+
+    def spy_replay(self, s0):
+        reading.append(s0)
+        try:
+            return replay(self, s0)
+        finally:
+            reading.pop()
+
+    def spy_source(cache, which, seqs, tiles, seq_lens, bt, inside=False):
+        if reading:
+            keys_inside = bool(((tiles + 1) * emulator.TILE_KEYS <= seq_lens[seqs]).all())
+            replayed.append((reading[-1], inside, keys_inside))
+        return tile_source(cache, which, seqs, tiles, seq_lens, bt, inside)
+
+    monkeypatch.setattr(_EagerWindowGraph, "replay", spy_replay)
+    monkeypatch.setattr(emulator, "_TileSource", spy_source)
+    got = emulate_decode(x.q, cache, **kw)
+    assert _equal(got[0], want[0]) and _equal(got[1], want[1]) and not torch.isnan(got[0].float()).any()
+    # 1000 keys: tiles 0-6 of every sequence inside, tile 7 of the second not; window 1 eager, 2-6 replayed
+    assert _EagerWindowGraph.replays == [5]
+    assert sorted({r[0] for r in replayed}) == [2, 3, 4, 5, 6]
+    assert all(inside and keys_inside for _, inside, keys_inside in replayed), replayed
+
+
 @pytest.mark.parametrize("window", [1, 3, 6])
 @pytest.mark.parametrize("key", sorted(k for k in PINNED_HW_DIGESTS if k.endswith("/h200")) + ["random_bf16/thor"])
 def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatch):
@@ -1143,3 +1308,157 @@ def test_unique_rows_is_torch_unique_of_the_rows(n, n_pages):
     want_u, want_i = torch.unique(rows, dim=0, return_inverse=True)
     got_u, got_i = _unique_rows(rows)
     assert torch.equal(got_u, want_u) and torch.equal(got_i, want_i)
+
+
+def test_host_data_is_refused_inside_a_capture(monkeypatch):
+    """A host list copied to the device inside a CUDA graph capture would be read again from its pinned buffer
+    at every replay (reused by then): ``_host_tensor`` refuses it, so the capture fails and the eager windows
+    run instead."""
+    import mjolnir_numerics.emulator as emulator
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="inside a CUDA graph capture"):
+        emulator._host_tensor([1, 2], torch.long, torch.device("cuda"))
+    assert emulator._host_tensor([1, 2], torch.long, torch.device("cpu")).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("failed", [True, False])
+def test_a_refused_capture_end_leaves_the_allocator_out_of_capture(failed, monkeypatch):
+    """Where CUDA refuses ``capture_end`` (an invalidated capture), torch raises before ending the allocator's
+    side of the capture: ``_end_capture`` ends it by hand (the pool would stay the thread's allocation target
+    for the process) and drops the device's pool, then raises the refusal unless the caller already has an
+    error to report."""
+    import mjolnir_numerics.emulator as emulator
+
+    calls = []
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", lambda i, p: calls.append(("end", i, p)))
+    monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda i, p: calls.append(("release", i, p)))
+
+    class Refused:
+        def capture_end(self):
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    class Ended:
+        def capture_end(self):
+            calls.append("ended")
+
+    pool = type("Pool", (), {"id": (0, 7)})()
+    monkeypatch.setattr(emulator, "_GRAPH_POOLS", {3: (pool, None)})
+    emulator._end_capture(Ended(), pool, 3, failed=False)
+    assert calls == ["ended"] and 3 in emulator._GRAPH_POOLS
+    calls.clear()
+    if failed:
+        emulator._end_capture(Refused(), pool, 3, failed=True)
+    else:
+        with pytest.raises(RuntimeError, match="previous error"):
+            emulator._end_capture(Refused(), pool, 3, failed=False)
+    assert calls == [("end", 3, (0, 7)), ("release", 3, (0, 7))]
+    assert 3 not in emulator._GRAPH_POOLS  # the next capture opens a new pool
+
+
+class _GraphPoolModel:
+    """What torch 2.11's allocators do with a pool's graphs, enough to test the plumbing on the CPU: a capture
+    into a pool id counts it up (making it at its first capture), a freed graph counts it down, and a capture
+    that reopens a pool whose count fell to zero fails the pinned-host allocator's assert (the device
+    allocator's count, which a MemPool holds, is not modelled: it never reached zero)."""
+
+    def __init__(self, monkeypatch, emulator):
+        self.counts, self.pools, model = {}, 0, self
+
+        class Graph:
+            def capture_begin(self, pool, capture_error_mode):
+                if model.counts.get(pool, 1) == 0:
+                    raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED")
+                model.counts[pool] = model.counts.get(pool, 0) + 1
+                self.pool = pool
+
+            def reset(self):
+                model.counts[self.pool] -= 1
+
+        def mem_pool():
+            model.pools += 1
+            return type("MemPool", (), {"id": (0, model.pools)})()
+
+        def capture(graph, pool, fn, device):
+            graph.capture_begin(pool=pool.id, capture_error_mode="thread_local")
+
+        self.graph = Graph
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "MemPool", mem_pool)
+        monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+        monkeypatch.setattr(emulator, "_capture", capture)
+        monkeypatch.setattr(emulator, "_GRAPH_POOLS", {})
+
+
+def test_graph_pools_are_one_per_device_until_released(monkeypatch):
+    """The CUDA graphs' memory pool: made once per device and reused by every later capture (no new pool, so no
+    new cudaMalloc, per call), until ``release_graph_memory`` lets it go."""
+    import mjolnir_numerics.emulator as emulator
+
+    model = _GraphPoolModel(monkeypatch, emulator)
+    a = emulator._graph_pool(torch.device("cuda", 0))
+    assert emulator._graph_pool(torch.device("cuda", 0)) is a and model.pools == 1
+    b = emulator._graph_pool(torch.device("cuda", 1))
+    assert b is not a and model.pools == 2
+    emulator.release_graph_memory()
+    assert emulator._graph_pool(torch.device("cuda", 0)) is not a and model.pools == 3
+
+
+def test_a_graph_pool_stays_open_between_calls(monkeypatch):
+    """Each call captures its graph into the device's pool and frees it at its end; the next call's capture
+    reopens the pool. With only the MemPool held, the second capture fails the pinned-host allocator's assert
+    (the H100 runs of 2026-12-06: every capture after a call's first); the pool's own graph keeps it open."""
+    import mjolnir_numerics.emulator as emulator
+
+    model = _GraphPoolModel(monkeypatch, emulator)
+    bare = torch.cuda.MemPool()  # the pool alone: what failed on the H100
+    for i in range(2):
+        graph = model.graph()
+        if i == 0:
+            emulator._capture(graph, bare, None, None)
+            graph.reset()
+        else:
+            with pytest.raises(RuntimeError, match="use_count > 0"):
+                emulator._capture(graph, bare, None, None)
+    for _ in range(3):  # three calls, each capturing one graph and freeing it
+        pool = emulator._graph_pool(torch.device("cuda", 0))
+        graph = model.graph()
+        emulator._capture(graph, pool, None, None)
+        graph.reset()
+        assert model.counts[pool.id] == 1  # the pool's own graph
+    assert model.pools == 2  # one pool for the three calls
+
+
+@pytest.mark.parametrize("began", [True, False])
+def test_a_failed_capture_begin_ends_the_allocators_capture(began, monkeypatch):
+    """``capture_begin`` may fail after it began the device allocator's capture into the pool (the pinned-host
+    allocator's assert) or before: the capture is abandoned either way (the device allocator's side ended
+    where it began, its count released only then), the error propagates and the device's pool is dropped."""
+    import mjolnir_numerics.emulator as emulator
+
+    calls = []
+
+    def end(i, p):
+        if not began:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+        calls.append(("end", i, p))
+
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end)
+    monkeypatch.setattr(torch._C, "_cuda_releasePool", lambda i, p: calls.append(("release", i, p)))
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("S", (), {"wait_stream": lambda self, s: 0})())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(emulator, "_CAPTURE_STREAMS", {5: type("S", (), {"wait_stream": lambda self, s: 0})()})
+
+    class Fails:
+        def capture_begin(self, pool, capture_error_mode):
+            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED")
+
+    pool = type("Pool", (), {"id": (0, 9)})()
+    monkeypatch.setattr(emulator, "_GRAPH_POOLS", {5: (pool, None)})
+    ran = []
+    with pytest.raises(RuntimeError, match="use_count"):
+        emulator._capture(Fails(), pool, lambda: ran.append(1), torch.device("cuda", 5))
+    assert not ran
+    assert calls == ([("end", 5, (0, 9)), ("release", 5, (0, 9))] if began else [])
+    assert 5 not in emulator._GRAPH_POOLS
