@@ -7,7 +7,7 @@ and (built on them) the paged KV cache, the split-KV plan and the decode emulato
 from .cache import LAYOUTS, PAGE_SIZES, PagedKVCache
 from .cases import CASES, CaseInputs, DecodeCase, get_case
 from .capability import check_supported, unsupported_reason
-from .emulator import DecodeResult, EmulatorKnobs, emulate_decode
+from .emulator import DecodeResult, EmulatorKnobs, emulate_decode, release_graph_memory
 from .formats import E2M1, E2M3, E3M2, E4M3, FORMATS, NVFP4, BlockScaledFormat, Format, get_format
 from .nvfp4 import NVFP4Tensor, nvfp4_quantize
 from .packing import pack, packed_size, unpack
@@ -26,7 +26,7 @@ __all__ = [
     "NVFP4Tensor", "nvfp4_quantize", "GRANULARITIES", "compute_descale", "quantize_q", "pack_q", "unpack_o",
     "PagedKVCache", "LAYOUTS", "PAGE_SIZES", "TILE_KEYS", "SplitPlan", "plan_split_kv", "chunked_plan",
     "default_plan", "Target", "TARGETS", "get_target", "target_for", "check_supported", "unsupported_reason",
-    "emulate_decode", "EmulatorKnobs", "DecodeResult",
+    "emulate_decode", "EmulatorKnobs", "DecodeResult", "release_graph_memory",
     "reference_decode", "attribute_errors", "error_metrics", "ErrorRow", "ERROR_SOURCES",
     "CASES", "DecodeCase", "CaseInputs", "get_case",
     "TRANSFORMS", "rotate", "hadamard_matrix", "smoothing_factors", "apply_smoothing",

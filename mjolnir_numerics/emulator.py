@@ -23,9 +23,11 @@ stages' branch-free forms (no data-dependent shortcut that would ask the device;
 rounding written so that no compiler pass drops it: docs/numerics.md, "Roundings that compilers keep").
 A window of every chunk, all its tiles inside their sequences, is captured once as a CUDA graph and replayed
 for the later windows of its shape (one launch instead of hundreds of host-side calls; the same kernels, so
-the same bits). ``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a process compiles and tunes the
-graphs (about 4 minutes on the H200's host for the first shape; torch's inductor cache keeps them across
-processes).
+the same bits). The graphs' memory stays in one pool per device between calls (up to a window's working set,
+about a GiB at the largest windows), so that later calls capture without new allocations;
+:func:`release_graph_memory` lets it go. ``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a process
+compiles and tunes the graphs (about 4 minutes on the H200's host for the first shape; torch's inductor cache
+keeps them across processes).
 
 Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp level on the results;
 ``tests/numerics/test_emulator.py::test_agrees_with_the_seed_emulator`` bounds them):
@@ -104,7 +106,7 @@ from .plan import PLAN_MODES, TILE_KEYS, SplitPlan, chunked_plan, default_plan
 from .scales import pack_q, unpack_o
 from .targets import MAX_TILE_STREAMS, Target, default_target, get_target
 
-__all__ = ["EmulatorKnobs", "DecodeResult", "emulate_decode", "P_FORMATS", "KERNEL_P_SCALE"]
+__all__ = ["EmulatorKnobs", "DecodeResult", "emulate_decode", "release_graph_memory", "P_FORMATS", "KERNEL_P_SCALE"]
 
 KERNEL_P_SCALE = 448.0
 """The fp8-Q path stores P as e4m3(p * 448): p in [0, 1] spans e4m3's whole range (FlashAttention: 256)."""
@@ -564,7 +566,13 @@ def _graph_pool(device: torch.device):
 def release_graph_memory() -> None:
     """Let go of the memory pools of the emulator's CUDA graphs (one per device, up to a window's working set:
     about a GiB at the largest windows); ``torch.cuda.empty_cache()`` then returns it to the device. The next
-    call on CUDA makes a new pool."""
+    call on CUDA makes a new pool. Nothing to do on the CPU or where no call has run on CUDA.
+
+    Example (a notebook that needs the GPU's memory back after a study)::
+
+        mjolnir_numerics.release_graph_memory()
+        torch.cuda.empty_cache()
+    """
     _GRAPH_POOLS.clear()
 
 
@@ -763,6 +771,9 @@ def emulate_decode(
             format pair the kernel cannot run, bad descales (shape, zero, negative, NaN), a seq_len
             beyond its block-table row, a referenced page out of range, ``0 < seq_len < q_len``, an
             invalid plan, or a knob out of range.
+
+    On CUDA, the first call of a shape compiles its graphs (minutes), and the memory of its CUDA graphs stays
+    held for the next call until :func:`release_graph_memory`.
     """
     if cpu_threads is not None and (
         isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1

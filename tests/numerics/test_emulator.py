@@ -1402,6 +1402,9 @@ def test_graph_pools_are_one_per_device_until_released(monkeypatch):
     assert b is not a and model.pools == 2
     emulator.release_graph_memory()
     assert emulator._graph_pool(torch.device("cuda", 0)) is not a and model.pools == 3
+    import mjolnir_numerics
+
+    assert mjolnir_numerics.release_graph_memory is emulator.release_graph_memory  # the public name users call
 
 
 def test_a_graph_pool_stays_open_between_calls(monkeypatch):
