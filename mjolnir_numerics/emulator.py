@@ -1068,7 +1068,8 @@ def _emulate(
         n_w = min(window, n_steps - s0)
         act_list = [i for i, n in enumerate(lens) if n > s0]
         full = len(act_list) == C
-        if graphs and graphable(s0, n_w) and (graph is not None or (warmed and to_replay >= 2)):
+        replayable = graphable(s0, n_w)
+        if graphs and replayable and (graph is not None or (warmed and to_replay >= 2)):
             if graph is None:
                 body = lambda base, m_in, l_in, o_in, s0=s0, act_list=act_list: window_pass(  # noqa: E731
                     s0, base, window, act_list, slice(None), m_in, l_in, o_in
@@ -1092,8 +1093,8 @@ def _emulate(
         else:
             sel = _host_tensor(act_list, torch.long, dev)
             m_a, l_a, o_a = window_pass(s0, s0, n_w, act_list, sel, m[sel], l[sel], o[sel])
-        warmed = warmed or graphable(s0, n_w)  # (a first window does not rescale its first tile: not the same)
-        to_replay -= graphable(s0, n_w)
+        warmed = warmed or replayable  # (a first window does not rescale its first tile: not the same)
+        to_replay -= replayable
         if full:
             m, l, o = m_a, l_a, o_a
         else:

@@ -18,22 +18,30 @@ import time
 from unittest import mock
 
 
-def main(argv=None) -> int:
+def cuda_code_path_patches(window: int) -> list:
+    """The ``mock.patch`` objects (not started) that send the emulator down its CUDA code path on the CPU:
+    windows of ``window`` tiles, the fused chains taken (and run eagerly, for time), the stages' sync-free
+    forms. The other graph probes share them."""
     import mjolnir_numerics.arithmetic as arithmetic
     import mjolnir_numerics.emulator as emulator
     import mjolnir_numerics.emulator_stages as stages
-    from mjolnir_numerics import emulate_decode
-    from mjolnir_numerics.cases import get_case
-    from tests.numerics.test_emulator import PINNED_HW_DIGESTS, _digest, _random_pinned_inputs
 
-    keys = (sys.argv[1:] if argv is None else argv) or ["forced_splits/h200", "random_bf16/h200", "random_e4m3/h200"]
-    patches = [
-        mock.patch.object(emulator, "_window", lambda *a: 3),
+    return [
+        mock.patch.object(emulator, "_window", lambda *a: window),
         mock.patch.object(emulator, "fused_chain_available", lambda device: True),
         mock.patch.object(arithmetic, "fused_chain_available", lambda device: True),
         mock.patch.object(arithmetic, "_fused", lambda fn, tune=False: fn),  # the chains eager
         mock.patch.object(stages, "_sync_free", lambda x: True),
     ]
+
+
+def main(argv=None) -> int:
+    from mjolnir_numerics import emulate_decode
+    from mjolnir_numerics.cases import get_case
+    from tests.numerics.test_emulator import PINNED_HW_DIGESTS, _digest, _random_pinned_inputs
+
+    keys = (sys.argv[1:] if argv is None else argv) or ["forced_splits/h200", "random_bf16/h200", "random_e4m3/h200"]
+    patches = cuda_code_path_patches(3)
     for p in patches:
         p.start()
     failed = 0

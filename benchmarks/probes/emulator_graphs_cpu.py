@@ -82,23 +82,14 @@ def _inputs(name: str):
 
 
 def main(argv=None) -> int:
-    import mjolnir_numerics.arithmetic as arithmetic
     import mjolnir_numerics.emulator as emulator
-    import mjolnir_numerics.emulator_stages as stages
+    from benchmarks.probes.emulator_compiled_cpu import cuda_code_path_patches
     from mjolnir_numerics import emulate_decode
     from tests.numerics.test_emulator import _digest
 
     args = sys.argv[1:] if argv is None else argv
     kind = args[0] if args else ""
-    if kind == "window" and hasattr(emulator, "_WindowGraph"):
-        window, graph_patches = (
-            1,
-            [
-                mock.patch.object(emulator, "_window_graphs_available", lambda device: True),
-                mock.patch.object(emulator, "_WindowGraph", _TracedWindowGraph),
-            ],
-        )
-    else:
+    if kind != "window":
         print("emulator_graphs_cpu: give 'window'", file=sys.stderr)
         return 2
 
@@ -108,12 +99,9 @@ def main(argv=None) -> int:
 
     wants = {name: run(name) for name in CASES}  # the CPU path's bits
     patches = [
-        mock.patch.object(emulator, "_window", lambda *a: window),
-        mock.patch.object(emulator, "fused_chain_available", lambda device: True),
-        mock.patch.object(arithmetic, "fused_chain_available", lambda device: True),
-        mock.patch.object(arithmetic, "_fused", lambda fn, tune=False: fn),  # the chains eager
-        mock.patch.object(stages, "_sync_free", lambda x: True),
-        *graph_patches,
+        *cuda_code_path_patches(1),
+        mock.patch.object(emulator, "_window_graphs_available", lambda device: True),
+        mock.patch.object(emulator, "_WindowGraph", _TracedWindowGraph),
     ]
     failed = 0
     with warnings.catch_warnings():
