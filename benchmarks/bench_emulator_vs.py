@@ -3,10 +3,13 @@
     python -m benchmarks.bench_emulator_vs --baseline ff79b6d            # the issue's CPU shapes
     python -m benchmarks.bench_emulator_vs --baseline ff79b6d --quick    # small shapes (a smoke run)
 
+    python -m benchmarks.bench_emulator_vs --baseline ff79b6d --quick --format nvfp4   # another KV format
+
 Checks ``--baseline`` out into a temporary git worktree and times ``emulate_decode`` with default
 arguments on the ``--target`` (default h200: its MMA, ex2 and log models) for each case, in two worker
 processes per case, one importing the baseline and one the working tree, one after the other. Each worker
-builds the same inputs (an e4m3 paged cache, 24/4 heads, d = 256, page size 128, seeded), makes one small
+builds the same inputs (a paged cache, 24/4 heads, d = 256, page size 128, seeded: e4m3 random codes, or
+``--format``'s quantization of random normal K and V per head), makes one small
 untimed call (table loads, allocator warm-up) and reports its best of ``--repeat`` calls and a digest of
 the O and LSE bits. Prints per case both times, their ratio, and whether the bits are identical; then the
 floor a non-exact emulator would reach: torch's fp32 SDPA on the dequantized cache (same shapes). Exits 1
@@ -31,15 +34,22 @@ CASES = {  # name: (num_seqs, keys per sequence, Q path)
     "quick": [(4, 1024, "bf16"), (4, 1024, "e4m3"), (1, 16384, "e4m3")],
 }
 HEADS_Q, HEADS_K, HEAD_DIM, PAGE_SIZE = 24, 4, 256, 128
+KV_FORMATS = ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4")  # (no package import here: the workers import the trees)
 
 
-def _inputs(num_seqs: int, seq_len: int, q_path: str, device: str):
+def _inputs(num_seqs: int, seq_len: int, q_path: str, device: str, fmt: str = "e4m3"):
     import torch
 
     from benchmarks.bench_emulator import random_e4m3_cache
+    from mjolnir_numerics import PagedKVCache
     from mjolnir_numerics.scales import quantize_q
 
-    cache = random_e4m3_cache(num_seqs, seq_len, HEADS_K, HEAD_DIM, PAGE_SIZE, device)
+    if fmt == "e4m3":
+        cache = random_e4m3_cache(num_seqs, seq_len, HEADS_K, HEAD_DIM, PAGE_SIZE, device)
+    else:  # public API only: the same builder in both trees
+        gen = torch.Generator().manual_seed(2)
+        k, v = (torch.randn(num_seqs, seq_len, HEADS_K, HEAD_DIM, generator=gen) for _ in range(2))
+        cache = PagedKVCache.from_float(k, v, fmt, page_size=PAGE_SIZE, granularity="per_head", device=device)
     q = torch.randn(num_seqs, HEADS_Q, HEAD_DIM, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     kw = {}
     if q_path == "e4m3":
@@ -62,9 +72,9 @@ def worker(case: str, target: str, device: str, repeat: int, sdpa: bool) -> dict
     from mjolnir_numerics import emulate_decode
 
     torch.set_num_threads(1)
-    num_seqs, seq_len, q_path = json.loads(case)
-    q, cache, kw = _inputs(num_seqs, seq_len, q_path, device)
-    small_q, small_cache, small_kw = _inputs(1, 256, q_path, device)
+    num_seqs, seq_len, q_path, fmt = json.loads(case)
+    q, cache, kw = _inputs(num_seqs, seq_len, q_path, device, fmt)
+    small_q, small_cache, small_kw = _inputs(1, 256, q_path, device, fmt)
     emulate_decode(small_q, small_cache, **small_kw, target=target)
     best, out = float("inf"), None
     for _ in range(repeat):
@@ -120,6 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="h200", help="the emulator's target (its hardware models)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeat", type=int, default=2, help="timed calls per worker (best reported)")
+    ap.add_argument("--format", default="e4m3", choices=KV_FORMATS, help="the cache's KV format")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--sdpa", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -145,14 +156,17 @@ def main(argv=None) -> int:
 
 
 def _compare(base: Path, args) -> int:
-    print(f"# baseline {args.baseline} against the working tree {ROOT}; target {args.target}, device "
-          f"{args.device}, torch threads 1, best of {args.repeat} calls per worker")  # fmt: skip
+    print(f"# baseline {args.baseline} against the working tree {ROOT}; {args.format} KV, target {args.target}, "
+          f"device {args.device}, torch threads 1, best of {args.repeat} calls per worker")  # fmt: skip
     print(f"{'case':<24}{'baseline s':>11}{'now s':>9}{'speedup':>9}{'sdpa fp32 s':>13}{'now/sdpa':>10}  bits")
     failed = False
-    for case in CASES["quick" if args.quick else "full"]:
+    cases = [(*case, args.format) for case in CASES["quick" if args.quick else "full"]]
+    if args.format != "e4m3":  # the kernels run the sub-byte formats with e4m3 Q only
+        cases = [case for case in cases if case[2] == "e4m3"]
+    for case in cases:
         old = _run_worker(base, case, args, sdpa=False)
         new = _run_worker(ROOT, case, args, sdpa=True)
-        if case == CASES["quick" if args.quick else "full"][0]:
+        if case == cases[0]:
             print(f"# baseline imported from {old['file']}, now from {new['file']}")
         same = old["digest"] == new["digest"]
         failed |= not same
