@@ -295,8 +295,9 @@ def main(argv=None) -> int:
             line = f"{'':<20} {args.ab}=0 {off:.1f} ms, {args.ab}=1 {on:.1f} ms (medians of {args.repeat} "
             line += f"alternating calls): 1/0 {on / off:.2f}, ratio at 1 {on / r['kernel_ms']:.1f}x; "
             print(line + f"returned {off_back:.1f} / {on_back:.1f} ms", flush=True)
-        for k, (ms, back) in enumerate(r.get("arms") or []):
-            first = r["arms"][0][0]  # arm 1's median: the others are read against it
+        arms_ms = r.get("arms") or []
+        for k, (ms, back) in enumerate(arms_ms):
+            first = arms_ms[0][0]  # arm 1's median: the others are read against it
             label = ",".join(f"{n}={v}" for n, v in arms[k].items())
             print(f"{'':<20} arm {k + 1} {label}: {ms:.1f} ms (median of {args.repeat}, arms in turn), "
                   f"{ms / first:.2f} of arm 1, ratio {ms / r['kernel_ms']:.1f}x; returned {back:.1f} ms",

@@ -6,9 +6,10 @@ import json
 import pytest
 
 from benchmarks import bench_emulator_vs as vs
+from mjolnir_numerics.capability import KV_FORMATS
 
 
-@pytest.mark.parametrize("fmt", vs.KV_FORMATS)
+@pytest.mark.parametrize("fmt", KV_FORMATS)
 def test_inputs_build_a_cache_of_the_format(fmt):
     q, cache, kw = vs._inputs(2, 300, "e4m3", "cpu", fmt)
     assert cache.fmt.name == fmt and cache.num_seqs == 2 and int(cache.seq_lens.max()) == 300
