@@ -370,15 +370,21 @@ def _gather(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return table[codes.long()]
 
 
+def e4m3_packed_table(operand: str, device) -> torch.Tensor:
+    """int32 ``(256,)``: :func:`pack_operands` of every e4m3 code's value (NaN codes included), made once
+    per operand format and device."""
+    key = (operand, str(device))
+    if key not in _E4M3_PACKED:
+        codes = torch.arange(256, dtype=torch.uint8, device=device)
+        _E4M3_PACKED[key] = pack_operands(codes.view(torch.float8_e4m3fn).float(), operand)
+    return _E4M3_PACKED[key]
+
+
 def pack_fused(x: torch.Tensor, operand: str) -> torch.Tensor:
     """:func:`pack_operands` as CUDA runs it (one compiled pass; float8 e4m3 operands through a 256-entry
     table of their packed values, since Triton cannot compile float8 inside the graph)."""
     if x.dtype == torch.float8_e4m3fn:
-        key = (operand, str(x.device))
-        if key not in _E4M3_PACKED:
-            codes = torch.arange(256, dtype=torch.uint8, device=x.device)
-            _E4M3_PACKED[key] = pack_operands(codes.view(torch.float8_e4m3fn).float(), operand)
-        return _fused(_gather)(x.view(torch.uint8), _E4M3_PACKED[key])
+        return _fused(_gather)(x.view(torch.uint8), e4m3_packed_table(operand, x.device))
     return _fused(pack_operands)(x, operand)
 
 
@@ -417,6 +423,13 @@ def _int_chain(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model_name: st
         c = round_toward_zero_f32(total * _pow2(unit))
         c = torch.where(big >= _NAN_LIMIT, math.nan, c)
     return c
+
+
+def _int_chain_codes(a: torch.Tensor, b_codes: torch.Tensor, table: torch.Tensor, c: torch.Tensor, model_name: str):
+    """:func:`_int_chain` with ``b`` given as uint8 e4m3 codes ``(..., N, S, K)`` and ``table``
+    (:func:`e4m3_packed_table`): compiled, the table lookup is fused into the chain's reduction, so the packed
+    int32 ``b`` (four bytes per code) is never written out and read back."""
+    return _int_chain(a, table[b_codes.long()], c, model_name)
 
 
 # The compile helper is shared with the fused helpers; these names are the emulator's.
@@ -461,8 +474,8 @@ def chain_gemm(
         groups: int64 ``(steps, k)``, each index of ``range(K)`` at most once.
         model: an :class:`MmaModel` (not an ideal one: those add the whole contraction at once).
         fused: evaluate the formula compiled (:func:`_int_chain` on :func:`pack_operands`: one pass over the
-            operands per instruction, no tensor of products); None: where :func:`fused_chain_available`.
-            The bits are the same.
+            operands per instruction, no tensor of products; a float8 e4m3 ``b_rows`` is packed inside that
+            graph, from its codes); None: where :func:`fused_chain_available`. The bits are the same.
 
     Returns:
         float32 ``(..., M, N)``.
@@ -477,5 +490,10 @@ def chain_gemm(
     if not fused:
         a, b = a_rows.double()[..., :, None, :], b_rows.double()[..., None, :, :]
         return chain_fma(a, b, c, groups.to(a_rows.device), model)
-    a, b = pack_fused(a_rows, model.operand), pack_fused(b_rows, model.operand)
-    return _fused(_int_chain, True)(in_walk_order(a, groups), in_walk_order(b, groups), c, model.name)
+    a = in_walk_order(pack_fused(a_rows, model.operand), groups)
+    if b_rows.dtype == torch.float8_e4m3fn:  # a cache's e4m3 K: its codes, packed inside the chain's graph
+        table = e4m3_packed_table(model.operand, b_rows.device)
+        b_codes = in_walk_order(b_rows.view(torch.uint8), groups)
+        return _fused(_int_chain_codes, True)(a, b_codes, table, c, model.name)
+    b = in_walk_order(pack_fused(b_rows, model.operand), groups)
+    return _fused(_int_chain, True)(a, b, c, model.name)

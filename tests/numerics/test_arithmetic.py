@@ -348,6 +348,40 @@ def test_e4m3_codes_pack_through_their_table():
         assert int((table >> 16 == arithmetic._NAN_E).sum()) == 2  # 0x7F and 0xFF
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_s_chain_from_codes_gives_the_packed_chain(device, monkeypatch):
+    """A float8 e4m3 ``b_rows`` (the cache's K on the fused path) takes the codes route: its uint8 codes in
+    the walk's order and the 256-entry table go into the chain's graph, which packs them there. Every code
+    (NaN codes included) against the chain on the same values packed apart, and against ``chain_fma``, on a
+    shuffled walk. On the CPU the formula runs eagerly (inductor's C++ code for the integer chain does not
+    compile, with or without the codes: torch 2.13); on CUDA compiled, as the emulator runs it."""
+    from mjolnir_numerics import arithmetic
+
+    gen = torch.Generator().manual_seed(8)
+    model = SM90["f16"]
+    steps, k = 8, model.block
+    a = (torch.randn(2, 3, 5, steps * k, generator=gen) * 4).to(torch.float16).double()
+    a[0, 0, 0, :4] = 0.0
+    codes = torch.randint(0, 256, (2, 3, 64, steps * k), generator=gen, dtype=torch.uint8)
+    codes[0, 0, :2] = torch.arange(256, dtype=torch.uint8).view(2, 128)  # every code once
+    b8 = codes.view(torch.float8_e4m3fn)
+    c = torch.zeros(2, 3, 5, 64)
+    c[1] = torch.randn(3, 5, 64, generator=gen)
+    walk = torch.randperm(steps * k, generator=gen).view(steps, k)
+    seen = []
+    real = arithmetic._int_chain_codes
+    monkeypatch.setattr(arithmetic, "_int_chain_codes", lambda *args: seen.append(1) or real(*args))
+    if device == "cpu":
+        monkeypatch.setattr(arithmetic, "_fused", lambda fn, tune=False: fn)
+    got = chain_gemm(a.to(device), b8.to(device), c.to(device), walk, model, fused=True).cpu()
+    assert seen, "the float8 operand did not take the codes route"
+    apart = chain_gemm(a.to(device), b8.float().to(device), c.to(device), walk, model, fused=True).cpu()
+    want = chain_fma(a[..., :, None, :], b8.double()[..., None, :, :], c, walk, model)
+    assert bool(_same(got, apart).all()), f"{int((~_same(got, apart)).sum())} differ from the packed chain"
+    assert bool(_same(got, want).all())
+    assert bool(torch.isnan(got[0, 0, :, :2]).all())  # rows of codes 0x7F and 0xFF (NaN)
+
+
 # ------------------------------------------------------------------------------------------------------
 # The libdevice log
 # ------------------------------------------------------------------------------------------------------
