@@ -491,7 +491,7 @@ def chain_gemm(
         a, b = a_rows.double()[..., :, None, :], b_rows.double()[..., None, :, :]
         return chain_fma(a, b, c, groups.to(a_rows.device), model)
     a = in_walk_order(pack_fused(a_rows, model.operand), groups)
-    if b_rows.dtype == torch.float8_e4m3fn:  # a cache's e4m3 K: its codes, packed inside the chain's graph
+    if b_rows.dtype == torch.float8_e4m3fn:  # e4m3 operands (the cache's K): codes, packed inside the graph
         table = e4m3_packed_table(model.operand, b_rows.device)
         b_codes = in_walk_order(b_rows.view(torch.uint8), groups)
         return _fused(_int_chain_codes, True)(a, b_codes, table, c, model.name)

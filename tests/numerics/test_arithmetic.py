@@ -348,23 +348,33 @@ def test_e4m3_codes_pack_through_their_table():
         assert int((table >> 16 == arithmetic._NAN_E).sum()) == 2  # 0x7F and 0xFF
 
 
+@pytest.mark.parametrize("name", ["sm90_f16", "sm90_bf16", "sm100_e4m3"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_s_chain_from_codes_gives_the_packed_chain(device, monkeypatch):
+def test_s_chain_from_codes_gives_the_packed_chain(device, name, monkeypatch):
     """A float8 e4m3 ``b_rows`` (the cache's K on the fused path) takes the codes route: its uint8 codes in
-    the walk's order and the 256-entry table go into the chain's graph, which packs them there. Every code
-    (NaN codes included) against the chain on the same values packed apart, and against ``chain_fma``, on a
-    shuffled walk. On the CPU the formula runs eagerly (inductor's C++ code for the integer chain does not
-    compile, with or without the codes: torch 2.13); on CUDA compiled, as the emulator runs it."""
+    the walk's order and the 256-entry table of the model's operand format go into the chain's graph, which
+    packs them there. Every code (NaN codes included; half the rest subnormal, and keys wholly subnormal,
+    where the operand formats' exponent floors differ) against the chain on the same values packed apart, and
+    against ``chain_fma``, on a shuffled walk, with K as the emulator hands it over (a transposed view, its
+    leading dims broadcast). On the
+    CPU the formula runs eagerly (inductor's C++ code for the integer chain does not compile, with or without
+    the codes: torch 2.13); on CUDA compiled, as the emulator runs it."""
     from mjolnir_numerics import arithmetic
 
     gen = torch.Generator().manual_seed(8)
-    model = SM90["f16"]
-    steps, k = 8, model.block
-    a = (torch.randn(2, 3, 5, steps * k, generator=gen) * 4).to(torch.float16).double()
+    model = MMA_MODELS[name]
+    steps, k = 4, model.block
+    a = torch.randint(0, 256, (2, 3, 5, steps * k), generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    a = torch.where(a.float().isnan(), 0.0, a.double())  # e4m3 values: exact in every operand format
     a[0, 0, 0, :4] = 0.0
-    codes = torch.randint(0, 256, (2, 3, 64, steps * k), generator=gen, dtype=torch.uint8)
-    codes[0, 0, :2] = torch.arange(256, dtype=torch.uint8).view(2, 128)  # every code once
-    b8 = codes.view(torch.float8_e4m3fn)
+    codes = torch.randint(0, 256, (1, 3, steps * k, 64), generator=gen, dtype=torch.uint8)
+    sub = torch.rand(codes.shape, generator=gen) < 0.5
+    sub[..., 2:10] = True  # keys 2-9 wholly subnormal: their blocks' exponent comes from the operand floor
+    codes = torch.where(sub, codes & 0x87, codes)  # exponent field 0: subnormals and signed zeros
+    codes[0, 0, :, :2] = torch.arange(256, dtype=torch.uint8).view(2, 128).T[: steps * k]  # codes 0 .. 255
+    if steps * k < 128:
+        codes[0, 1, :, :2] = torch.arange(256, dtype=torch.uint8).view(2, 128).T[-steps * k :]
+    b8 = codes.view(torch.float8_e4m3fn).transpose(-1, -2)  # (1, 3, 64, steps * k), not contiguous
     c = torch.zeros(2, 3, 5, 64)
     c[1] = torch.randn(3, 5, 64, generator=gen)
     walk = torch.randperm(steps * k, generator=gen).view(steps, k)
@@ -379,7 +389,8 @@ def test_s_chain_from_codes_gives_the_packed_chain(device, monkeypatch):
     want = chain_fma(a[..., :, None, :], b8.double()[..., None, :, :], c, walk, model)
     assert bool(_same(got, apart).all()), f"{int((~_same(got, apart)).sum())} differ from the packed chain"
     assert bool(_same(got, want).all())
-    assert bool(torch.isnan(got[0, 0, :, :2]).all())  # rows of codes 0x7F and 0xFF (NaN)
+    nan_cols = torch.isnan(b8[0].float()).any(-1)  # keys holding a NaN code
+    assert bool(nan_cols.any()) and bool(torch.isnan(got.transpose(-1, -2)[:, nan_cols]).all())
 
 
 # ------------------------------------------------------------------------------------------------------

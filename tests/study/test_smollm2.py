@@ -5,6 +5,8 @@ The model loads once per session (~9 s the first time, ~0.2 s from its
 stored weights); a 512-token forward takes ~2 s.
 """
 
+import copy
+import dataclasses
 import importlib.metadata
 import re
 
@@ -225,26 +227,46 @@ def test_deep_layers_have_attention_sinks(model, heldout_512):
     assert sink_mass.max() > 0.3, sink_mass
 
 
+def _hidden_permuted(m, seed: int = 0):
+    """``m`` with its hidden dimension permuted everywhere (embedding and output columns, the QKV and gate / up
+    weights' inputs, the O and down projections' outputs, every norm weight): the same function in exact
+    arithmetic, but every GEMM and norm sums its hidden dimension in another order, on any BLAS."""
+    perm = torch.randperm(m.embedding.shape[1], generator=torch.Generator().manual_seed(seed))
+    out = copy.copy(m)
+    out.embedding, out.output, out.output_norm = m.embedding[:, perm], m.output[:, perm], m.output_norm[perm]
+    out.layers = [
+        dataclasses.replace(
+            layer, attn_norm=layer.attn_norm[perm], wqkv=layer.wqkv[:, perm], wo=layer.wo[perm],
+            ffn_norm=layer.ffn_norm[perm], w_gate_up=layer.w_gate_up[:, perm], w_down=layer.w_down[perm],
+        )
+        for layer in m.layers
+    ]  # fmt: skip
+    return out
+
+
 def test_float64_forward_is_independent_of_the_gemm_kernels(model, heldout_512):
-    """The same 128-token prefix alone and inside a 197-token batch (other GEMM shapes, so other BLAS
-    blocking and summation orders, as on another machine): the float64 forward's captured Q/K/V (rounded
-    once to bfloat16) are identical in every bit. The float32 forward's are not, even rounded to bfloat16
-    (610 of 3.7M values on 2026-12-03: the machine effect the float64 forward removes), on a machine whose
-    float32 GEMM sums a row differently at the two shapes; some CPU builds do not (2026-12-07: 0 of 3.7M), so
-    that control is asserted where a direct probe of the first QKV GEMM shows the shape effect."""
+    """Two changes of summation order, as another machine's kernels would make: the same 128-token prefix
+    inside a 197-token batch (other GEMM shapes, so other BLAS blocking where the library blocks by shape), and
+    the model with its hidden dimension permuted (every GEMM and norm sums in another order, on any BLAS). The
+    float64 forward's captured Q/K/V (rounded once to bfloat16) are identical in every bit under both; the
+    float32 forward's move under the permutation (4,395 of 3.7M values on this CPU, 2026-12-07): the
+    machine effect the float64 forward removes."""
     assert model.dtype == torch.float64
     f32 = SmolLM2(dtype=torch.float32, cache=False)
+    prefix = heldout_512[:128]
 
-    def moved(m):
-        _, a = m.forward(heldout_512[:128], capture=True)
-        _, b = m.forward(heldout_512[:197], capture=True)
+    def moved(a, b):
         return sum(int((x != y[:, :128]).sum()) for x, y in ((a.q, b.q), (a.k, b.k), (a.v, b.v)))
 
-    assert moved(model) == 0
-    x = f32.embedding[heldout_512[:197].to(f32.device)]
-    w = f32.layers[0].wqkv
-    if not torch.equal(x[:128] @ w.T, (x @ w.T)[:128]):  # this BLAS sums by shape: the float32 forward moves
-        assert moved(f32) > 100
+    def by_shape(m):
+        return moved(m.forward(prefix, capture=True)[1], m.forward(heldout_512[:197], capture=True)[1])
+
+    def by_order(m):
+        return moved(m.forward(prefix, capture=True)[1], _hidden_permuted(m).forward(prefix, capture=True)[1])
+
+    assert by_shape(model) == 0
+    assert by_order(model) == 0
+    assert by_order(f32) > 100
     with pytest.raises(ValueError, match="dtype: torch.float16 is not one of"):
         SmolLM2(dtype=torch.float16)
 
