@@ -43,6 +43,31 @@ def _count_arg(value: str) -> int:
     return n
 
 
+def _formats_arg(value: str) -> tuple[str, ...]:
+    """argparse type of ``--formats``: comma-separated KV formats the kernels take."""
+    from mjolnir_numerics.capability import KV_FORMATS
+
+    names = tuple(v.strip() for v in value.split(","))
+    bad = [v for v in names if v not in KV_FORMATS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]!r} is not one of {', '.join(KV_FORMATS)}")
+    return names
+
+
+def _head_dims_arg(value: str) -> tuple[int, ...]:
+    """argparse type of ``--head-dims``: comma-separated head dims the kernels take."""
+    from mjolnir_numerics.capability import HEAD_DIMS
+
+    try:
+        dims = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {value!r}") from None
+    bad = [d for d in dims if d not in HEAD_DIMS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]} is not one of {', '.join(map(str, HEAD_DIMS))}")
+    return dims
+
+
 def _compile_cmd(args) -> int:
     os.environ.setdefault("CUTE_DSL_ARCH", args.arch)  # the DSL's fallback; compile_decode passes --gpu-arch
     from .compile import (
@@ -188,12 +213,17 @@ def _conform_cmd(args) -> int:
         return 2
     from mjolnir_numerics.cases import CASES
 
-    from .conformance import KERNEL_CASES, conform_parallel, random_cases
+    from .conformance import KERNEL_CASES, conform_parallel, random_cases, select_cases
 
-    cases = (() if args.no_named else CASES + KERNEL_CASES) + random_cases(args.random, args.seed, args.max_keys)
-    rows = conform_parallel(cases, args.jobs)
-    for row in rows:
-        print(row.line(), flush=True)
+    named = () if args.no_named else select_cases(CASES + KERNEL_CASES, args.formats, args.head_dims)
+    cases = named + random_cases(args.random, args.seed, args.max_keys, args.formats, args.head_dims)
+    if not cases:
+        print("conform: no case to run (--no-named with --random 0, or no named case of --formats / --head-dims)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    print(f"# {len(cases)} cases ({len(named)} named), {args.jobs} process(es); a line per case as it finishes",
+          flush=True)  # fmt: skip
+    rows = conform_parallel(cases, args.jobs, on_row=lambda row: print(row.line(), flush=True))
     exact = sum(r.o_identical == 1.0 and r.lse_identical == 1.0 for r in rows)
     failed = [r.case for r in rows if not r.report.ok]
     print(f"# {len(rows)} cases: {exact} bit-identical in every O and LSE bit; {len(rows) - len(failed)} within the"
@@ -225,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-keys", type=int_arg(1), default=65536, help="the longest random sequence")
     f.add_argument("--no-named", action="store_true", help="only the random cases")
     f.add_argument("--jobs", type=int_arg(1, 256), default=1, help="processes sharing the GPU (compiles run on CPUs)")
+    f.add_argument("--formats", type=_formats_arg, default=None, help="only these KV formats (comma-separated)")
+    f.add_argument("--head-dims", type=_head_dims_arg, default=None, help="only these head dims (comma-separated)")
 
     b = sub.add_parser("bench", help="check against the spec, then time the kernel")
     b.add_argument("--batch", "--num-seqs", dest="batch", type=int_arg(1), default=1)

@@ -203,11 +203,25 @@ KERNEL_CASES = (
 
 
 # -- the user's conformance check: named cases plus random ones, on the GPU at hand ---------------------
-def random_cases(n: int, seed: int = 0, max_keys: int = 65536) -> tuple[DecodeCase, ...]:
-    """``n`` random cases the kernels run (``fuzz_<seed>_<i>``): a random KV format and Q dtype the
-    capability rule allows, 1-4 sequences of 0 to ``max_keys`` keys (varlen, often short), q_len 1-8
-    causal or not, every page size, layout and descale granularity, GQA groups 1-8, both head dims, and
-    K/V patterns with sinks, outlier channels and heavy tails; default plans (no forced splits)."""
+def _check_choices(name: str, values, allowed) -> tuple:
+    """``values`` (None: all of ``allowed``) as a tuple, each one of ``allowed``; ValueError naming ``name``."""
+    if values is None:
+        return tuple(allowed)
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{name}: expected at least one of {tuple(allowed)}, got none")
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise ValueError(f"{name}: {bad[0]!r} is not one of {tuple(allowed)}")
+    return values
+
+
+def random_cases(n: int, seed: int = 0, max_keys: int = 65536, formats=None, head_dims=None) -> tuple[DecodeCase, ...]:
+    """``n`` random cases the kernels run (``fuzz_<seed>_<i>``): a random KV format (of ``formats``; None:
+    all) and Q dtype the capability rule allows, 1-4 sequences of 0 to ``max_keys`` keys (varlen, often
+    short), q_len 1-8 causal or not, every page size, layout and descale granularity, GQA groups 1-8, a head
+    dim of ``head_dims`` (None: both), and K/V patterns with sinks, outlier channels and heavy tails; default
+    plans (no forced splits). The same arguments give the same cases."""
     import random
 
     from mjolnir_numerics.cache import LAYOUTS
@@ -217,10 +231,12 @@ def random_cases(n: int, seed: int = 0, max_keys: int = 65536) -> tuple[DecodeCa
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n: expected an int >= 0, got {n!r}")
+    formats = _check_choices("formats", formats, KV_FORMATS)
+    head_dims = _check_choices("head_dims", head_dims, HEAD_DIMS)
     rng = random.Random(seed)
     cases = []
     for i in range(n):
-        fmt = rng.choice(KV_FORMATS)
+        fmt = rng.choice(formats)
         q_dtype = rng.choice(("bf16", "e4m3")) if fmt == "e4m3" else "e4m3"
         q_len = rng.choice((1, 1, 1, 2, 3, 4, 8))
         long_cap = max_keys if rng.random() < 0.15 else 3000
@@ -228,11 +244,21 @@ def random_cases(n: int, seed: int = 0, max_keys: int = 65536) -> tuple[DecodeCa
         heads_k = rng.choice((1, 2, 4, 8))
         cases.append(DecodeCase(
             f"fuzz_{seed}_{i}", tuple(lens), heads_q=heads_k * rng.choice((1, 2, 4, 6, 8)), heads_k=heads_k,
-            head_dim=rng.choice(HEAD_DIMS), q_len=q_len, causal=rng.random() < 0.7, fmt=fmt, q_dtype=q_dtype,
+            head_dim=rng.choice(head_dims), q_len=q_len, causal=rng.random() < 0.7, fmt=fmt, q_dtype=q_dtype,
             page_size=rng.choice(PAGE_SIZES), layout=rng.choice(LAYOUTS), granularity=rng.choice(GRANULARITIES),
             pattern=rng.choice(PATTERNS), seed=seed * 100003 + i,
         ))  # fmt: skip
     return tuple(cases)
+
+
+def select_cases(cases, formats=None, head_dims=None) -> tuple:
+    """The cases of ``cases`` whose KV format is one of ``formats`` and head dim one of ``head_dims`` (None:
+    any); ValueError naming the argument for a format or head dim the kernels do not take."""
+    from mjolnir_numerics.capability import HEAD_DIMS, KV_FORMATS
+
+    formats = _check_choices("formats", formats, KV_FORMATS)
+    head_dims = _check_choices("head_dims", head_dims, HEAD_DIMS)
+    return tuple(c for c in cases if c.fmt in formats and c.head_dim in head_dims)
 
 
 @dataclass(frozen=True)
@@ -252,10 +278,11 @@ class ConformanceRow:
                 f"{'ok' if self.report.ok else 'FAIL'}")  # fmt: skip
 
 
-def conform(cases, device: str = "cuda") -> list[ConformanceRow]:
+def conform(cases, device: str = "cuda", on_row=None) -> list[ConformanceRow]:
     """Run every case through ``mjolnir_kernel.decode`` and ``mjolnir_numerics.emulate_decode`` with the same
     arguments and default plans on ``device`` (a GPU a kernel runs on), and compare them bit for bit.
-    A case whose build or call raises is reported as a failing row (its error in ``case``)."""
+    A case whose build or call raises is reported as a failing row (its error in ``case``). ``on_row``: called
+    with each row as soon as its case is done (progress)."""
     from mjolnir_numerics.emulator import emulate_decode
 
     from .api import decode
@@ -270,24 +297,28 @@ def conform(cases, device: str = "cuda") -> list[ConformanceRow]:
         except Exception as e:  # a case that cannot run is a finding, reported by name
             bad = ComparisonReport(0, 0.0, 0, 0.0, 0, 0, 0.0, 0, False)
             rows.append(ConformanceRow(f"{case.name}: {type(e).__name__}: {str(e)[:80]}", bad, False, 0.0, 0.0))
-            continue
-        report = compare_outputs(o.cpu(), lse.cpu(), ref.o.cpu(), ref.lse.cpu(), o_flip_atol=case_flip_atol(x))
-        o_same = float((o.view(torch.int16) == ref.o.view(torch.int16)).float().mean()) if o.numel() else 1.0
-        l_same = float((lse.view(torch.int32) == ref.lse.view(torch.int32)).float().mean()) if lse.numel() else 1.0
-        rows.append(ConformanceRow(case.name, report, plan == ref.plan, o_same, l_same))
+        else:
+            report = compare_outputs(o.cpu(), lse.cpu(), ref.o.cpu(), ref.lse.cpu(), o_flip_atol=case_flip_atol(x))
+            o_same = float((o.view(torch.int16) == ref.o.view(torch.int16)).float().mean()) if o.numel() else 1.0
+            l_same = float((lse.view(torch.int32) == ref.lse.view(torch.int32)).float().mean()) if lse.numel() else 1.0
+            rows.append(ConformanceRow(case.name, report, plan == ref.plan, o_same, l_same))
+        if on_row is not None:
+            on_row(rows[-1])
     return rows
 
 
-def _conform_shard(cases) -> list[ConformanceRow]:
-    return conform(cases)
+def _conform_indexed_shard(job) -> tuple[int, list[ConformanceRow]]:
+    k, cases = job
+    return k, conform(cases)
 
 
-def conform_parallel(cases, jobs: int) -> list[ConformanceRow]:
+def conform_parallel(cases, jobs: int, on_row=None) -> list[ConformanceRow]:
     """:func:`conform` in ``jobs`` processes sharing the GPU (the compiles, one per distinct config, are
     the slow part and run on the CPU); cases of one config stay in one process, rows come back in the
-    cases' order."""
+    cases' order. ``on_row``: called with each row as its process finishes its share (progress; in the
+    order they finish)."""
     if jobs <= 1:
-        return conform(cases)
+        return conform(cases, on_row=on_row)
     import multiprocessing as mp
 
     shards = [[] for _ in range(jobs)]
@@ -296,10 +327,15 @@ def conform_parallel(cases, jobs: int) -> list[ConformanceRow]:
         key = (case.fmt, case.q_dtype, case.head_dim, case.page_size, case.q_len, case.causal)
         order.setdefault(key, len(order))
         shards[order[key] % jobs].append((i, case))
-    with mp.get_context("spawn").Pool(jobs) as pool:
-        results = pool.map(_conform_shard, [[c for _, c in shard] for shard in shards])
+    shards = [shard for shard in shards if shard]
     rows = [None] * len(cases)
-    for shard, res in zip(shards, results):
-        for (i, _), row in zip(shard, res):
-            rows[i] = row
+    with mp.get_context("spawn").Pool(jobs) as pool:
+        done = pool.imap_unordered(
+            _conform_indexed_shard, [(k, [c for _, c in shard]) for k, shard in enumerate(shards)]
+        )
+        for k, res in done:
+            for (i, _), row in zip(shards[k], res):
+                rows[i] = row
+                if on_row is not None:
+                    on_row(row)
     return rows

@@ -95,6 +95,39 @@ def test_random_cases_are_reproducible_supported_and_cover_the_space():
         random_cases(-1)
 
 
+def test_cases_restricted_to_formats_and_head_dims():
+    """``--formats`` / ``--head-dims``: random cases drawn only from those (reproducible, every one of them
+    drawn), named cases filtered to them, and a format or head dim the kernels do not take refused by name."""
+    import pytest
+
+    from mjolnir_kernel.conformance import KERNEL_CASES, random_cases, select_cases
+
+    cases = random_cases(60, seed=2, formats=("e3m2", "e2m3"), head_dims=(256,))
+    assert cases == random_cases(60, seed=2, formats=("e3m2", "e2m3"), head_dims=(256,))
+    assert {c.fmt for c in cases} == {"e3m2", "e2m3"} and {c.head_dim for c in cases} == {256}
+    named = select_cases(CASES + KERNEL_CASES, formats=("e3m2", "e2m3"))
+    assert named and all(c.fmt in ("e3m2", "e2m3") for c in named)
+    assert len(named) == sum(c.fmt in ("e3m2", "e2m3") for c in CASES + KERNEL_CASES)
+    assert select_cases(CASES, head_dims=(128, 256)) == tuple(CASES)
+    with pytest.raises(ValueError, match="formats: 'e5m2' is not one of"):
+        random_cases(1, formats=("e5m2",))
+    with pytest.raises(ValueError, match="head_dims: 96 is not one of"):
+        select_cases(CASES, head_dims=(96,))
+    with pytest.raises(ValueError, match="formats: expected at least one of"):
+        select_cases(CASES, formats=())
+
+
+def test_conform_reports_each_row_as_its_case_finishes():
+    """``on_row`` sees every row as it is made (the command prints them as they come): here on the CPU,
+    where the kernel refuses to run, as the failing row that names the error."""
+    from mjolnir_kernel.conformance import conform
+
+    seen = []
+    rows = conform(CASES[:2], device="cpu", on_row=seen.append)
+    assert seen == rows and len(rows) == 2
+    assert all(not r.report.ok and "DeviceError" in r.case for r in rows)
+
+
 def test_case_flip_atol_follows_the_cases_v_values():
     from mjolnir_kernel.conformance import case_flip_atol
 
