@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from mjolnir_numerics.capability import HEAD_DIMS, PAGE_SIZES
+from mjolnir_numerics.capability import HEAD_DIMS, KV_FORMATS, PAGE_SIZES
 from mjolnir_numerics.checks import OneLineArgumentParser, int_arg
 
 
@@ -43,29 +43,20 @@ def _count_arg(value: str) -> int:
     return n
 
 
-def _formats_arg(value: str) -> tuple[str, ...]:
-    """argparse type of ``--formats``: comma-separated KV formats the kernels take."""
-    from mjolnir_numerics.capability import KV_FORMATS
+def _list_arg(allowed, convert=str):
+    """argparse type of a comma-separated list whose items (after ``convert``) are each one of ``allowed``."""
 
-    names = tuple(v.strip() for v in value.split(","))
-    bad = [v for v in names if v not in KV_FORMATS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"{bad[0]!r} is not one of {', '.join(KV_FORMATS)}")
-    return names
+    def parse(value: str) -> tuple:
+        try:
+            items = tuple(convert(v.strip()) for v in value.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated values, got {value!r}") from None
+        bad = [v for v in items if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad[0]!r} is not one of {', '.join(map(str, allowed))}")
+        return items
 
-
-def _head_dims_arg(value: str) -> tuple[int, ...]:
-    """argparse type of ``--head-dims``: comma-separated head dims the kernels take."""
-    from mjolnir_numerics.capability import HEAD_DIMS
-
-    try:
-        dims = tuple(int(v) for v in value.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {value!r}") from None
-    bad = [d for d in dims if d not in HEAD_DIMS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"{bad[0]} is not one of {', '.join(map(str, HEAD_DIMS))}")
-    return dims
+    return parse
 
 
 def _compile_cmd(args) -> int:
@@ -255,8 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-keys", type=int_arg(1), default=65536, help="the longest random sequence")
     f.add_argument("--no-named", action="store_true", help="only the random cases")
     f.add_argument("--jobs", type=int_arg(1, 256), default=1, help="processes sharing the GPU (compiles run on CPUs)")
-    f.add_argument("--formats", type=_formats_arg, default=None, help="only these KV formats (comma-separated)")
-    f.add_argument("--head-dims", type=_head_dims_arg, default=None, help="only these head dims (comma-separated)")
+    f.add_argument(
+        "--formats", type=_list_arg(KV_FORMATS), default=None, help="only these KV formats (comma-separated)"
+    )
+    f.add_argument(
+        "--head-dims", type=_list_arg(HEAD_DIMS, int), default=None, help="only these head dims (comma-separated)"
+    )
 
     b = sub.add_parser("bench", help="check against the spec, then time the kernel")
     b.add_argument("--batch", "--num-seqs", dest="batch", type=int_arg(1), default=1)

@@ -429,7 +429,7 @@ def _int_chain_codes(a: torch.Tensor, b_codes: torch.Tensor, table: torch.Tensor
     """:func:`_int_chain` with ``b`` given as uint8 e4m3 codes ``(..., N, S, K)`` and ``table``
     (:func:`e4m3_packed_table`): compiled, the table lookup is fused into the chain's reduction, so the packed
     int32 ``b`` (four bytes per code) is never written out and read back."""
-    return _int_chain(a, table[b_codes.long()], c, model_name)
+    return _int_chain(a, _gather(b_codes, table), c, model_name)
 
 
 # The compile helper is shared with the fused helpers; these names are the emulator's.
