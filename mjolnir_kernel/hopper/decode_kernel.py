@@ -63,6 +63,7 @@ from .ptx import (
     e2m1x8_to_e4m3x8,
     e2m1x8_to_e4m3x8_scaled,
     nvfp4_block_table,
+    FP6_NETWORK_HEAD_DIMS,
     fp6x16_to_e4m3x16_scaled,
     f16x2_times_pow2,
     SCALED_KV_EXPONENT,
@@ -115,6 +116,7 @@ class HopperDecodeKernel(DecodeEntry):
         self.stages = config.ring_stages
         self.pages_per_tile = max(1, TILE_KEYS // config.page_size)
         self.fmt = FORMATS[config.kv_format]
+        self.fp6_network = d in FP6_NETWORK_HEAD_DIMS  # fp6 codes by the shift network (ptx.fp6x16_ptx)
         self.ring_tile_bytes = TILE_KEYS * config.ring_row_bytes  # one K (or V) ring stage
         self.scale_tile_bytes = TILE_KEYS * (config.head_dim // 16)  # NVFP4 scales of one K (or V) tile
         self.tile_bytes = config.tile_bytes
@@ -810,7 +812,9 @@ class HopperDecodeKernel(DecodeEntry):
                 grp = idx % groups
                 w = words[t * per_tile + i]
                 if cutlass.const_expr(bits == 6):
-                    o0, o1, o2, o3 = fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=fmt == "e3m2")
+                    o0, o1, o2, o3 = fp6x16_to_e4m3x16_scaled(
+                        w[0], w[1], w[2], e3m2=fmt == "e3m2", network=self.fp6_network
+                    )
                 elif cutlass.const_expr(fmt == "nvfp4"):
                     table = nvfp4_block_table(scale_bytes[t * per_tile + i])
                     o0, o1 = e2m1x8_to_e4m3x8(w[0], table)
@@ -840,7 +844,7 @@ class HopperDecodeKernel(DecodeEntry):
         if cutlass.const_expr(self.fmt.bits == 6):
             for v in cutlass.range_constexpr(len(packed) // 3):
                 w = packed[3 * v : 3 * v + 3]
-                words += list(fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=fmt == "e3m2"))
+                words += list(fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=fmt == "e3m2", network=self.fp6_network))
         else:
             table = None
             for u in cutlass.range_constexpr(len(packed)):
