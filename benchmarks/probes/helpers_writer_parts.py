@@ -29,13 +29,15 @@ from mjolnir_numerics.formats import FORMATS
 from mjolnir_numerics.quantize import _round_to_odd_lut
 
 
-def _table_store(addr, qs, lut, bits, e4m3):
+def _table_store(addr, qs, lut, bits, fmt):
     hk.store_block(addr, [hk.quantize_word(q, lut) for q in qs], bits)
 
 
 NEITHER = {
-    "quotients_fast": lambda bits, divisor, keep=None: bits,
-    "store_block_fast": lambda addr, qs, lut, bits, e4m3: hk.store_block(
+    "FP6_BY_FP8": {},
+    "E2M1_BY_ADD": False,
+    "quotients_fast": lambda bits, divisor, keep=None, scale_exp=0: bits,
+    "store_block_fast": lambda addr, qs, lut, bits, fmt: hk.store_block(
         addr, [(q >> 24) & ((1 << bits) - 1) for q in qs], bits
     ),
 }
@@ -60,10 +62,13 @@ def main():
     v16 = torch.randn(n, h, d, device="cuda", generator=gen).to(torch.bfloat16)
     slots = torch.randperm(n + 4096, device="cuda")[:n]
     desc = (torch.rand(h, device="cuda") + 0.01, torch.rand(h, device="cuda") + 0.01)
-    saved = {name: getattr(hk, name) for name in ("fast_division_ok", "quotients_fast", "store_block_fast")}
+    saved = {
+        name: getattr(hk, name)
+        for name in ("fast_division_ok", "quotients_fast", "store_block_fast", "FP6_BY_FP8", "E2M1_BY_ADD")
+    }
     print(f"device {torch.cuda.get_device_name()}; K and V in one launch, time per call of 20 back to back")
     try:
-        for element in ("e4m3", "e3m2", "e2m1", "nvfp4"):
+        for element in ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4"):
             nvfp4 = element == "nvfp4"
             fmt = FORMATS["e2m1" if nvfp4 else element]
             pages = (n + 4096) // 16
@@ -80,6 +85,10 @@ def main():
             }
             if element == "e4m3":
                 variants["tables for e4m3"] = {"store_block_fast": _table_store}
+            if element in ("e3m2", "e2m3"):
+                variants["fp6 through the table"] = {"FP6_BY_FP8": {}}
+            if element in ("e2m1", "nvfp4"):
+                variants["e2m1 through the table"] = {"E2M1_BY_ADD": False}
             ref = None
             for name, patch in variants.items():
                 for attr, value in saved.items():
