@@ -13,7 +13,9 @@ operation or by one that gives the same value, so its bits are the spec's:
   ``total = scale * g`` (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total``; with
   a global divisor, ``g`` itself from the tensor's amax on the device;
 * the cache writer: one 16-value chunk of a new row per thread, encoded as above (element formats: the
-  codes of ``x / descale``) and stored at its slot's address, K and V in one launch (:class:`CacheWriteKernel`).
+  codes of ``x / descale``) and stored at its slot's address, K and V in one launch (:class:`CacheWriteKernel`);
+  where its quotients come from a reciprocal, fp6 codes come from the fp8 conversions at a scale
+  (:data:`FP6_BY_FP8`) and e2m1 codes (NVFP4's too) from one float add (:data:`E2M1_BY_ADD`), no table.
 
 The element quotients ``x / divisor`` are the correctly rounded float32 quotients, but computed the way
 correctly rounded division is built from a reciprocal (:func:`quotient_fast`: one reciprocal ``div.rn.f32``

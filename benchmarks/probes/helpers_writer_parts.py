@@ -3,16 +3,18 @@ and V in one launch; quotients from a reciprocal; e4m3 codes by the hardware con
 the round-to-odd table; one 16-value chunk per thread) against variants, side by side in one run:
 
 * ``tables for e4m3``: e4m3 codes through the table as well;
+* ``fp6 through the table`` / ``e2m1 through the table``: those codes through the round-to-odd table instead
+  of the fp8 conversions at a scale (``FP6_BY_FP8``) or the float add (``E2M1_BY_ADD``);
 * ``div.rn everywhere``: every quotient by ``div.rn.f32``, no reciprocal;
 * ``neither``: no division, no rounding (loads, index arithmetic, packing and stores; wrong bits).
 
 Measured and removed: fp6 / fp4 codes by float arithmetic (2026-12-04: 1.15-1.17x slower than the table for
 bfloat16 rows; reports/helpers/2026-12-04-prefill-writer.md); e2m1 codes by integer rounding (2026-12-06, on an
-H100: 0.96-1.03x the table's time; commit 5c37707 has the variant); fp6 codes by an fp8 conversion at a scale
-(2026-12-06, on an H100: no faster than the table; tag ``experiment-fp6-by-fp8``,
-reports/helpers/2026-12-06-fp6-by-fp8.md).
+H100: 0.96-1.03x the table's time). fp6 codes by an fp8 conversion at a scale measured no faster on an H100
+whose launches were bound by the host (2026-12-06, reports/helpers/2026-12-06-fp6-by-fp8.md); written again
+on 2026-12-07 with e2m1 codes by one float add, to be timed here against the table.
 
-K and V (e4m3, e3m2, e2m1, NVFP4): 32K tokens x 8 heads x d 128 each, bfloat16 and float32, per-head
+K and V (e4m3, e3m2, e2m3, e2m1, NVFP4): 32K tokens x 8 heads x d 128 each, bfloat16 and float32, per-head
 descales, page size 16; time per call of 20 calls back to back (CUDA events), through
 :class:`mjolnir_kernel.helpers.CacheWriter`.
 
