@@ -15,7 +15,7 @@ operation or by one that gives the same value, so its bits are the spec's:
 * the cache writer: one 16-value chunk of a new row per thread, encoded as above (element formats: the
   codes of ``x / descale``) and stored at its slot's address, K and V in one launch (:class:`CacheWriteKernel`);
   where its quotients come from a reciprocal, fp6 codes come from the fp8 conversions at a scale
-  (:data:`FP6_BY_FP8`) and e2m1 codes (NVFP4's too) from one float add (:data:`E2M1_BY_ADD`), no table.
+  (:data:`FP6_BY_FP8`), not the table.
 
 The element quotients ``x / divisor`` are the correctly rounded float32 quotients, but computed the way
 correctly rounded division is built from a reciprocal (:func:`quotient_fast`: one reciprocal ``div.rn.f32``
@@ -226,39 +226,6 @@ def fp6_words(scaled: list, fp8: str) -> list:
     return words
 
 
-# e2m1 codes by one float add. e2m1's values are 0.5 apart below 2, 1 apart in [2, 4) and 2 apart from 4 on, so
-# ``|q| + C`` rounded once (``add.rn.f32``; ``C`` = 2^22, 2^23 or 2^24 by the binade of ``|q|``, whose float32
-# ulp is that spacing) rounds ``|q|`` to the format's grid, ties to even as the format does (an even multiple
-# of the spacing is an even e2m1 code); the result's bits less ``C``'s (less 2 or 4 for the two upper binades,
-# whose first code is 4 or 6) are the magnitude's code, saturated at 7 (6.0); the sign goes to bit 3. Every
-# finite float32 is checked against the quantizer on the CPU (tests/kernel/test_helpers.py).
-E2M1_BY_ADD = True
-_E2M1_CODE = """{
-\t.reg .pred p2, p4;
-\t.reg .b32 a, c, k, y, s;
-\tand.b32 a, $1, 0x7FFFFFFF;
-\tsetp.lt.f32 p2, a, 0f40000000;
-\tsetp.lt.f32 p4, a, 0f40800000;
-\tselp.b32 c, 0x4B000000, 0x4B800000, p4;
-\tselp.b32 c, 0x4A800000, c, p2;
-\tselp.b32 k, 0x4AFFFFFE, 0x4B7FFFFC, p4;
-\tselp.b32 k, 0x4A800000, k, p2;
-\tadd.rn.f32 y, a, c;
-\tsub.s32 y, y, k;
-\tmin.s32 y, y, 7;
-\tshr.u32 s, $1, 28;
-\tand.b32 s, s, 8;
-\tor.b32 $0, s, y;
-\t}"""
-
-
-@dsl_user_op
-def e2m1_code(bits, *, loc=None, ip=None) -> Int32:
-    """The e2m1 code of the finite float32 with bits ``bits`` (any magnitude; beyond 6 it saturates), by one
-    float add (:data:`E2M1_BY_ADD`)."""
-    return Int32(_asm(T.i32(), [_i32(bits, loc, ip)], _E2M1_CODE, "=r,r"))
-
-
 @cute.jit
 def round_to_odd_index(bits: Int32) -> Int32:
     """The bfloat16 bits of float32 ``bits`` rounded to odd (bit 0 of the result is the sticky bit of the
@@ -466,12 +433,10 @@ def quotients_fast(bits: list, divisor_value, keep=None, scale_exp: int = 0) -> 
 
 def store_block_fast(addr, qs: list, lut, bits: int, fmt: str) -> None:
     """:func:`store_block` (``bits`` per code) of the ``fmt`` codes of quotients ``qs`` (finite: where
-    :func:`fast_division_ok` holds): e4m3 by the hardware conversion, e2m1 by :func:`e2m1_code`, any other
-    format through the round-to-odd table ``lut``."""
+    :func:`fast_division_ok` holds): e4m3 by the hardware conversion, any other format through the round-to-odd
+    table ``lut``."""
     if fmt == "e4m3":
         st_v4_b32(addr, *e4m3_words(qs))
-    elif fmt == "e2m1" and E2M1_BY_ADD:
-        store_block(addr, [e2m1_code(q) for q in qs], bits)
     else:
         store_block(addr, [quantize_word(q, lut) for q in qs], bits)
 

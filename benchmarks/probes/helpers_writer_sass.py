@@ -27,10 +27,8 @@ ROWS = (
     ("e3m2", False, {"FP6_BY_FP8": {}}, "table"),
     ("e2m3", False, {}, "fp8"),
     ("e2m3", False, {"FP6_BY_FP8": {}}, "table"),
-    ("e2m1", False, {}, "add"),
-    ("e2m1", False, {"E2M1_BY_ADD": False}, "table"),
-    ("e2m1", True, {}, "add"),
-    ("e2m1", True, {"E2M1_BY_ADD": False}, "table"),
+    ("e2m1", False, {}, "table"),
+    ("e2m1", True, {}, "table"),
 )
 
 

@@ -7,7 +7,6 @@ write stops the kernel with a device-side error instead of writing out of bounds
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import textwrap
@@ -345,42 +344,6 @@ def test_fp6_codes_through_the_fp8_conversions_are_the_reference_codes(name, sam
         assert wrong.size == 0, (
             f"{name}: {wrong.size} codes differ, e.g. {x[wrong[:4]]}: {got[wrong[:4]]} != {want[wrong[:4]]}"
         )
-
-
-def _e2m1_codes_by_add(q: np.ndarray) -> np.ndarray:
-    """``helpers_kernel.e2m1_code`` step by step on float32 ``q``: ``|q| + C`` rounded once (numpy's float32
-    add, nearest-even as ``add.rn.f32``), its bits less ``C``'s less the binade's first code, at most 7, the sign
-    in bit 3; the constants are read from the kernel's PTX text."""
-    from mjolnir_kernel import helpers_kernel as hk
-
-    consts = [int(c, 16) for c in re.findall(r"0x4[0-9A-F]{7}", hk._E2M1_CODE)]  # C: 2^23, 2^24, 2^22; k likewise
-    c_mid, c_high, c_low, k_mid, k_high, k_low = consts
-    a = np.abs(q)
-    below2, below4 = a < np.float32(2.0), a < np.float32(4.0)
-    c = np.where(below2, c_low, np.where(below4, c_mid, c_high)).astype(np.uint32)
-    k = np.where(below2, k_low, np.where(below4, k_mid, k_high)).astype(np.int64)
-    y = (a + c.view(np.float32)).view(np.uint32).astype(np.int64)
-    code = np.minimum(y - k, 7)
-    return (code | ((q.view(np.uint32) >> 28) & 8)).astype(np.uint8)
-
-
-def test_e2m1_codes_by_an_add_are_the_reference_codes(sample_size):
-    """The writer's e2m1 codes (one float add; ``helpers_kernel.e2m1_code``) are ``quantize``'s for every float32
-    tested: each sign, each exponent from far below the e2m1 grid to far beyond its largest value, each top-11
-    fraction pattern with its low bits at the ties and one ulp either side, and random finite values (every
-    finite float32 at ``MJOLNIR_TEST_SIZE=full``, in chunks)."""
-    from mjolnir_numerics import quantize
-
-    rng = np.random.default_rng(11)
-    if test_size_name() == "full":
-        chunks = (np.arange(c, c + (1 << 26), dtype=np.uint32) for c in range(0, 1 << 32, 1 << 26))
-        chunks = (c[(c & 0x7F800000) != 0x7F800000].view(np.float32) for c in chunks)
-    else:
-        chunks = [_float32_around_roundings(rng, -8, 8, sample_size)]
-    for x in chunks:
-        got, want = _e2m1_codes_by_add(x), quantize(torch.from_numpy(x), FORMATS["e2m1"]).numpy()
-        wrong = np.flatnonzero(got != want)
-        assert wrong.size == 0, f"{wrong.size} codes differ, e.g. {x[wrong[:4]]}: {got[wrong[:4]]} != {want[wrong[:4]]}"
 
 
 def test_cache_writer_refuses_rows_and_slots_of_the_wrong_shape():
