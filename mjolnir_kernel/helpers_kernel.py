@@ -13,7 +13,9 @@ operation or by one that gives the same value, so its bits are the spec's:
   ``total = scale * g`` (one ``mul.rn.f32``), the element codes through the e2m1 table of ``x / total``; with
   a global divisor, ``g`` itself from the tensor's amax on the device;
 * the cache writer: one 16-value chunk of a new row per thread, encoded as above (element formats: the
-  codes of ``x / descale``) and stored at its slot's address, K and V in one launch (:class:`CacheWriteKernel`).
+  codes of ``x / descale``) and stored at its slot's address, K and V in one launch (:class:`CacheWriteKernel`);
+  where its quotients come from a reciprocal, fp6 codes come from the fp8 conversions at a scale
+  (:data:`FP6_BY_FP8`), not the table.
 
 The element quotients ``x / divisor`` are the correctly rounded float32 quotients, but computed the way
 correctly rounded division is built from a reciprocal (:func:`quotient_fast`: one reciprocal ``div.rn.f32``
@@ -108,11 +110,17 @@ def mul_rn(a, b, *, loc=None, ip=None) -> Float32:
 
 
 @dsl_user_op
-def cvt_e4m3x2(lo, hi, *, loc=None, ip=None) -> Int32:
+def cvt_fp8x2(lo, hi, fp8: str, *, loc=None, ip=None) -> Int32:
+    """Two float32 converted by ``cvt.rn.satfinite.{fp8}x2.f32`` (``fp8``: "e4m3" or "e5m2"; round to nearest
+    even, out-of-range finite values to the largest finite): ``lo``'s code in bits 0-7, ``hi``'s in bits 8-15."""
+    text = f"{{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.{fp8}x2.f32 t, $2, $1;\n\tcvt.u32.u16 $0, t;\n\t}}"
+    return Int32(_asm(T.i32(), [_f32(lo, loc, ip), _f32(hi, loc, ip)], text, "=r,f,f"))
+
+
+def cvt_e4m3x2(lo, hi):
     """Two float32 converted by the hardware's ``cvt.rn.satfinite.e4m3x2.f32`` (the spec's e4m3 rounding):
     ``lo``'s code in bits 0-7, ``hi``'s in bits 8-15."""
-    text = "{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.e4m3x2.f32 t, $2, $1;\n\tcvt.u32.u16 $0, t;\n\t}"
-    return Int32(_asm(T.i32(), [_f32(lo, loc, ip), _f32(hi, loc, ip)], text, "=r,f,f"))
+    return cvt_fp8x2(lo, hi, "e4m3")
 
 
 @dsl_user_op
@@ -190,6 +198,32 @@ def e4m3_words(qs: list) -> list:
     """16 e4m3 codes of float32 bits ``qs`` by the hardware conversion, packed four to a word (lowest first)."""
     pairs = [cvt_e4m3x2(as_f32(qs[2 * i]), as_f32(qs[2 * i + 1])) for i in range(len(qs) // 2)]
     return [pairs[2 * i] | (pairs[2 * i + 1] << 16) for i in range(len(pairs) // 2)]
+
+
+# fp6 codes by an fp8 conversion at a scale. e2m3 and e4m3 both keep 3 fraction bits: ``x * 2^-6`` has e4m3
+# exponent field ``E - 6 + 7 = E + 1``, e2m3's field for ``x``, and the subnormal spacings line up (``2^-3 *
+# 2^-6 = 2^-9``). e3m2 and e5m2 (2 fraction bits) line up the same way at ``2^-12``. So the fp8 conversion of
+# the scaled value rounds as the fp6 format does: below the fp6 overflow its magnitude byte is the fp6 code's,
+# above it the magnitude is at least 32 (saturated to 31, the largest fp6 magnitude); the sign moves from bit
+# 7 to bit 5. The writer folds the scale into its division (:func:`quotients_fast`), so no instruction per
+# value is added for it. ``FP6_BY_FP8[name] = (fp8 format, k)``: codes of ``x`` from the conversion of
+# ``x * 2^-k``.
+FP6_BY_FP8 = {"e2m3": ("e4m3", 6), "e3m2": ("e5m2", 12)}
+
+
+def fp6_words(scaled: list, fp8: str) -> list:
+    """The fp6 codes of 16 float32 values (bits ``scaled``, already times ``2^-k`` of :data:`FP6_BY_FP8`), one
+    per byte, four to a word (lowest first): two values per conversion, then the saturation and the sign four
+    codes at a time (byte-parallel: no carry crosses a byte)."""
+    pairs = [cvt_fp8x2(as_f32(scaled[2 * i]), as_f32(scaled[2 * i + 1]), fp8) for i in range(len(scaled) // 2)]
+    words = []
+    for i in range(len(pairs) // 2):
+        w = pairs[2 * i] | (pairs[2 * i + 1] << 16)
+        mag = w & 0x7F7F7F7F
+        over = (mag + 0x60606060) & -2139062144  # 0x80808080: bit 7 of each byte whose magnitude is >= 32
+        fill = over - ((over >> 7) & 0x01010101)  # 0x7F in those bytes
+        words.append((mag & ~fill) | (fill & 0x1F1F1F1F) | ((w >> 2) & 0x20202020))
+    return words
 
 
 @cute.jit
@@ -382,22 +416,40 @@ def block_codes(bits: list, divisor_value, lut, keep=None) -> list:
     return out
 
 
-def quotients_fast(bits: list, divisor_value, keep=None) -> list:
+def quotients_fast(bits: list, divisor_value, keep=None, scale_exp: int = 0) -> list:
     """The bits of ``x / divisor`` for a block (:func:`quotient_fast`, one reciprocal per block), the correctly
-    rounded quotients where :func:`fast_division_ok` holds; ``keep``: a mask they are and-ed with."""
-    recip = div_rn(Float32(1.0), divisor_value)
-    neg = -divisor_value
+    rounded quotients where :func:`fast_division_ok` holds; ``keep``: a mask they are and-ed with.
+
+    ``scale_exp = k > 0`` gives ``x / divisor * 2^-k`` instead, by dividing by ``divisor * 2^k`` (exact) with the
+    reciprocal ``fp32(2^-k / divisor)``: every step is the unscaled one's times ``2^-k``, exactly, wherever that
+    is a normal float32, so the quotients are the correctly rounded ones scaled; where the scaled quotient is
+    below ``2^-126`` the computed one is below ``2^-110`` too, with ``x``'s sign (both zero codes in the fp6
+    formats :data:`FP6_BY_FP8` serves; tests/kernel/test_helpers.py checks both)."""
+    recip = div_rn(Float32(2.0**-scale_exp), divisor_value)
+    neg = mul_rn(divisor_value, Float32(-(2.0**scale_exp)))
     qs = [quotient_fast(b, divisor_value, neg, recip) for b in bits]
     return qs if keep is None else [q & keep for q in qs]
 
 
-def store_block_fast(addr, qs: list, lut, bits: int, e4m3: bool) -> None:
-    """:func:`store_block` (``bits`` per code) of the codes of quotients ``qs`` (finite: where
-    :func:`fast_division_ok` holds): e4m3 (``e4m3``) by the hardware conversion, else through ``lut``."""
-    if e4m3:
+def store_block_fast(addr, qs: list, lut, bits: int, fmt: str) -> None:
+    """:func:`store_block` (``bits`` per code) of the ``fmt`` codes of quotients ``qs`` (finite: where
+    :func:`fast_division_ok` holds): e4m3 by the hardware conversion, any other format through the round-to-odd
+    table ``lut``."""
+    if fmt == "e4m3":
         st_v4_b32(addr, *e4m3_words(qs))
     else:
         store_block(addr, [quantize_word(q, lut) for q in qs], bits)
+
+
+def store_words(addr, words: list, bits: int) -> None:
+    """:func:`store_block` of 16 codes given four to a word (lowest first): 16 bytes (8 bits) or 12 (6 bits)."""
+    if bits == 8:
+        st_v4_b32(addr, *words)
+    else:
+        p = [pack6_word(w) for w in words]
+        st_b32(addr, p[0] | (p[1] << 24))
+        st_b32(addr + 4, (p[1] >> 8) | (p[2] << 16))
+        st_b32(addr + 8, (p[2] >> 16) | (p[3] << 8))
 
 
 def nvfp4_scale(amax_bits, g, floor, has_floor: bool, divisor: float) -> tuple:
@@ -489,7 +541,7 @@ class NVFP4EncodeKernel:
             dst = codes.toint() + blk * (8 if self.packed else 16)
             if fast_division_ok(amax, divisor):
                 store_block_fast(
-                    dst, quotients_fast(bits, divisor, keep), e2m1_lut.toint(), 4 if self.packed else 8, False
+                    dst, quotients_fast(bits, divisor, keep), e2m1_lut.toint(), 4 if self.packed else 8, "e2m1"
                 )
             else:
                 store_block(dst, block_codes(bits, divisor, e2m1_lut.toint(), keep), 4 if self.packed else 8)
@@ -587,7 +639,10 @@ class CacheWriteKernel:
                 st_b8(sc + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
                 keep, divisor = positive_mask(total), positive_or_one(total)
             if fast_division_ok(amax, divisor):
-                e4m3 = self.fmt.name == "e4m3"
-                store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), self.bits, e4m3)
+                if cutlass.const_expr(self.fmt.name in FP6_BY_FP8):
+                    fp8, scale_exp = FP6_BY_FP8[self.fmt.name]
+                    store_words(dst, fp6_words(quotients_fast(bits, divisor, keep, scale_exp), fp8), self.bits)
+                else:
+                    store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), self.bits, self.fmt.name)
             else:
                 store_block(dst, block_codes(bits, divisor, lut.toint(), keep), self.bits)

@@ -3,16 +3,17 @@ and V in one launch; quotients from a reciprocal; e4m3 codes by the hardware con
 the round-to-odd table; one 16-value chunk per thread) against variants, side by side in one run:
 
 * ``tables for e4m3``: e4m3 codes through the table as well;
+* ``fp6 through the table``: fp6 codes through the round-to-odd table instead of the fp8 conversions at a
+  scale (``FP6_BY_FP8``);
 * ``div.rn everywhere``: every quotient by ``div.rn.f32``, no reciprocal;
 * ``neither``: no division, no rounding (loads, index arithmetic, packing and stores; wrong bits).
 
 Measured and removed: fp6 / fp4 codes by float arithmetic (2026-12-04: 1.15-1.17x slower than the table for
 bfloat16 rows; reports/helpers/2026-12-04-prefill-writer.md); e2m1 codes by integer rounding (2026-12-06, on an
-H100: 0.96-1.03x the table's time; commit 5c37707 has the variant); fp6 codes by an fp8 conversion at a scale
-(2026-12-06, on an H100: no faster than the table; tag ``experiment-fp6-by-fp8``,
-reports/helpers/2026-12-06-fp6-by-fp8.md).
+H100: 0.96-1.03x the table's time); e2m1 codes by one float add (2026-12-07, on an H100: 1.25-1.28x the table's
+time for bfloat16 rows; tag ``experiment-e2m1-by-add``, reports/helpers/2026-12-07-writer-codes.md).
 
-K and V (e4m3, e3m2, e2m1, NVFP4): 32K tokens x 8 heads x d 128 each, bfloat16 and float32, per-head
+K and V (e4m3, e3m2, e2m3, e2m1, NVFP4): 32K tokens x 8 heads x d 128 each, bfloat16 and float32, per-head
 descales, page size 16; time per call of 20 calls back to back (CUDA events), through
 :class:`mjolnir_kernel.helpers.CacheWriter`.
 
@@ -29,13 +30,14 @@ from mjolnir_numerics.formats import FORMATS
 from mjolnir_numerics.quantize import _round_to_odd_lut
 
 
-def _table_store(addr, qs, lut, bits, e4m3):
+def _table_store(addr, qs, lut, bits, fmt):
     hk.store_block(addr, [hk.quantize_word(q, lut) for q in qs], bits)
 
 
 NEITHER = {
-    "quotients_fast": lambda bits, divisor, keep=None: bits,
-    "store_block_fast": lambda addr, qs, lut, bits, e4m3: hk.store_block(
+    "FP6_BY_FP8": {},
+    "quotients_fast": lambda bits, divisor, keep=None, scale_exp=0: bits,
+    "store_block_fast": lambda addr, qs, lut, bits, fmt: hk.store_block(
         addr, [(q >> 24) & ((1 << bits) - 1) for q in qs], bits
     ),
 }
@@ -60,10 +62,12 @@ def main():
     v16 = torch.randn(n, h, d, device="cuda", generator=gen).to(torch.bfloat16)
     slots = torch.randperm(n + 4096, device="cuda")[:n]
     desc = (torch.rand(h, device="cuda") + 0.01, torch.rand(h, device="cuda") + 0.01)
-    saved = {name: getattr(hk, name) for name in ("fast_division_ok", "quotients_fast", "store_block_fast")}
+    saved = {
+        name: getattr(hk, name) for name in ("fast_division_ok", "quotients_fast", "store_block_fast", "FP6_BY_FP8")
+    }
     print(f"device {torch.cuda.get_device_name()}; K and V in one launch, time per call of 20 back to back")
     try:
-        for element in ("e4m3", "e3m2", "e2m1", "nvfp4"):
+        for element in ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4"):
             nvfp4 = element == "nvfp4"
             fmt = FORMATS["e2m1" if nvfp4 else element]
             pages = (n + 4096) // 16
@@ -80,6 +84,8 @@ def main():
             }
             if element == "e4m3":
                 variants["tables for e4m3"] = {"store_block_fast": _table_store}
+            if element in ("e3m2", "e2m3"):
+                variants["fp6 through the table"] = {"FP6_BY_FP8": {}}
             ref = None
             for name, patch in variants.items():
                 for attr, value in saved.items():

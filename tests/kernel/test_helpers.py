@@ -18,7 +18,7 @@ import torch
 from mjolnir_kernel import helpers
 from mjolnir_numerics.formats import FORMATS
 
-from conftest import cuda_only
+from conftest import cuda_only, test_size_name
 
 
 def test_not_available_on_the_cpu():
@@ -168,13 +168,13 @@ def _round_to_float32(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     return np.where(on_midpoint & (lo != 0), nudged, hi).astype(np.float32)
 
 
-def _fast_quotients(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``helpers_kernel.quotient_fast`` with each float32 operation computed exactly and rounded once (a
+def _fast_quotients(a: np.ndarray, b: np.ndarray, scale_exp: int = 0) -> np.ndarray:
+    """``helpers_kernel.quotients_fast`` with each float32 operation computed exactly and rounded once (a
     float32 product is exact in float64; an FMA is an exact float64 value, or an exact TwoSum pair, rounded
-    once): ``recip = fp32(1 / b)``, ``q0 = fp32(a * recip)``, ``res = fma(-b, q0, a)``, ``q = fma(res, recip, q0)``
-    with the sign of ``a``."""
-    recip = (np.float32(1.0) / b).astype(np.float64)
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    once): ``recip = fp32(2^-k / b)``, ``q0 = fp32(a * recip)``, ``res = fma(-b * 2^k, q0, a)``, ``q = fma(res,
+    recip, q0)`` with the sign of ``a`` (``k = scale_exp``)."""
+    recip = (np.float32(2.0**-scale_exp) / b).astype(np.float64)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64) * 2.0**scale_exp
     q0 = (a64 * recip).astype(np.float32).astype(np.float64)
     res = (a64 - b64 * q0).astype(np.float32).astype(np.float64)  # a - b q0 is exact in float64 here
     p = res * recip  # exact: two 24-bit significands
@@ -189,11 +189,14 @@ def _float32_bits(sign, exponent, mantissa) -> np.ndarray:
     return ((sign << 31) | ((exponent + 127) << 23) | mantissa).astype(np.uint32).view(np.float32)
 
 
-def test_fast_quotients_are_the_correctly_rounded_ones_where_the_writer_takes_them():
+@pytest.mark.parametrize("scale_exp", [0, 6, 12])
+def test_fast_quotients_are_the_correctly_rounded_ones_where_the_writer_takes_them(scale_exp):
     """The writer's division sequence (one reciprocal, a product, two FMAs; Markstein's theorem) gives IEEE
     float32 division's bits for every ``|x| in [2^-100, 2^100)`` and divisor in ``[2^-20, 2^20)``, the bounds of
     ``fast_division_ok``: random operands, quotients next to rounding midpoints (the hard cases), divisors
-    with all-ones significands, and the bounds themselves."""
+    with all-ones significands, and the bounds themselves. With the fp6 writer's scale folded in
+    (``scale_exp = k``: divisor ``b * 2^k``, reciprocal ``fp32(2^-k / b)``) it gives the quotient times ``2^-k``
+    exactly wherever that is a normal float32."""
     from mjolnir_kernel import helpers_kernel as hk
 
     rng = np.random.default_rng(7)
@@ -230,11 +233,11 @@ def test_fast_quotients_are_the_correctly_rounded_ones_where_the_writer_takes_th
     a[half:] = np.where(hard, sign * np.ldexp(A.astype(np.float64), rng.integers(-120, 76, half)), a[half:])
     b[half:] = np.where(hard, np.ldexp(B.astype(np.float64), rng.integers(-43, -3, half)), b[half:])
     assert hard.sum() > half // 4
-    keep = (np.abs(a) >= 2.0**-100) & (np.abs(a) < limit)
+    keep = (np.abs(a) >= 2.0**-100) & (np.abs(a) < limit) & (np.abs(a / b) >= 2.0 ** (scale_exp - 126))
     a, b = a[keep], b[keep]
     assert a.size > n * 0.9
-    want = (a / b).view(np.uint32)
-    got = _fast_quotients(a, b).view(np.uint32)
+    want = ((a / b) * np.float32(2.0**-scale_exp)).view(np.uint32)  # exact: normal results
+    got = _fast_quotients(a, b, scale_exp).view(np.uint32)
     wrong = np.flatnonzero(got != want)
     assert wrong.size == 0, f"{wrong.size} quotients differ, e.g. {a[wrong[:3]]} / {b[wrong[:3]]}"
 
@@ -256,6 +259,91 @@ def test_fast_quotients_of_tiny_values_round_to_the_zero_code_of_their_sign():
     for name in ("e4m3", "e3m2", "e2m3", "e2m1"):
         fmt = FORMATS[name]
         assert torch.equal(quantize(torch.from_numpy(got), fmt), quantize(torch.from_numpy(want), fmt)), name
+
+
+@pytest.mark.parametrize("scale_exp", [6, 12])
+def test_scaled_fast_quotients_below_float32s_normals_give_the_zero_code(scale_exp):
+    """Where the scaled quotient ``x / b * 2^-k`` is below ``2^-126`` (a subnormal or zero float32: Markstein's
+    argument does not apply) the sequence's result is below ``2^-110`` with ``x``'s sign, as the scaled true
+    quotient is: the fp6 conversions at that scale code both as the zero of that sign."""
+    from mjolnir_kernel import helpers_kernel as hk
+    from mjolnir_numerics import quantize
+
+    rng = np.random.default_rng(9)
+    n = 1 << 18
+    b = np.abs(_float32_bits(rng.integers(0, 1, n), rng.integers(-20, 20, n), rng.integers(0, 1 << 23, n)))
+    # x's exponent: the quotient's scaled exponent from 2^-150 to 2^-124, about 2^-126 and below
+    exponent = np.floor(np.log2(b)).astype(np.int64) + scale_exp + rng.integers(-150, -123, n)
+    a = _float32_bits(rng.integers(0, 2, n), np.clip(exponent, -126, 99), rng.integers(0, 1 << 23, n))
+    a[:4] = [0.0, -0.0, 2.0**-149, -(2.0**-149)]
+    scaled_true = (a.astype(np.float64) / b.astype(np.float64)) * 2.0**-scale_exp
+    tiny = np.abs(scaled_true) < 2.0**-126
+    assert tiny.sum() > n // 4
+    a, b = a[tiny], b[tiny]
+    got = _fast_quotients(a, b, scale_exp)
+    assert (np.abs(got) < 2.0**-110).all() and (np.signbit(got) == np.signbit(a)).all()
+    name = next(name for name, (_, k) in hk.FP6_BY_FP8.items() if k == scale_exp)
+    codes = _fp6_by_fp8_codes(got, name)
+    assert np.array_equal(codes, np.where(np.signbit(a), 0x20, 0).astype(np.uint8)), name
+    want = quantize(torch.from_numpy(a / b), FORMATS[name]).numpy()
+    assert np.array_equal(codes, want), name
+
+
+def _fp6_by_fp8_codes(scaled: np.ndarray, name: str) -> np.ndarray:
+    """``helpers_kernel.fp6_words``'s codes of float32 values ``scaled`` (already times ``2^-k``), by its steps:
+    torch's fp8 cast (nearest-even, as the hardware's conversion rounds; overflow gives NaN or inf where the
+    hardware saturates, and ``fp6_words`` saturates every magnitude of 32 or more either way), then the
+    byte-parallel saturation and sign move on words of four codes."""
+    from mjolnir_kernel import helpers_kernel as hk
+
+    fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[hk.FP6_BY_FP8[name][0]]
+    pad = -scaled.size % 4
+    x = torch.from_numpy(np.concatenate([scaled, np.zeros(pad, np.float32)]))
+    w = x.to(fp8).view(torch.uint8).numpy().view(np.uint32).astype(np.int64)  # four codes per word
+    mag = w & 0x7F7F7F7F
+    over = (mag + 0x60606060) & 0x80808080
+    fill = over - ((over >> 7) & 0x01010101)
+    out = (mag & ~fill) | (fill & 0x1F1F1F1F) | ((w >> 2) & 0x20202020)
+    return out.astype(np.uint32).view(np.uint8)[: scaled.size]
+
+
+def _float32_around_roundings(rng, lo_exp: int, hi_exp: int, random: int) -> np.ndarray:
+    """float32 values of both signs, every exponent in ``[lo_exp, hi_exp]`` and every top-11 fraction pattern, each
+    with its low 12 fraction bits at the values that decide an fp6 rounding of any of its alignments (0, the
+    half-way point 0x800 and one ulp either side, all ones), plus ``random`` random finite float32."""
+    sign, exponent, top, low = np.meshgrid(
+        np.arange(2), np.arange(lo_exp, hi_exp + 1), np.arange(1 << 11), np.array([0, 1, 0x7FF, 0x800, 0x801, 0xFFF]),
+        indexing="ij",
+    )  # fmt: skip
+    grid = ((sign << 31) | ((exponent + 127) << 23) | (top << 12) | low).ravel().astype(np.uint32)
+    rand = rng.integers(0, 1 << 32, random, dtype=np.uint64).astype(np.uint32)
+    rand = rand[(rand & 0x7F800000) != 0x7F800000]  # finite
+    return np.concatenate([grid, rand]).view(np.float32)
+
+
+@pytest.mark.parametrize("name", ["e2m3", "e3m2"])
+def test_fp6_codes_through_the_fp8_conversions_are_the_reference_codes(name, sample_size):
+    """``fp6_words`` (the writer's fp6 codes: the fp8 conversion of ``x * 2^-k``, saturated, the sign moved)
+    gives ``quantize``'s codes for every float32 tested: each sign, each exponent from below the fp6 subnormals
+    to far beyond the overflow, each top-11 fraction pattern with its low bits at the ties and one ulp either
+    side, and random finite values (every finite float32 at ``MJOLNIR_TEST_SIZE=full``, in chunks)."""
+    from mjolnir_kernel import helpers_kernel as hk
+    from mjolnir_numerics import quantize
+
+    fmt, scale = FORMATS[name], np.float32(2.0 ** -hk.FP6_BY_FP8[name][1])
+    rng = np.random.default_rng(10)
+    if test_size_name() == "full":
+        chunks = (np.arange(c, c + (1 << 26), dtype=np.uint32) for c in range(0, 1 << 32, 1 << 26))
+        chunks = (c[(c & 0x7F800000) != 0x7F800000].view(np.float32) for c in chunks)
+    else:
+        chunks = [_float32_around_roundings(rng, -12, 12, sample_size)]
+    for x in chunks:
+        got = _fp6_by_fp8_codes(x * scale, name)  # x * 2^-k: the writer's scaled quotient
+        want = quantize(torch.from_numpy(x), fmt).numpy()
+        wrong = np.flatnonzero(got != want)
+        assert wrong.size == 0, (
+            f"{name}: {wrong.size} codes differ, e.g. {x[wrong[:4]]}: {got[wrong[:4]]} != {want[wrong[:4]]}"
+        )
 
 
 def test_cache_writer_refuses_rows_and_slots_of_the_wrong_shape():

@@ -1,0 +1,66 @@
+"""The cache writer's machine code per encoding, on any machine (no GPU): the sm_90a SASS of
+:class:`mjolnir_kernel.helpers_kernel.CacheWriteKernel` for bfloat16 rows with the fast division forced on (so
+that only the path a prefill of ordinary values takes is compiled), each format's codes by the kernel's own way
+and by the round-to-odd table, as instruction counts and the opcodes that tell them apart (LDG: global loads,
+16 of them the table's lookups; F2FP: the fp8 conversions; CALL: the ``div.rn.f32`` routine).
+
+A static count of one 16-value chunk's straight-line code (plus the division routine and the trap stubs); the
+time the table's lookups cost depends on the cache lines the codes touch, which only a GPU measures
+(``benchmarks.probes.helpers_writer_parts``).
+
+    python -m benchmarks.probes.helpers_writer_sass      # CUTE_DSL_ARCH=sm_90a on a machine without a GPU
+"""
+
+import collections
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+
+from mjolnir_kernel import helpers, sass
+from mjolnir_kernel import helpers_kernel as hk
+from mjolnir_numerics.formats import FORMATS
+
+ROWS = (
+    ("e4m3", False, {}, "cvt"),
+    ("e3m2", False, {}, "fp8"),
+    ("e3m2", False, {"FP6_BY_FP8": {}}, "table"),
+    ("e2m3", False, {}, "fp8"),
+    ("e2m3", False, {"FP6_BY_FP8": {}}, "table"),
+    ("e2m1", False, {}, "table"),
+    ("e2m1", True, {}, "table"),
+)
+
+
+def writer_sass(element: str, nvfp4: bool, patch: dict) -> str:
+    """The SASS of the writer for bfloat16 rows of ``element`` (NVFP4 where ``nvfp4``) with module attributes of
+    ``helpers_kernel`` replaced by ``patch`` while it is traced."""
+    saved = {name: getattr(hk, name) for name in patch}
+    for name, value in patch.items():
+        setattr(hk, name, value)
+    try:
+        pool = ("u8", helpers._STORE_ALIGN[FORMATS[element].bits])
+        ptrs = (("f32", 16), ("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("f32", 4), ("u8", 1), pool, pool,
+                ("u8", 1), ("u8", 1))  # fmt: skip
+        kernel = hk.CacheWriteKernel(element, nvfp4, True, False, True, 0.125)
+        args = [helpers._pointer(kind, 1 << 20, align) for kind, align in ptrs]
+        scalars = (cutlass.Int64(1),) * 18 + (cutlass.Float32(1.0), cuda.CUstream(0))
+        options = "--gpu-arch sm_90a --keep-cubin --dump-dir {}"
+        return sass.disassemble_compiled(lambda d: cute.compile(kernel, *args, *scalars, options=options.format(d)))
+    finally:
+        for name, value in saved.items():
+            setattr(hk, name, value)
+
+
+def main():
+    print("the cache writer, bfloat16 rows, fast division forced on; sm_90a SASS of the whole kernel")
+    for element, nvfp4, patch, name in ROWS:
+        text = writer_sass(element, nvfp4, {"fast_division_ok": lambda amax, divisor: True, **patch})
+        ops = [sass._opcode(m.group(2)).split(".")[0] for line in text.splitlines() if (m := sass._LINE.match(line))]
+        h = collections.Counter(ops)
+        print(f"{'nvfp4' if nvfp4 else element:6s} {name:6s} instructions {len(ops):4d}  LDG {h['LDG']:2d} "
+              f"STG {h['STG']} F2FP {h['F2FP']} MUFU {h['MUFU']} CALL {h['CALL']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
