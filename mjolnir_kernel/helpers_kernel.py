@@ -426,7 +426,7 @@ def quotients_fast(bits: list, divisor_value, keep=None, scale_exp: int = 0) -> 
     below ``2^-126`` the computed one is below ``2^-110`` too, with ``x``'s sign (both zero codes in the fp6
     formats :data:`FP6_BY_FP8` serves; tests/kernel/test_helpers.py checks both)."""
     recip = div_rn(Float32(2.0**-scale_exp), divisor_value)
-    neg = mul_rn(divisor_value, Float32(-(2.0**scale_exp)))
+    neg = -divisor_value if scale_exp == 0 else divisor_value * Float32(-(2.0**scale_exp))  # exact: a power of 2
     qs = [quotient_fast(b, divisor_value, neg, recip) for b in bits]
     return qs if keep is None else [q & keep for q in qs]
 
@@ -441,15 +441,18 @@ def store_block_fast(addr, qs: list, lut, bits: int, fmt: str) -> None:
         store_block(addr, [quantize_word(q, lut) for q in qs], bits)
 
 
-def store_words(addr, words: list, bits: int) -> None:
-    """:func:`store_block` of 16 codes given four to a word (lowest first): 16 bytes (8 bits) or 12 (6 bits)."""
-    if bits == 8:
-        st_v4_b32(addr, *words)
-    else:
-        p = [pack6_word(w) for w in words]
-        st_b32(addr, p[0] | (p[1] << 24))
-        st_b32(addr + 4, (p[1] >> 8) | (p[2] << 16))
-        st_b32(addr + 8, (p[2] >> 16) | (p[3] << 8))
+def store_fp6_words(addr, words: list) -> None:
+    """:func:`store_block` of 16 6-bit codes given four to a word (lowest first, as :func:`fp6_words` gives
+    them): 12 bytes at 4-byte aligned ``addr``."""
+    store_packed6(addr, [pack6_word(w) for w in words])
+
+
+def store_packed6(addr, p: list) -> None:
+    """Four 24-bit groups of four 6-bit codes each (``c0 | c1 << 6 | c2 << 12 | c3 << 18``) as 12 bytes, three
+    4-byte stores at 4-byte aligned ``addr``."""
+    st_b32(addr, p[0] | (p[1] << 24))
+    st_b32(addr + 4, (p[1] >> 8) | (p[2] << 16))
+    st_b32(addr + 8, (p[2] >> 16) | (p[3] << 8))
 
 
 def nvfp4_scale(amax_bits, g, floor, has_floor: bool, divisor: float) -> tuple:
@@ -474,9 +477,7 @@ def store_block(addr, codes: list, bits: int) -> None:
     elif bits == 6:
         p = [codes[4 * i] | (codes[4 * i + 1] << 6) | (codes[4 * i + 2] << 12) | (codes[4 * i + 3] << 18)
              for i in range(4)]  # fmt: skip
-        st_b32(addr, p[0] | (p[1] << 24))
-        st_b32(addr + 4, (p[1] >> 8) | (p[2] << 16))
-        st_b32(addr + 8, (p[2] >> 16) | (p[3] << 8))
+        store_packed6(addr, p)
     else:
         pairs = [codes[2 * i] | (codes[2 * i + 1] << 4) for i in range(8)]
         st_v2_b32(addr, *[pairs[4 * i] | (pairs[4 * i + 1] << 8) | (pairs[4 * i + 2] << 16) | (pairs[4 * i + 3] << 24)
@@ -641,7 +642,7 @@ class CacheWriteKernel:
             if fast_division_ok(amax, divisor):
                 if cutlass.const_expr(self.fmt.name in FP6_BY_FP8):
                     fp8, scale_exp = FP6_BY_FP8[self.fmt.name]
-                    store_words(dst, fp6_words(quotients_fast(bits, divisor, keep, scale_exp), fp8), self.bits)
+                    store_fp6_words(dst, fp6_words(quotients_fast(bits, divisor, keep, scale_exp), fp8))
                 else:
                     store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), self.bits, self.fmt.name)
             else:
