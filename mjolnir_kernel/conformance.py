@@ -221,7 +221,8 @@ def random_cases(n: int, seed: int = 0, max_keys: int = 65536, formats=None, hea
     all) and Q dtype the capability rule allows, 1-4 sequences of 0 to ``max_keys`` keys (varlen, often
     short), q_len 1-8 causal or not, every page size, layout and descale granularity, GQA groups 1-8, a head
     dim of ``head_dims`` (None: both), and K/V patterns with sinks, outlier channels and heavy tails; default
-    plans (no forced splits). The same arguments give the same cases."""
+    plans (no forced splits). The same arguments give the same cases. ValueError naming the argument for a
+    negative ``n``, or an empty ``formats`` / ``head_dims`` or one with a value the kernels do not take."""
     import random
 
     from mjolnir_numerics.cache import LAYOUTS
