@@ -191,6 +191,33 @@ def _check_size(name: str, n: int) -> None:
         raise ValueError(f"{name}: {n} elements; the helper kernels take at most 2^40")
 
 
+E2M1_TABLE_LINE_OFFSET = 64  # bytes into a 128-byte line where e2m1_table starts
+_e2m1_tables: dict = {}
+
+
+def e2m1_table(lut: torch.Tensor) -> torch.Tensor:
+    """The table the e2m1 lookups of the NVFP4 encoder and the cache writer read, from ``lut``, e2m1's
+    round-to-odd table (uint8 ``(65536,)``): every ``2^(s - 16)``-th entry for the index shift ``s =
+    helpers_kernel.E2M1_INDEX_SHIFT`` (4096 entries at ``s = 20``: entry ``i`` is ``lut[16 i]``, the code of the
+    float32 whose bits are ``i << 20``), starting :data:`E2M1_TABLE_LINE_OFFSET` bytes into a 128-byte line, so
+    that the entries of exponents 120-135 of each sign share one line (``helpers_kernel``'s note at
+    ``E2M1_INDEX_SHIFT``). Built once per table and index shift (a uint8 view into a slightly larger buffer)."""
+    from .helpers_kernel import E2M1_INDEX_SHIFT
+
+    key = (lut.device, lut.data_ptr(), E2M1_INDEX_SHIFT)
+    hit = _e2m1_tables.get(key)
+    if hit is not None:
+        return hit[1]
+    stride = 1 << (E2M1_INDEX_SHIFT - 16)
+    n = lut.numel() // stride
+    buf = torch.empty(n + 128, dtype=torch.uint8, device=lut.device)
+    start = (E2M1_TABLE_LINE_OFFSET - buf.data_ptr()) % 128
+    table = buf[start : start + n]
+    table.copy_(lut[::stride])
+    _e2m1_tables[key] = (lut, table)  # holding lut: its address is not reused while the entry stands
+    return table
+
+
 def quantize_f32(x: torch.Tensor, lut: torch.Tensor, fmt) -> torch.Tensor:
     """``fused.quantize_f32`` on CUDA: the ``fmt`` (an element :class:`~mjolnir_numerics.formats.Format`) codes
     of float32 ``x`` (any shape) through ``lut``, the format's round-to-odd table (uint8 ``(65536,)`` on ``x``'s
@@ -277,7 +304,7 @@ def nvfp4_encode(
         has_floor = floor is not None
         build = functools.partial(_build_nvfp4, packed, divisor, g_scale, has_floor, None)
         kernel = _kernel(("nvfp4", packed, divisor, g_scale, has_floor, None), x.device, build)
-        tensors = (x, g, e2m1_lut, codes, scales, g)  # g_out: unused without a global divisor
+        tensors = (x, g, e2m1_table(e2m1_lut), codes, scales, g)  # g_out: unused without a global divisor
         kernel(tensors, (n_blocks, d // NVFP4_GROUP, g_stride, float(floor) if has_floor else 0.0), x.device)
     return codes, scales
 
@@ -309,7 +336,8 @@ def nvfp4_encode_global(
     g = torch.empty((), dtype=torch.float32, device=x.device)
     options = (False, E2M1.max_normal, 1.0, floor is not None, global_divisor)  # unpacked; block scale amax / 6
     kernel = _kernel(("nvfp4", *options), x.device, functools.partial(_build_nvfp4, *options))
-    kernel((x, amax, e2m1_lut, codes, scales, g), (n // 16, 1, 0, 0.0 if floor is None else float(floor)), x.device)
+    tensors = (x, amax, e2m1_table(e2m1_lut), codes, scales, g)
+    kernel(tensors, (n // 16, 1, 0, 0.0 if floor is None else float(floor)), x.device)
     return codes, scales, g
 
 
@@ -400,6 +428,7 @@ class CacheWriter:
         self.nvfp4 = bool(nvfp4)
         k_sc, v_sc = scales if scales[0] is not None else pools
         self.has_floor, self.g_scale = floor is not None, float(g_scale)
+        lut = e2m1_table(lut) if element == "e2m1" else lut
         self.tensors = (k_ds, v_ds, lut, *pools, k_sc, v_sc)
         cpr = head_dim // GROUP
         self.scalars = (

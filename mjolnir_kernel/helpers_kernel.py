@@ -226,17 +226,35 @@ def fp6_words(scaled: list, fp8: str) -> list:
     return words
 
 
-@cute.jit
-def round_to_odd_index(bits: Int32) -> Int32:
-    """The bfloat16 bits of float32 ``bits`` rounded to odd (bit 0 of the result is the sticky bit of the
-    16 bits cut off): the index into a quantizer's round-to-odd table (``fused.quantize_f32``)."""
-    return ((((bits & 0xFFFF) + 0xFFFF) | bits) >> 16) & 0xFFFF
+# e2m1 keeps one fraction bit, and rounding to odd at p + 2 significant bits, then to nearest-even at p, is
+# rounding to nearest-even at p directly: so e2m1's code of a float32 is fixed by its sign, exponent and top
+# three fraction bits rounded to odd, a 12-bit index (the bits >> 20, the sticky bit in bit 0) into a table of
+# 4096 codes, every 16th of the 65536-entry table (``e2m1_table``). One exponent is 8 bytes of it and 16 are
+# a 128-byte line, where the 65536-entry table spreads each exponent over a whole line: the 32 lanes of a
+# lookup touch about 4 lines instead of 11-12 (K and V rows of a prefill), and the host places the table so
+# that exponents 120-135 (|q| in [2^-7, 2^9)) share one line per sign. The other formats, looked up only off
+# the writer's fast path, keep the 16-bit index.
+E2M1_INDEX_SHIFT = 20
 
 
-@cute.jit
-def quantize_word(bits: Int32, lut: Int64) -> Int32:
-    """The code of one float32 (given as its bits) through the round-to-odd table at address ``lut``."""
-    return ld_u8(lut + Int64(round_to_odd_index(bits)))
+def index_shift(fmt: str) -> int:
+    """The right shift of :func:`round_to_odd_index` for the table of format ``fmt``: 20 for e2m1 (the
+    4096-entry table), 16 for the others."""
+    return E2M1_INDEX_SHIFT if fmt == "e2m1" else 16
+
+
+def round_to_odd_index(bits: Int32, shift: int = 16) -> Int32:
+    """Float32 ``bits`` >> ``shift`` rounded to odd (bit 0 of the result is the sticky bit of the ``shift`` bits
+    cut off): the index into a quantizer's round-to-odd table (``fused.quantize_f32`` at ``shift = 16``, the
+    bfloat16 bits; :data:`E2M1_INDEX_SHIFT`)."""
+    low = (1 << shift) - 1
+    return ((((bits & low) + low) | bits) >> shift) & ((1 << (32 - shift)) - 1)
+
+
+def quantize_word(bits: Int32, lut: Int64, shift: int = 16) -> Int32:
+    """The code of one float32 (given as its bits) through the round-to-odd table at address ``lut``, indexed
+    by :func:`round_to_odd_index` at ``shift``."""
+    return ld_u8(lut + Int64(round_to_odd_index(bits, shift)))
 
 
 def _thread_index() -> Int64:
@@ -406,19 +424,20 @@ def quotient_fast(b, divisor, neg_divisor, recip) -> Int32:
     return (as_i32(q1) & 0x7FFFFFFF) | (b & -2147483648)  # | the sign bit of x
 
 
-def block_codes(bits: list, divisor_value, lut, keep=None) -> list:
-    """Element codes ``lut[round_to_odd(x / divisor)]`` (``fused.encode_elements``), each quotient by
-    ``div.rn.f32``; ``keep``: a mask the quotients' bits are and-ed with first (NVFP4's zero blocks)."""
+def block_codes(bits: list, divisor_value, lut, keep=None, shift: int = 16) -> list:
+    """Element codes ``lut[round_to_odd(x / divisor)]`` (``fused.encode_elements``; the table indexed at
+    ``shift``, :func:`index_shift`), each quotient by ``div.rn.f32``; ``keep``: a mask the quotients' bits are
+    and-ed with first (NVFP4's zero blocks)."""
     out = []
     for b in bits:
         q = as_i32(div_rn(as_f32(b), divisor_value))
-        out.append(quantize_word(q if keep is None else q & keep, lut))
+        out.append(quantize_word(q if keep is None else q & keep, lut, shift))
     return out
 
 
-def quotients_fast(bits: list, divisor_value, keep=None, scale_exp: int = 0) -> list:
+def quotients_fast(bits: list, divisor_value, scale_exp: int = 0) -> list:
     """The bits of ``x / divisor`` for a block (:func:`quotient_fast`, one reciprocal per block), the correctly
-    rounded quotients where :func:`fast_division_ok` holds; ``keep``: a mask they are and-ed with.
+    rounded quotients where :func:`fast_division_ok` holds.
 
     ``scale_exp = k > 0`` gives ``x / divisor * 2^-k`` instead, by dividing by ``divisor * 2^k`` (exact) with the
     reciprocal ``fp32(2^-k / divisor)``: every step is the unscaled one's times ``2^-k``, exactly, wherever that
@@ -427,18 +446,17 @@ def quotients_fast(bits: list, divisor_value, keep=None, scale_exp: int = 0) -> 
     formats :data:`FP6_BY_FP8` serves; tests/kernel/test_helpers.py checks both)."""
     recip = div_rn(Float32(2.0**-scale_exp), divisor_value)
     neg = -divisor_value if scale_exp == 0 else divisor_value * Float32(-(2.0**scale_exp))  # exact: a power of 2
-    qs = [quotient_fast(b, divisor_value, neg, recip) for b in bits]
-    return qs if keep is None else [q & keep for q in qs]
+    return [quotient_fast(b, divisor_value, neg, recip) for b in bits]
 
 
 def store_block_fast(addr, qs: list, lut, bits: int, fmt: str) -> None:
     """:func:`store_block` (``bits`` per code) of the ``fmt`` codes of quotients ``qs`` (finite: where
     :func:`fast_division_ok` holds): e4m3 by the hardware conversion, any other format through the round-to-odd
-    table ``lut``."""
+    table ``lut`` (indexed at :func:`index_shift`)."""
     if fmt == "e4m3":
         st_v4_b32(addr, *e4m3_words(qs))
     else:
-        store_block(addr, [quantize_word(q, lut) for q in qs], bits)
+        store_block(addr, [quantize_word(q, lut, index_shift(fmt)) for q in qs], bits)
 
 
 def store_fp6_words(addr, words: list) -> None:
@@ -538,14 +556,14 @@ class NVFP4EncodeKernel:
             amax = abs_max_bits(bits)
             scale_code, total = nvfp4_scale(amax, gv, floor, self.has_floor, self.divisor)
             st_b8(scales.toint() + blk, scale_code)
-            keep, divisor = positive_mask(total), positive_or_one(total)
             dst = codes.toint() + blk * (8 if self.packed else 16)
-            if fast_division_ok(amax, divisor):
-                store_block_fast(
-                    dst, quotients_fast(bits, divisor, keep), e2m1_lut.toint(), 4 if self.packed else 8, "e2m1"
-                )
+            if fast_division_ok(amax, total):  # total > 0: no zero-block mask (see CacheWriteKernel)
+                store_block_fast(dst, quotients_fast(bits, total), e2m1_lut.toint(), 4 if self.packed else 8, "e2m1")
             else:
-                store_block(dst, block_codes(bits, divisor, e2m1_lut.toint(), keep), 4 if self.packed else 8)
+                keep, divisor = positive_mask(total), positive_or_one(total)
+                store_block(
+                    dst, block_codes(bits, divisor, e2m1_lut.toint(), keep, E2M1_INDEX_SHIFT), 4 if self.packed else 8
+                )
 
 
 # -- the cache writer ----------------------------------------------------------------------------------
@@ -633,17 +651,23 @@ class CacheWriteKernel:
             pool = k_pool.toint() + ((v_pool.toint() - k_pool.toint()) & v_mask)
             dst = pool + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
             amax = abs_max_bits(bits)
-            keep, divisor = None, ds  # element formats: x / descale
+            divisor = ds  # element formats: x / descale
             if cutlass.const_expr(self.nvfp4):  # NVFP4: the block scale, then x / (scale * g)
-                scale_code, total = nvfp4_scale(amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0)
+                scale_code, divisor = nvfp4_scale(amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0)
                 sc = k_scales.toint() + ((v_scales.toint() - k_scales.toint()) & v_mask)
                 st_b8(sc + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
-                keep, divisor = positive_mask(total), positive_or_one(total)
+            # NVFP4's total scale is > 0 on the fast path (fast_division_ok), so its zero-block mask (all ones there)
+            # and divisor-of-one guard are the slow path's alone
             if fast_division_ok(amax, divisor):
                 if cutlass.const_expr(self.fmt.name in FP6_BY_FP8):
                     fp8, scale_exp = FP6_BY_FP8[self.fmt.name]
-                    store_fp6_words(dst, fp6_words(quotients_fast(bits, divisor, keep, scale_exp), fp8))
+                    store_fp6_words(dst, fp6_words(quotients_fast(bits, divisor, scale_exp), fp8))
                 else:
-                    store_block_fast(dst, quotients_fast(bits, divisor, keep), lut.toint(), self.bits, self.fmt.name)
+                    store_block_fast(dst, quotients_fast(bits, divisor), lut.toint(), self.bits, self.fmt.name)
             else:
-                store_block(dst, block_codes(bits, divisor, lut.toint(), keep), self.bits)
+                shift = index_shift(self.fmt.name)
+                if cutlass.const_expr(self.nvfp4):
+                    codes = block_codes(bits, positive_or_one(divisor), lut.toint(), positive_mask(divisor), shift)
+                else:
+                    codes = block_codes(bits, divisor, lut.toint(), None, shift)
+                store_block(dst, codes, self.bits)

@@ -1,10 +1,13 @@
 """Where the prefill writer's time goes, and what each design choice of its kernel buys: the landed kernel (K
-and V in one launch; quotients from a reciprocal; e4m3 codes by the hardware conversion, the others through
-the round-to-odd table; one 16-value chunk per thread) against variants, side by side in one run:
+and V in one launch; quotients from a reciprocal; e4m3 and fp6 codes by the hardware's fp8 conversions, e2m1's
+through the 4096-entry round-to-odd table; one 16-value chunk per thread) against variants, side by side in one
+run:
 
 * ``tables for e4m3``: e4m3 codes through the table as well;
 * ``fp6 through the table``: fp6 codes through the round-to-odd table instead of the fp8 conversions at a
   scale (``FP6_BY_FP8``);
+* ``e2m1 by the 64K table``: e2m1 (and NVFP4's element) codes through the 65536-entry table at the 16-bit
+  index instead of the 4096-entry one at the 12-bit index (``E2M1_INDEX_SHIFT``);
 * ``div.rn everywhere``: every quotient by ``div.rn.f32``, no reciprocal;
 * ``neither``: no division, no rounding (loads, index arithmetic, packing and stores; wrong bits).
 
@@ -36,7 +39,7 @@ def _table_store(addr, qs, lut, bits, fmt):
 
 NEITHER = {
     "FP6_BY_FP8": {},
-    "quotients_fast": lambda bits, divisor, keep=None, scale_exp=0: bits,
+    "quotients_fast": lambda bits, divisor, scale_exp=0: bits,
     "store_block_fast": lambda addr, qs, lut, bits, fmt: hk.store_block(
         addr, [(q >> 24) & ((1 << bits) - 1) for q in qs], bits
     ),
@@ -62,9 +65,8 @@ def main():
     v16 = torch.randn(n, h, d, device="cuda", generator=gen).to(torch.bfloat16)
     slots = torch.randperm(n + 4096, device="cuda")[:n]
     desc = (torch.rand(h, device="cuda") + 0.01, torch.rand(h, device="cuda") + 0.01)
-    saved = {
-        name: getattr(hk, name) for name in ("fast_division_ok", "quotients_fast", "store_block_fast", "FP6_BY_FP8")
-    }
+    names = ("fast_division_ok", "quotients_fast", "store_block_fast", "FP6_BY_FP8", "E2M1_INDEX_SHIFT")
+    saved = {name: getattr(hk, name) for name in names}
     print(f"device {torch.cuda.get_device_name()}; K and V in one launch, time per call of 20 back to back")
     try:
         for element in ("e4m3", "e3m2", "e2m3", "e2m1", "nvfp4"):
@@ -86,6 +88,8 @@ def main():
                 variants["tables for e4m3"] = {"store_block_fast": _table_store}
             if element in ("e3m2", "e2m3"):
                 variants["fp6 through the table"] = {"FP6_BY_FP8": {}}
+            if element in ("e2m1", "nvfp4"):
+                variants["e2m1 by the 64K table"] = {"E2M1_INDEX_SHIFT": 16}
             ref = None
             for name, patch in variants.items():
                 for attr, value in saved.items():

@@ -28,7 +28,9 @@ ROWS = (
     ("e2m3", False, {}, "fp8"),
     ("e2m3", False, {"FP6_BY_FP8": {}}, "table"),
     ("e2m1", False, {}, "table"),
+    ("e2m1", False, {"E2M1_INDEX_SHIFT": 16}, "64K table"),
     ("e2m1", True, {}, "table"),
+    ("e2m1", True, {"E2M1_INDEX_SHIFT": 16}, "64K table"),
 )
 
 
@@ -58,7 +60,7 @@ def main():
         text = writer_sass(element, nvfp4, {"fast_division_ok": lambda amax, divisor: True, **patch})
         ops = [sass._opcode(m.group(2)).split(".")[0] for line in text.splitlines() if (m := sass._LINE.match(line))]
         h = collections.Counter(ops)
-        print(f"{'nvfp4' if nvfp4 else element:6s} {name:6s} instructions {len(ops):4d}  LDG {h['LDG']:2d} "
+        print(f"{'nvfp4' if nvfp4 else element:6s} {name:9s} instructions {len(ops):4d}  LDG {h['LDG']:2d} "
               f"STG {h['STG']} F2FP {h['F2FP']} MUFU {h['MUFU']} CALL {h['CALL']}")  # fmt: skip
 
 

@@ -346,6 +346,47 @@ def test_fp6_codes_through_the_fp8_conversions_are_the_reference_codes(name, sam
         )
 
 
+def _e2m1_index(x: np.ndarray) -> np.ndarray:
+    """``helpers_kernel.round_to_odd_index`` at ``E2M1_INDEX_SHIFT`` of float32 ``x``, in numpy: the 12-bit index
+    of the writer's e2m1 lookups (the top 12 bits, the sticky bit of the 20 cut off in bit 0)."""
+    from mjolnir_kernel import helpers_kernel as hk
+
+    b, s = x.view(np.uint32).astype(np.int64), hk.E2M1_INDEX_SHIFT
+    low = (1 << s) - 1
+    return (((b & low) + low) | b) >> s
+
+
+def test_e2m1_table_gives_every_float32_its_reference_code(sample_size):
+    """The NVFP4 encoder's and the cache writer's e2m1 lookups (``e2m1_table`` at the 12-bit round-to-odd
+    index) give every float32 the spec's code. Exhaustive through the 65536-entry table, which is exact for
+    every float32 (``quantize._round_to_odd_lut``): the 12-bit index is a function of the 16-bit one (its top 12
+    bits, the sticky bit set where any of the low 4 is), so equal codes at all 65536 16-bit indices are equal
+    codes for every float32. Then directly against the reference rounding (``_exact_codes``, no table) on values
+    at every tie, one ulp either side, and random finite float32; and the table's placement: exponents 120-135
+    of each sign in one 128-byte line."""
+    from mjolnir_kernel import helpers_kernel as hk
+    from mjolnir_numerics.formats import E2M1
+    from mjolnir_numerics.quantize import _exact_codes, _round_to_odd_lut
+
+    lut = _round_to_odd_lut(E2M1, "cpu")
+    table = helpers.e2m1_table(lut)
+    assert hk.E2M1_INDEX_SHIFT == 20 and table.shape == (4096,) and table.dtype == torch.uint8
+    j = torch.arange(1 << 16)
+    assert torch.equal(table[(j >> 4) | ((j & 0xF) != 0).long()], lut)
+    x = _float32_around_roundings(np.random.default_rng(11), -10, 10, sample_size)
+    lows = np.array([0, 1, (1 << 19) - 1, 1 << 19, (1 << 19) + 1, (1 << 20) - 1], dtype=np.uint32)
+    at_index = ((np.arange(4096, dtype=np.uint32)[:, None] << 20) | lows).ravel()
+    x = np.concatenate([x, at_index[(at_index & 0x7F800000) != 0x7F800000].view(np.float32)])
+    got = table.numpy()[_e2m1_index(x)]
+    want = _exact_codes(torch.from_numpy(x), E2M1).numpy()
+    wrong = np.flatnonzero(got != want)
+    assert wrong.size == 0, f"{wrong.size} codes differ, e.g. {x[wrong[:4]]}: {got[wrong[:4]]} != {want[wrong[:4]]}"
+    for sign in (0, 1):
+        first, last = (sign << 11) | (120 << 3), (sign << 11) | (135 << 3) | 7
+        assert (table.data_ptr() + first) // 128 == (table.data_ptr() + last) // 128
+    assert helpers.e2m1_table(lut) is table  # built once
+
+
 def test_cache_writer_refuses_rows_and_slots_of_the_wrong_shape():
     """The writer's launch indexes the pools by the cache's geometry: rows of another shape, K and V that differ,
     or slots that do not match the rows are refused before any launch (checked on the CPU: nothing launches)."""
