@@ -9,7 +9,9 @@ run:
 * ``e2m1 by the 64K table``: e2m1 (and NVFP4's element) codes through the 65536-entry table at the 16-bit
   index instead of the 4096-entry one at the 12-bit index (``E2M1_INDEX_SHIFT``);
 * ``div.rn everywhere``: every quotient by ``div.rn.f32``, no reciprocal;
-* ``neither``: no division, no rounding (loads, index arithmetic, packing and stores; wrong bits).
+* ``neither``: no division, no rounding (loads, index arithmetic, packing and stores; wrong bits);
+* ``32 registers``: the kernel compiled for 8 resident CTAs of 256 threads per SM (``min_blocks_per_mp=8``: at
+  most 32 registers, where the compiler's choice is 40 for 6 CTAs; it spills 16 bytes, NVFP4 76).
 
 Measured and removed: fp6 / fp4 codes by float arithmetic (2026-12-04: 1.15-1.17x slower than the table for
 bfloat16 rows; reports/helpers/2026-12-04-prefill-writer.md); e2m1 codes by integer rounding (2026-12-06, on an
@@ -24,6 +26,8 @@ descales, page size 16; time per call of 20 calls back to back (CUDA events), th
 """
 
 # ruff: noqa: B023  (a one-off probe: its lambdas run inside the loop that binds them)
+
+import contextlib
 
 import torch
 
@@ -44,6 +48,24 @@ NEITHER = {
         addr, [(q >> 24) & ((1 << bits) - 1) for q in qs], bits
     ),
 }
+
+
+@contextlib.contextmanager
+def min_blocks_per_mp(n):
+    """Kernels traced inside compile for at least ``n`` resident CTAs per SM (``None``: the compiler's choice)."""
+    from cutlass.cutlass_dsl.cutlass import KernelLauncher
+
+    original = KernelLauncher.launch
+
+    def launch(self, *args, **kwargs):
+        return original(self, *args, min_blocks_per_mp=n, **kwargs)
+
+    if n is not None:
+        KernelLauncher.launch = launch
+    try:
+        yield
+    finally:
+        KernelLauncher.launch = original
 
 
 def t_us(fn, iters=20):
@@ -90,6 +112,7 @@ def main():
                 variants["fp6 through the table"] = {"FP6_BY_FP8": {}}
             if element in ("e2m1", "nvfp4"):
                 variants["e2m1 by the 64K table"] = {"E2M1_INDEX_SHIFT": 16}
+            variants["32 registers"] = {"min_blocks_per_mp": 8}
             ref = None
             for name, patch in variants.items():
                 for attr, value in saved.items():
@@ -97,6 +120,8 @@ def main():
                 helpers._compiled.clear()
                 for k, v in ((k16, v16), (k16.float(), v16.float())):
                     writer = helpers.CacheWriter(desc, pools, scales if nvfp4 else (None, None), **options)
+                    with min_blocks_per_mp(patch.get("min_blocks_per_mp")):
+                        writer(k, v, slots, None)  # compiled here
                     us = t_us(lambda: writer(k, v, slots, None))
                     same = "-"
                     if name != "neither" and k.dtype == torch.bfloat16:
