@@ -4,9 +4,11 @@ that only the path a prefill of ordinary values takes is compiled), each format'
 and by the round-to-odd table, as instruction counts and the opcodes that tell them apart (LDG: global loads,
 16 of them the table's lookups; F2FP: the fp8 conversions; CALL: the ``div.rn.f32`` routine).
 
-A static count of one 16-value chunk's straight-line code (plus the division routine and the trap stubs); the
-time the table's lookups cost depends on the cache lines the codes touch, which only a GPU measures
-(``benchmarks.probes.helpers_writer_parts``).
+Two static counts: the whole kernel (one 16-value chunk's straight-line code, the division's slow-path routine
+and the trap stubs), and its fast path, the instructions from the entry to the first unpredicated EXIT, what a
+thread of an ordinary prefill issues (the writer's bfloat16 prefills are bound by these: reports/helpers/
+2026-12-07-e2m1-table.md). The time the table's lookups cost depends on the cache lines the codes touch, which
+only a GPU measures (``benchmarks.probes.helpers_writer_parts``).
 
     python -m benchmarks.probes.helpers_writer_sass      # CUTE_DSL_ARCH=sm_90a on a machine without a GPU
 """
@@ -58,10 +60,12 @@ def main():
     print("the cache writer, bfloat16 rows, fast division forced on; sm_90a SASS of the whole kernel")
     for element, nvfp4, patch, name in ROWS:
         text = writer_sass(element, nvfp4, {"fast_division_ok": lambda amax, divisor: True, **patch})
-        ops = [sass._opcode(m.group(2)).split(".")[0] for line in text.splitlines() if (m := sass._LINE.match(line))]
+        lines = [m.group(2).strip() for line in text.splitlines() if (m := sass._LINE.match(line))]
+        ops = [sass._opcode(line).split(".")[0] for line in lines]
+        fast = next(i for i, line in enumerate(lines) if line.startswith("EXIT")) + 1
         h = collections.Counter(ops)
-        print(f"{'nvfp4' if nvfp4 else element:6s} {name:9s} instructions {len(ops):4d}  LDG {h['LDG']:2d} "
-              f"STG {h['STG']} F2FP {h['F2FP']} MUFU {h['MUFU']} CALL {h['CALL']}")  # fmt: skip
+        print(f"{'nvfp4' if nvfp4 else element:6s} {name:9s} instructions {len(ops):4d}  fast path {fast:4d}  "
+              f"LDG {h['LDG']:2d} STG {h['STG']} F2FP {h['F2FP']} MUFU {h['MUFU']} CALL {h['CALL']}")  # fmt: skip
 
 
 if __name__ == "__main__":
