@@ -412,16 +412,18 @@ def fast_division_ok(amax_bits, divisor):
     return (amax_bits < FAST_ABS_X_LIMIT) & (d >= FAST_DIVISOR_LOW) & (d < FAST_DIVISOR_HIGH)
 
 
-def quotient_fast(b, divisor, neg_divisor, recip) -> Int32:
+def quotient_fast(b, divisor, recip) -> Int32:
     """The bits of ``fp32(x / divisor)`` for float32 bits ``b`` of ``x``, given ``recip = fp32(1 / divisor)``
-    (correctly rounded): ``q0 = fp32(x * recip)`` is within an ulp, the residual ``x - divisor * q0`` is exact
-    in one FMA, and ``q0 + residual * recip`` rounded once is the correctly rounded quotient (Markstein's
-    theorem; no overflow or underflow where :func:`fast_division_ok` holds). The sign is ``x``'s, as the
-    quotient's is (also where it rounds to zero)."""
+    (correctly rounded): ``q0 = fp32(x * recip)`` is within an ulp, the negated residual ``divisor * q0 - x`` is
+    exact in one FMA, and ``q0 - residual * recip`` rounded once is the correctly rounded quotient (Markstein's
+    theorem; no overflow or underflow where :func:`fast_division_ok` holds). The negated forms keep ``x``'s sign
+    where the quotient rounds to zero, as division does: for ``x = -0``, ``q0 = -0``, the residual ``(-0) + (+0)
+    = +0`` and the quotient ``(-0) + (-0) = -0``, where ``x - divisor * q0 = +0`` would give ``(+0) + (-0) = +0``.
+    Both negations are operand modifiers of the FMAs (no instruction)."""
     x = as_f32(b)
     q0 = mul_rn(x, recip)
-    q1 = fma_rn(fma_rn(neg_divisor, q0, x), recip, q0)
-    return (as_i32(q1) & 0x7FFFFFFF) | (b & -2147483648)  # | the sign bit of x
+    neg_res = fma_rn(divisor, q0, -x)
+    return as_i32(fma_rn(-neg_res, recip, q0))
 
 
 def block_codes(bits: list, divisor_value, lut, keep=None, shift: int = 16) -> list:
@@ -445,8 +447,8 @@ def quotients_fast(bits: list, divisor_value, scale_exp: int = 0) -> list:
     below ``2^-126`` the computed one is below ``2^-110`` too, with ``x``'s sign (both zero codes in the fp6
     formats :data:`FP6_BY_FP8` serves; tests/kernel/test_helpers.py checks both)."""
     recip = div_rn(Float32(2.0**-scale_exp), divisor_value)
-    neg = -divisor_value if scale_exp == 0 else divisor_value * Float32(-(2.0**scale_exp))  # exact: a power of 2
-    return [quotient_fast(b, divisor_value, neg, recip) for b in bits]
+    scaled = divisor_value if scale_exp == 0 else divisor_value * Float32(2.0**scale_exp)  # exact: a power of 2
+    return [quotient_fast(b, scaled, recip) for b in bits]
 
 
 def store_block_fast(addr, qs: list, lut, bits: int, fmt: str) -> None:

@@ -171,18 +171,18 @@ def _round_to_float32(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
 def _fast_quotients(a: np.ndarray, b: np.ndarray, scale_exp: int = 0) -> np.ndarray:
     """``helpers_kernel.quotients_fast`` with each float32 operation computed exactly and rounded once (a
     float32 product is exact in float64; an FMA is an exact float64 value, or an exact TwoSum pair, rounded
-    once): ``recip = fp32(2^-k / b)``, ``q0 = fp32(a * recip)``, ``res = fma(-b * 2^k, q0, a)``, ``q = fma(res,
-    recip, q0)`` with the sign of ``a`` (``k = scale_exp``)."""
+    once; signed zeros as IEEE arithmetic gives them, which numpy's float64 does too): ``recip = fp32(2^-k /
+    b)``, ``q0 = fp32(a * recip)``, ``neg_res = fma(b * 2^k, q0, -a)``, ``q = fma(-neg_res, recip, q0)`` (``k =
+    scale_exp``)."""
     recip = (np.float32(2.0**-scale_exp) / b).astype(np.float64)
     a64, b64 = a.astype(np.float64), b.astype(np.float64) * 2.0**scale_exp
     q0 = (a64 * recip).astype(np.float32).astype(np.float64)
-    res = (a64 - b64 * q0).astype(np.float32).astype(np.float64)  # a - b q0 is exact in float64 here
-    p = res * recip  # exact: two 24-bit significands
+    neg_res = (b64 * q0 - a64).astype(np.float32).astype(np.float64)  # b q0 - a is exact in float64 here
+    p = -neg_res * recip  # exact: two 24-bit significands
     s = q0 + p
     bb = s - q0
     err = (q0 - (s - bb)) + (p - bb)  # TwoSum: s + err == q0 + p exactly
-    q = _round_to_float32(s, err).view(np.uint32)
-    return ((q & np.uint32(0x7FFFFFFF)) | (a.view(np.uint32) & np.uint32(0x80000000))).view(np.float32)
+    return _round_to_float32(s, err)
 
 
 def _float32_bits(sign, exponent, mantissa) -> np.ndarray:
