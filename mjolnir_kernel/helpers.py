@@ -348,9 +348,20 @@ def _byte_strides(t: torch.Tensor) -> tuple[int, int, int]:
     return tuple(s * t.element_size() for s in t.stride()[:3])
 
 
+INDEX_LIMIT = 1 << 31  # the writer's slots and in-page byte offsets are 32-bit
+
+
+def _in_page_bytes(t: torch.Tensor) -> int:
+    """One past the largest byte offset within a page of a ``(pages, PS, h_k, row)`` view (non-negative strides)."""
+    _, ps, h, row = t.shape
+    page, row_stride, head = _byte_strides(t)
+    return max(page, (ps - 1) * row_stride + (h - 1) * head + row * t.element_size())
+
+
 def write_unsupported(pool: torch.Tensor, scales: Optional[torch.Tensor], head_dim: int, bits: int) -> Optional[str]:
     """Why a :class:`CacheWriter` cannot store rows into ``pool`` (a ``(pages, PS, h_k, row)`` view), or None:
-    ``head_dim`` must be a multiple of 16 and every row start aligned for the chunk stores."""
+    ``head_dim`` must be a multiple of 16, every row start aligned for the chunk stores, and the slots, the
+    strides and a page's byte offsets below 2^31 (the writer's index arithmetic is 32-bit)."""
     if head_dim % 16:
         return f"head_dim {head_dim} is not a multiple of 16"
     align = _STORE_ALIGN[bits]
@@ -358,6 +369,11 @@ def write_unsupported(pool: torch.Tensor, scales: Optional[torch.Tensor], head_d
         return f"pool rows are not {align}-byte aligned"
     if scales is not None and scales.stride(-1) != 1:
         return "the scale rows are not contiguous"
+    views = (pool,) if scales is None else (pool, scales)
+    if any(min(v.stride()) < 0 for v in views):
+        return "a pool has a negative stride"
+    if pool.shape[0] * pool.shape[1] >= INDEX_LIMIT or any(_in_page_bytes(v) >= INDEX_LIMIT for v in views):
+        return "the pools hold 2^31 slots or more, or a page spans 2^31 bytes or more"
     return None
 
 
@@ -387,9 +403,10 @@ class CacheWriter:
 
     Raises:
         ValueError: at construction, a page size that is not a power of two, K and V pools of different
-            strides, a head dim that is not a multiple of 16; at a call, rows that are not ``(n, h_k, d)`` or
-            differ between K and V, slots or sequence ids that are not ``(n,)``, sequence ids missing where the
-            descales are per sequence, more values than the writer takes. All before any launch.
+            strides, a head dim that is not a multiple of 16, pools :func:`write_unsupported` refuses; at a call,
+            rows that are not ``(n, h_k, d)`` or differ between K and V, slots or sequence ids that are not
+            ``(n,)``, sequence ids missing where the descales are per sequence, more values than the writer
+            takes. All before any launch.
     """
 
     def __init__(
@@ -417,6 +434,9 @@ class CacheWriter:
         if head_dim % GROUP:
             raise ValueError(f"head_dim: the writer takes a multiple of {GROUP}, got {head_dim}")
         self.element, self.bits = element, FORMATS[element].bits
+        unsupported = write_unsupported(pools[0], scales[0], head_dim, self.bits)
+        if unsupported:
+            raise ValueError(f"pools: the writer cannot store into them: {unsupported}")
         heads = pools[0].shape[2]
         self.row_shape = (heads, head_dim)
         k_ds, v_ds = _shared_layout(*(ds.float() for ds in descales), heads)
@@ -442,18 +462,17 @@ class CacheWriter:
     def _kernel(self, bf16: bool) -> _Launcher:
         hit = self._kernels.get(bf16)
         if hit is None:
-            from .helpers_kernel import CacheWriteKernel
+            from .helpers_kernel import CacheWriteKernel, writer_scalars
 
             key = ("write", self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale)
 
             def build():
-                import cutlass
 
                 pool = ("u8", _STORE_ALIGN[self.bits])
                 pointers = (("f32", 16), ("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("f32", 4), ("u8", 1), pool,
                             pool, ("u8", 1), ("u8", 1))  # fmt: skip
                 kernel = CacheWriteKernel(self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale)
-                return kernel, pointers, (*_int64(18), cutlass.Float32(1.0))
+                return kernel, pointers, writer_scalars()
 
             hit = self._kernels[bf16] = _kernel(key, self.device, build)
         return hit

@@ -569,14 +569,24 @@ class NVFP4EncodeKernel:
 
 
 # -- the cache writer ----------------------------------------------------------------------------------
+INDEX_BITS = 30  # the writer's chunk and row indices are below 2^30 (helpers.MAX_WRITE_CHUNKS)
+
+
 def fast_divmod_constants(divisor: int) -> tuple[int, int]:
-    """``(multiplier, shift)`` with ``n // divisor == (n * multiplier) >> shift`` for every ``0 <= n < 2^32``
-    (Granlund and Montgomery, 1994: ``shift = 32 + ceil(log2 divisor)``, ``multiplier = ceil(2^shift /
-    divisor) < 2^33``); the product stays below 2^63 for ``n < 2^30``. Raises ValueError for a divisor below 1."""
+    """``(multiplier, shift)`` with ``n // divisor == (n * multiplier) >> shift`` for every ``0 <= n < 2^30``
+    (Granlund and Montgomery, 1994, for 30-bit ``n``: ``shift = 30 + ceil(log2 divisor)``, ``multiplier =
+    ceil(2^shift / divisor) < 2^31``): a 32-bit multiplier, so the product is one 32 x 32 -> 64-bit multiply.
+    Raises ValueError for a divisor below 1."""
     if divisor < 1:
         raise ValueError(f"divisor: expected a positive integer, got {divisor}")
-    shift = 32 + (divisor - 1).bit_length()
+    shift = INDEX_BITS + (divisor - 1).bit_length()
     return -(-(1 << shift) // divisor), shift
+
+
+def writer_scalars() -> tuple:
+    """Placeholders of :class:`CacheWriteKernel`'s scalar arguments, in order and of their types (for compiling)."""
+    i32 = (Int32(1),)
+    return (*i32 * 8, Int64(1), Int64(1), *i32 * 8, Float32(1.0))
 
 
 class CacheWriteKernel:
@@ -587,8 +597,10 @@ class CacheWriteKernel:
     are cut into 16-value chunks, one per thread, whose values are loaded first (2 or 4 chunks per thread
     measured slower on the H200: reports/helpers/2026-12-04-prefill-writer.md). Chunk ``t`` is row ``t //
     chunks_per_row`` and token ``row // heads`` (divisions by multiplication: :func:`fast_divmod_constants`;
-    ``n_chunks < 2^30``). Token ``t``'s row for head ``h`` goes to byte ``page * pool_page + off * pool_row + h
-    * pool_head`` of the pool (``page, off = divmod(slots[t], 2^page_shift)``); its descale is
+    ``n_chunks < 2^30``). The index arithmetic is 32-bit but for the pool's page offset (``page * pool_page``,
+    64-bit): the host takes the kernel only where the slots, the strides and a page's bytes stay below 2^31
+    (``helpers.write_unsupported``). Token ``t``'s row for head ``h`` goes to byte ``page * pool_page + off *
+    pool_row + h * pool_head`` of the pool (``page, off = divmod(slots[t], 2^page_shift)``); its descale is
     ``descale[seq_ids[t] * ds_seq + h * ds_head]`` (``per_seq``; else ``h * ds_head``). Element formats store
     ``pack(code(x / descale))`` (``fused.encode_elements``); NVFP4 stores the packed codes and block scales of
     ``fused.nvfp4_codes_packed`` under ``g = descale * g_scale`` (scales at ``page * sc_page + off * sc_row + h
@@ -605,10 +617,10 @@ class CacheWriteKernel:
     def __call__(
         self, k: cute.Pointer, v: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, k_descale: cute.Pointer,
         v_descale: cute.Pointer, lut: cute.Pointer, k_pool: cute.Pointer, v_pool: cute.Pointer,
-        k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int64,
-        row_mul: Int64, row_shift: Int64, chunks_per_row: Int64, token_mul: Int64, token_shift: Int64,
-        heads: Int64, page_shift: Int64, num_slots: Int64, num_seqs: Int64, pool_page: Int64, pool_row: Int64,
-        pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64, ds_seq: Int64, ds_head: Int64,
+        k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int32,
+        row_mul: Int32, row_shift: Int32, chunks_per_row: Int32, token_mul: Int32, token_shift: Int32,
+        heads: Int32, page_shift: Int32, num_slots: Int64, num_seqs: Int64, pool_page: Int32, pool_row: Int32,
+        pool_head: Int32, sc_page: Int32, sc_row: Int32, sc_head: Int32, ds_seq: Int32, ds_head: Int32,
         floor: Float32, stream: cuda.CUstream,
     ):  # fmt: skip
         self.kernel(
@@ -621,43 +633,46 @@ class CacheWriteKernel:
     def kernel(
         self, k: cute.Pointer, v: cute.Pointer, slots: cute.Pointer, seq_ids: cute.Pointer, k_descale: cute.Pointer,
         v_descale: cute.Pointer, lut: cute.Pointer, k_pool: cute.Pointer, v_pool: cute.Pointer,
-        k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int64,
-        row_mul: Int64, row_shift: Int64, chunks_per_row: Int64, token_mul: Int64, token_shift: Int64,
-        heads: Int64, page_shift: Int64, num_slots: Int64, num_seqs: Int64, pool_page: Int64, pool_row: Int64,
-        pool_head: Int64, sc_page: Int64, sc_row: Int64, sc_head: Int64, ds_seq: Int64, ds_head: Int64,
+        k_scales: cute.Pointer, v_scales: cute.Pointer, n_chunks: Int32,
+        row_mul: Int32, row_shift: Int32, chunks_per_row: Int32, token_mul: Int32, token_shift: Int32,
+        heads: Int32, page_shift: Int32, num_slots: Int64, num_seqs: Int64, pool_page: Int32, pool_row: Int32,
+        pool_head: Int32, sc_page: Int32, sc_row: Int32, sc_head: Int32, ds_seq: Int32, ds_head: Int32,
         floor: Float32,
     ):  # fmt: skip
         bidx, which, _ = cute.arch.block_idx()
         tid, _, _ = cute.arch.thread_idx()
-        t = Int64(bidx) * THREADS + Int64(tid)
+        t = Int32(bidx) * THREADS + Int32(tid)  # the index arithmetic in 32 bits (host: write_unsupported)
         if t < n_chunks:
             v_mask = -Int64(which)  # all ones for V: base = k + ((v - k) & v_mask)
             x = k.toint() + ((v.toint() - k.toint()) & v_mask)
-            bits = load_block(x + t * (GROUP * (2 if self.bf16 else 4)), self.bf16)  # the loads first
-            row = (t * row_mul) >> row_shift
+            bits = load_block(x + Int64(t) * (GROUP * (2 if self.bf16 else 4)), self.bf16)  # the loads first
+            row = Int32((Int64(t) * Int64(row_mul)) >> Int64(row_shift))
             chunk = t - row * chunks_per_row
-            token = (row * token_mul) >> token_shift
+            token = Int32((Int64(row) * Int64(token_mul)) >> Int64(token_shift))
             head = row - token * heads
-            slot = ld_b64(slots.toint() + token * 8)
+            slot = ld_b64(slots.toint() + Int64(token) * 8)
             ds_at = head * ds_head
             if cutlass.const_expr(self.per_seq):
-                seq = ld_b64(seq_ids.toint() + token * 8)
+                seq = ld_b64(seq_ids.toint() + Int64(token) * 8)
                 if (seq < 0) | (seq >= num_seqs):
                     trap()
-                ds_at = ds_at + seq * ds_seq
-            ds = as_f32(ld_b32(k_descale.toint() + ((v_descale.toint() - k_descale.toint()) & v_mask) + ds_at * 4))
+                ds_at = ds_at + Int32(seq) * ds_seq
+            ds_base = k_descale.toint() + ((v_descale.toint() - k_descale.toint()) & v_mask)
+            ds = as_f32(ld_b32(ds_base + Int64(ds_at) * 4))
             if (slot < 0) | (slot >= num_slots):
                 trap()
-            page = slot >> page_shift
-            off = slot - (page << page_shift)
+            slot32 = Int32(slot)  # < num_slots < 2^31
+            page = slot32 >> page_shift
+            off = slot32 - (page << page_shift)
             pool = k_pool.toint() + ((v_pool.toint() - k_pool.toint()) & v_mask)
-            dst = pool + page * pool_page + off * pool_row + head * pool_head + chunk * (2 * self.bits)
+            in_page = off * pool_row + head * pool_head + chunk * (2 * self.bits)  # < pool_page < 2^31
+            dst = pool + Int64(page) * Int64(pool_page) + Int64(in_page)
             amax = abs_max_bits(bits)
             divisor = ds  # element formats: x / descale
             if cutlass.const_expr(self.nvfp4):  # NVFP4: the block scale, then x / (scale * g)
                 scale_code, divisor = nvfp4_scale(amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0)
                 sc = k_scales.toint() + ((v_scales.toint() - k_scales.toint()) & v_mask)
-                st_b8(sc + page * sc_page + off * sc_row + head * sc_head + chunk, scale_code)
+                st_b8(sc + Int64(page) * Int64(sc_page) + Int64(off * sc_row + head * sc_head + chunk), scale_code)
             # NVFP4's total scale is > 0 on the fast path (fast_division_ok), so its zero-block mask (all ones there)
             # and divisor-of-one guard are the slow path's alone
             if fast_division_ok(amax, divisor):

@@ -16,7 +16,6 @@ only a GPU measures (``benchmarks.probes.helpers_writer_parts``).
 import collections
 
 import cuda.bindings.driver as cuda
-import cutlass
 import cutlass.cute as cute
 
 from mjolnir_kernel import helpers, sass
@@ -48,7 +47,7 @@ def writer_sass(element: str, nvfp4: bool, patch: dict) -> str:
                 ("u8", 1), ("u8", 1))  # fmt: skip
         kernel = hk.CacheWriteKernel(element, nvfp4, True, False, True, 0.125)
         args = [helpers._pointer(kind, 1 << 20, align) for kind, align in ptrs]
-        scalars = (cutlass.Int64(1),) * 18 + (cutlass.Float32(1.0), cuda.CUstream(0))
+        scalars = (*hk.writer_scalars(), cuda.CUstream(0))
         options = "--gpu-arch sm_90a --keep-cubin --dump-dir {}"
         return sass.disassemble_compiled(lambda d: cute.compile(kernel, *args, *scalars, options=options.format(d)))
     finally:

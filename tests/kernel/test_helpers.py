@@ -36,6 +36,18 @@ def test_write_unsupported_names_what_the_writer_cannot_take():
     scales = torch.empty(4, 16, 8, 2, dtype=torch.uint8).transpose(-1, -2)
     assert "scale rows" in helpers.write_unsupported(pool, scales, 128, 4)
 
+    # the writer's index arithmetic is 32-bit: 2^31 slots, or a page of 2^31 bytes, is too many (meta tensors:
+    # the shapes and strides without the memory)
+    def meta(shape, strides):
+        return torch.empty_strided(shape, strides, dtype=torch.uint8, device="meta")
+
+    assert helpers.write_unsupported(meta((1 << 26, 16, 2, 64), (2048, 128, 64, 1)), None, 128, 4) is None
+    assert "2^31 slots" in helpers.write_unsupported(meta((1 << 27, 16, 2, 64), (2048, 128, 64, 1)), None, 128, 4)
+    assert "2^31 bytes" in helpers.write_unsupported(meta((4, 16, 2, 64), (1 << 31, 128, 64, 1)), None, 128, 4)
+    assert "2^31 bytes" in helpers.write_unsupported(meta((4, 16, 2, 64), (2048, 1 << 28, 64, 1)), None, 128, 4)
+    big_scales = meta((4, 16, 2, 8), (1 << 31, 16, 8, 1))
+    assert "2^31 bytes" in helpers.write_unsupported(pool, big_scales, 128, 4)
+
 
 def test_launches_without_tvm_ffi_warn_once_unless_asked_for(monkeypatch):
     """Without apache-tvm-ffi the helper kernels still launch (the DSL's calling path, the same bits) but slower
@@ -110,7 +122,7 @@ def _helper_kernels():
                 ("u8", 1), ("u8", 1))  # fmt: skip
         for bf16, per_seq in ((True, True), (False, False)):
             kernel = hk.CacheWriteKernel(element, nvfp4, bf16, per_seq, True, 0.125)
-            yield f"write {element} nvfp4={nvfp4} bf16={bf16} per_seq={per_seq}", kernel, ptrs, (i64,) * 18 + (f32,)
+            yield f"write {element} nvfp4={nvfp4} bf16={bf16} per_seq={per_seq}", kernel, ptrs, hk.writer_scalars()
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_110a"])
@@ -140,7 +152,7 @@ def test_helper_kernels_compile_without_spilling(arch):
 # -- the writer's arithmetic, checked on any machine ---------------------------------------------------
 def test_fast_divmod_constants_divide_exactly():
     """``(n * multiplier) >> shift == n // d`` for the writer's divisors (chunks per row, heads) at the ends of
-    its range, n < 2^30, and refused for d < 1."""
+    its range, n < 2^30, with a multiplier below 2^31 (a 32-bit kernel argument), and refused for d < 1."""
     from mjolnir_kernel.helpers_kernel import fast_divmod_constants
 
     gen = torch.Generator().manual_seed(0)
@@ -153,7 +165,7 @@ def test_fast_divmod_constants_divide_exactly():
     )
     for d in [*range(1, 70), 96, 127, 128, 129, 255, 256, 1000, 4095, 65535, 1 << 20, (1 << 20) + 1]:
         mult, shift = fast_divmod_constants(d)
-        assert mult < 1 << 33 and (n.max().item() * mult) < 1 << 63
+        assert 0 < mult < 1 << 31 and (n.max().item() * mult) < 1 << 63
         assert torch.equal((n * mult) >> shift, n // d), d
     with pytest.raises(ValueError, match="^divisor: expected a positive integer"):
         fast_divmod_constants(0)
