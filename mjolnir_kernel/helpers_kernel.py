@@ -583,6 +583,23 @@ def fast_divmod_constants(divisor: int) -> tuple[int, int]:
     return -(-(1 << shift) // divisor), shift
 
 
+@dsl_user_op
+def select_u64(which, a, b, *, loc=None, ip=None) -> Int64:
+    """``a`` where the 32-bit ``which`` is not zero, else ``b`` (64-bit: addresses)."""
+    text = "{\n\t.reg .pred p;\n\tsetp.ne.s32 p, $1, 0;\n\tselp.b64 $0, $2, $3, p;\n\t}"
+    ops = [_i32(which, loc, ip), _addr(a, loc, ip), _addr(b, loc, ip)]
+    return Int64(_asm(T.i64(), ops, text, "=l,r,l,l"))
+
+
+@dsl_user_op
+def fast_div(n, multiplier, shift, *, loc=None, ip=None) -> Int32:
+    """``n // d`` for ``0 <= n < 2^30`` given :func:`fast_divmod_constants` ``(multiplier, shift)`` of ``d``: the
+    64-bit product of two unsigned 32-bit numbers (one ``mul.wide.u32``), shifted right."""
+    text = "{\n\t.reg .u64 p;\n\tmul.wide.u32 p, $1, $2;\n\tshr.u64 p, p, $3;\n\tcvt.u32.u64 $0, p;\n\t}"
+    ops = [_i32(n, loc, ip), _i32(multiplier, loc, ip), _i32(shift, loc, ip)]
+    return Int32(_asm(T.i32(), ops, text, "=r,r,r,r"))
+
+
 def writer_scalars() -> tuple:
     """Placeholders of :class:`CacheWriteKernel`'s scalar arguments, in order and of their types (for compiling)."""
     i32 = (Int32(1),)
@@ -643,12 +660,12 @@ class CacheWriteKernel:
         tid, _, _ = cute.arch.thread_idx()
         t = Int32(bidx) * THREADS + Int32(tid)  # the index arithmetic in 32 bits (host: write_unsupported)
         if t < n_chunks:
-            v_mask = -Int64(which)  # all ones for V: base = k + ((v - k) & v_mask)
-            x = k.toint() + ((v.toint() - k.toint()) & v_mask)
+            x = select_u64(which, v.toint(), k.toint())  # V's (which = 1) or K's
+
             bits = load_block(x + Int64(t) * (GROUP * (2 if self.bf16 else 4)), self.bf16)  # the loads first
-            row = Int32((Int64(t) * Int64(row_mul)) >> Int64(row_shift))
+            row = fast_div(t, row_mul, row_shift)
             chunk = t - row * chunks_per_row
-            token = Int32((Int64(row) * Int64(token_mul)) >> Int64(token_shift))
+            token = fast_div(row, token_mul, token_shift)
             head = row - token * heads
             slot = ld_b64(slots.toint() + Int64(token) * 8)
             ds_at = head * ds_head
@@ -657,21 +674,21 @@ class CacheWriteKernel:
                 if (seq < 0) | (seq >= num_seqs):
                     trap()
                 ds_at = ds_at + Int32(seq) * ds_seq
-            ds_base = k_descale.toint() + ((v_descale.toint() - k_descale.toint()) & v_mask)
+            ds_base = select_u64(which, v_descale.toint(), k_descale.toint())
             ds = as_f32(ld_b32(ds_base + Int64(ds_at) * 4))
             if (slot < 0) | (slot >= num_slots):
                 trap()
             slot32 = Int32(slot)  # < num_slots < 2^31
             page = slot32 >> page_shift
             off = slot32 - (page << page_shift)
-            pool = k_pool.toint() + ((v_pool.toint() - k_pool.toint()) & v_mask)
+            pool = select_u64(which, v_pool.toint(), k_pool.toint())
             in_page = off * pool_row + head * pool_head + chunk * (2 * self.bits)  # < pool_page < 2^31
             dst = pool + Int64(page) * Int64(pool_page) + Int64(in_page)
             amax = abs_max_bits(bits)
             divisor = ds  # element formats: x / descale
             if cutlass.const_expr(self.nvfp4):  # NVFP4: the block scale, then x / (scale * g)
                 scale_code, divisor = nvfp4_scale(amax, mul_rn(ds, Float32(self.g_scale)), floor, self.has_floor, 6.0)
-                sc = k_scales.toint() + ((v_scales.toint() - k_scales.toint()) & v_mask)
+                sc = select_u64(which, v_scales.toint(), k_scales.toint())
                 st_b8(sc + Int64(page) * Int64(sc_page) + Int64(off * sc_row + head * sc_head + chunk), scale_code)
             # NVFP4's total scale is > 0 on the fast path (fast_division_ok), so its zero-block mask (all ones there)
             # and divisor-of-one guard are the slow path's alone
