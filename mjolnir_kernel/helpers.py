@@ -351,10 +351,17 @@ def _byte_strides(t: torch.Tensor) -> tuple[int, int, int]:
 INDEX_LIMIT = 1 << 31  # the writer's slots and in-page byte offsets are 32-bit
 
 
+def _index_strides(t: torch.Tensor, n: int = 3) -> tuple:
+    """The byte strides of ``t``'s first ``n`` dims as the writer's 32-bit index arithmetic takes them: 0 for a dim
+    of size 1 (its index is always 0, so its stride, whatever it is, is never used)."""
+    return tuple(0 if size == 1 else stride * t.element_size() for size, stride in zip(t.shape[:n], t.stride()[:n]))
+
+
 def _in_page_bytes(t: torch.Tensor) -> int:
-    """One past the largest byte offset within a page of a ``(pages, PS, h_k, row)`` view (non-negative strides)."""
+    """One past the largest byte offset within a page of a ``(pages, PS, h_k, row)`` view, and at least its page
+    stride (:func:`_index_strides`; torch's strides are never negative)."""
     _, ps, h, row = t.shape
-    page, row_stride, head = _byte_strides(t)
+    page, row_stride, head = _index_strides(t)
     return max(page, (ps - 1) * row_stride + (h - 1) * head + row * t.element_size())
 
 
@@ -369,9 +376,9 @@ def write_unsupported(pool: torch.Tensor, scales: Optional[torch.Tensor], head_d
         return f"pool rows are not {align}-byte aligned"
     if scales is not None and scales.stride(-1) != 1:
         return "the scale rows are not contiguous"
+    if head_dim * bits // 8 > pool.shape[-1] * pool.element_size():
+        return f"pool rows of {pool.shape[-1] * pool.element_size()} bytes are shorter than {head_dim} codes"
     views = (pool,) if scales is None else (pool, scales)
-    if any(min(v.stride()) < 0 for v in views):
-        return "a pool has a negative stride"
     if pool.shape[0] * pool.shape[1] >= INDEX_LIMIT or any(_in_page_bytes(v) >= INDEX_LIMIT for v in views):
         return "the pools hold 2^31 slots or more, or a page spans 2^31 bytes or more"
     return None
@@ -429,6 +436,8 @@ class CacheWriter:
 
         if page_size & (page_size - 1):
             raise ValueError(f"page_size: the writer takes a power of two, got {page_size}")
+        if page_size != pools[0].shape[1]:
+            raise ValueError(f"page_size: {page_size}, but the pools' pages hold {pools[0].shape[1]} slots")
         if pools[0].stride() != pools[1].stride():
             raise ValueError("pools: K's and V's pools must have the same strides")
         if head_dim % GROUP:
@@ -441,10 +450,13 @@ class CacheWriter:
         self.row_shape = (heads, head_dim)
         k_ds, v_ds = _shared_layout(*(ds.float() for ds in descales), heads)
         self.per_seq = k_ds.dim() == 2
+        ds_strides = [s // k_ds.element_size() for s in _index_strides(k_ds, 2)]  # in elements
         if self.per_seq:
-            ds_seq, ds_head, num_seqs = k_ds.stride(0), k_ds.stride(1), k_ds.shape[0]
+            (ds_seq, ds_head), num_seqs = ds_strides, k_ds.shape[0]
         else:
-            ds_seq, ds_head, num_seqs = 0, (k_ds.stride(0) if k_ds.numel() > 1 else 0), 1
+            ds_seq, ds_head, num_seqs = 0, (ds_strides[0] if k_ds.numel() > 1 else 0), 1
+        if sum((n - 1) * s for n, s in zip(k_ds.shape, ds_strides)) >= INDEX_LIMIT:
+            raise ValueError("descales: the writer's 32-bit index takes fewer than 2^31 elements' span")
         self.nvfp4 = bool(nvfp4)
         k_sc, v_sc = scales if scales[0] is not None else pools
         self.has_floor, self.g_scale = floor is not None, float(g_scale)
@@ -453,7 +465,7 @@ class CacheWriter:
         cpr = head_dim // GROUP
         self.scalars = (
             *fast_divmod_constants(cpr), cpr, *fast_divmod_constants(heads), heads, page_size.bit_length() - 1,
-            page_size * pools[0].shape[0], num_seqs, *_byte_strides(pools[0]), *_byte_strides(k_sc), ds_seq, ds_head,
+            page_size * pools[0].shape[0], num_seqs, *_index_strides(pools[0]), *_index_strides(k_sc), ds_seq, ds_head,
             float(floor) if self.has_floor else 0.0,
         )  # fmt: skip
         self.device = pools[0].device

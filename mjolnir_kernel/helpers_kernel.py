@@ -682,7 +682,7 @@ class CacheWriteKernel:
             page = slot32 >> page_shift
             off = slot32 - (page << page_shift)
             pool = select_u64(which, v_pool.toint(), k_pool.toint())
-            in_page = off * pool_row + head * pool_head + chunk * (2 * self.bits)  # < pool_page < 2^31
+            in_page = off * pool_row + head * pool_head + chunk * (2 * self.bits)  # < helpers._in_page_bytes < 2^31
             dst = pool + Int64(page) * Int64(pool_page) + Int64(in_page)
             amax = abs_max_bits(bits)
             divisor = ds  # element formats: x / descale

@@ -32,7 +32,8 @@ def test_write_unsupported_names_what_the_writer_cannot_take():
     assert "multiple of 16" in helpers.write_unsupported(pool, None, 120, 4)
     odd = torch.empty(4, 16, 2, 68, dtype=torch.uint8)[..., :64]  # rows 68 bytes apart: not 8-byte aligned
     assert "8-byte aligned" in helpers.write_unsupported(odd, None, 128, 4)
-    assert helpers.write_unsupported(odd, None, 128, 6) is None  # 6-bit chunks need 4 bytes only
+    assert helpers.write_unsupported(odd, None, 64, 6) is None  # 6-bit chunks need 4 bytes only
+    assert "shorter than 256 codes" in helpers.write_unsupported(pool, None, 256, 4)  # 64-byte rows
     scales = torch.empty(4, 16, 8, 2, dtype=torch.uint8).transpose(-1, -2)
     assert "scale rows" in helpers.write_unsupported(pool, scales, 128, 4)
 
@@ -415,3 +416,28 @@ def test_cache_writer_refuses_rows_and_slots_of_the_wrong_shape():
         writer(rows, rows, torch.arange(3), None)
     with pytest.raises(ValueError, match="^page_size: the writer takes a power of two"):
         helpers.CacheWriter(descales, pools, (None, None), element="e4m3", page_size=24, head_dim=128, lut=lut)
+    with pytest.raises(ValueError, match="^page_size: 32, but the pools' pages hold 16 slots"):
+        helpers.CacheWriter(descales, pools, (None, None), element="e4m3", page_size=32, head_dim=128, lut=lut)
+
+
+def test_cache_writer_takes_only_what_its_32_bit_index_arithmetic_reaches():
+    """The writer's slots, in-page offsets and descale indices are 32-bit: pools of 2^31 slots and descales
+    spanning 2^31 elements are refused at construction; the stride of a dim of size 1 is never used, so it may
+    be anything (the kernel gets 0). Meta tensors: the shapes and strides without the memory."""
+
+    def meta(shape, strides, dtype=torch.uint8):
+        return torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+
+    lut = torch.zeros(1 << 16, dtype=torch.uint8)
+    options = dict(element="e4m3", page_size=16, head_dim=128, lut=lut)
+    ones = (torch.ones(2), torch.ones(2))
+    huge = tuple(meta((1 << 27, 16, 2, 128), (4096, 256, 128, 1)) for _ in "kv")
+    with pytest.raises(ValueError, match="^pools: the writer cannot store into them: the pools hold 2"):
+        helpers.CacheWriter(ones, huge, (None, None), **options)
+    per_seq = tuple(meta((2, 2), (1 << 31, 1), torch.float32) for _ in "kv")
+    pools = tuple(meta((8, 16, 2, 128), (4096, 256, 128, 1)) for _ in "kv")
+    with pytest.raises(ValueError, match="^descales: the writer's 32-bit index"):
+        helpers.CacheWriter(per_seq, pools, (None, None), **options)
+    one_head = tuple(meta((8, 16, 1, 128), (2048, 128, 1 << 40, 1)) for _ in "kv")  # h_k = 1, any head stride
+    writer = helpers.CacheWriter((torch.ones(1), torch.ones(1)), one_head, (None, None), **options)
+    assert writer.scalars[9:12] == (2048, 128, 0)  # the pool's page, row and head strides in bytes
