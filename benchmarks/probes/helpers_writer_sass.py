@@ -1,14 +1,17 @@
 """The cache writer's machine code per encoding, on any machine (no GPU): the sm_90a SASS of
-:class:`mjolnir_kernel.helpers_kernel.CacheWriteKernel` for bfloat16 rows with the fast division forced on (so
-that only the path a prefill of ordinary values takes is compiled), each format's codes by the kernel's own way
-and by the round-to-odd table, as instruction counts and the opcodes that tell them apart (LDG: global loads,
-16 of them the table's lookups; F2FP: the fp8 conversions; CALL: the ``div.rn.f32`` routine).
+:class:`mjolnir_kernel.helpers_kernel.CacheWriteKernel` for bfloat16 rows, each format's codes by the kernel's
+own way and by the round-to-odd table, as instruction counts and the opcodes that tell them apart (LDG: global
+loads, 16 of them the table's lookups where it is in global memory; LDS: shared-memory loads; F2FP: the fp8
+conversions; CALL: the ``div.rn.f32`` routine).
 
-Two static counts: the whole kernel (one 16-value chunk's straight-line code, the division's slow-path routine
-and the trap stubs), and its fast path, the instructions from the entry to the first unpredicated EXIT, what a
-thread of an ordinary prefill issues (the writer's bfloat16 prefills are bound by these: reports/helpers/
-2026-12-07-e2m1-table.md). The time the table's lookups cost depends on the cache lines the codes touch, which
-only a GPU measures (``benchmarks.probes.helpers_writer_parts``).
+Two static counts: the whole kernel (one 16-value chunk's straight-line code with its fast and its slow
+division, the slow one's routine and the trap stubs), and its fast path, the instructions from the entry to
+the first unpredicated EXIT, what a thread of an ordinary prefill issues (the writer's bfloat16 prefills are
+bound by these: reports/helpers/2026-12-07-e2m1-table.md). Until 2026-12-07 the probe compiled the fast
+division forced on, which also dropped the block's ``max |x|`` from the element formats' fast path (only the
+check used it): 29-31 instructions fewer than a prefill runs (NVFP4, whose scale needs ``max |x|``: 5). The
+time the table's lookups cost depends on the cache lines the codes touch, which only a GPU measures
+(``benchmarks.probes.helpers_writer_parts``).
 
     python -m benchmarks.probes.helpers_writer_sass      # CUTE_DSL_ARCH=sm_90a on a machine without a GPU
 """
@@ -56,15 +59,16 @@ def writer_sass(element: str, nvfp4: bool, patch: dict) -> str:
 
 
 def main():
-    print("the cache writer, bfloat16 rows, fast division forced on; sm_90a SASS of the whole kernel")
+    print("the cache writer, bfloat16 rows; sm_90a SASS of the whole kernel, and its fast path")
     for element, nvfp4, patch, name in ROWS:
-        text = writer_sass(element, nvfp4, {"fast_division_ok": lambda amax, divisor: True, **patch})
+        text = writer_sass(element, nvfp4, patch)
         lines = [m.group(2).strip() for line in text.splitlines() if (m := sass._LINE.match(line))]
         ops = [sass._opcode(line).split(".")[0] for line in lines]
         fast = next(i for i, line in enumerate(lines) if line.startswith("EXIT")) + 1
         h = collections.Counter(ops)
-        print(f"{'nvfp4' if nvfp4 else element:6s} {name:9s} instructions {len(ops):4d}  fast path {fast:4d}  "
-              f"LDG {h['LDG']:2d} STG {h['STG']} F2FP {h['F2FP']} MUFU {h['MUFU']} CALL {h['CALL']}")  # fmt: skip
+        print(f"{'nvfp4' if nvfp4 else element:6s} {name:10s} instructions {len(ops):4d}  fast path {fast:4d}  "
+              f"LDG {h['LDG']:2d} LDS {h['LDS']:2d} STG {h['STG']} F2FP {h['F2FP']} MUFU {h['MUFU']} "
+              f"CALL {h['CALL']}")  # fmt: skip
 
 
 if __name__ == "__main__":
