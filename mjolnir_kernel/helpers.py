@@ -344,10 +344,6 @@ def nvfp4_encode_global(
 _STORE_ALIGN = {8: 16, 6: 4, 4: 8}  # bytes: the widest store of a 16-value chunk's codes
 
 
-def _byte_strides(t: torch.Tensor) -> tuple[int, int, int]:
-    return tuple(s * t.element_size() for s in t.stride()[:3])
-
-
 INDEX_LIMIT = 1 << 31  # the writer's slots and in-page byte offsets are 32-bit
 
 
@@ -372,7 +368,7 @@ def write_unsupported(pool: torch.Tensor, scales: Optional[torch.Tensor], head_d
     if head_dim % 16:
         return f"head_dim {head_dim} is not a multiple of 16"
     align = _STORE_ALIGN[bits]
-    if pool.stride(-1) != 1 or pool.data_ptr() % align or any(s % align for s in _byte_strides(pool)):
+    if pool.stride(-1) != 1 or pool.data_ptr() % align or any(s % align for s in _index_strides(pool)):
         return f"pool rows are not {align}-byte aligned"
     if scales is not None and scales.stride(-1) != 1:
         return "the scale rows are not contiguous"
@@ -479,7 +475,6 @@ class CacheWriter:
             key = ("write", self.element, self.nvfp4, bf16, self.per_seq, self.has_floor, self.g_scale)
 
             def build():
-
                 pool = ("u8", _STORE_ALIGN[self.bits])
                 pointers = (("f32", 16), ("f32", 16), ("u8", 8), ("u8", 8), ("f32", 4), ("f32", 4), ("u8", 1), pool,
                             pool, ("u8", 1), ("u8", 1))  # fmt: skip

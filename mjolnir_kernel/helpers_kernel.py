@@ -661,7 +661,6 @@ class CacheWriteKernel:
         t = Int32(bidx) * THREADS + Int32(tid)  # the index arithmetic in 32 bits (host: write_unsupported)
         if t < n_chunks:
             x = select_u64(which, v.toint(), k.toint())  # V's (which = 1) or K's
-
             bits = load_block(x + Int64(t) * (GROUP * (2 if self.bf16 else 4)), self.bf16)  # the loads first
             row = fast_div(t, row_mul, row_shift)
             chunk = t - row * chunks_per_row
