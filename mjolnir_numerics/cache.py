@@ -176,6 +176,44 @@ def _decode(codes: torch.Tensor, fmt: Format, out: Optional[torch.Tensor] = None
     return out.view(codes.shape)
 
 
+_E4M3_CODES: dict = {}
+
+
+def _e4m3_codes_of(fmt: AnyFormat, device) -> torch.Tensor:
+    """A lookup table from a sub-byte format's stored bits to the e4m3 codes of its MMA operands (every such
+    operand is an e4m3 value: the fp6 / fp4 code values exactly, NVFP4's after the convert stage's rounding):
+
+    - e3m2, e2m3: uint8 ``(64,)``, the e4m3 code of each code's value (signed zeros kept);
+    - e2m1: int16 ``(256,)``, one packed byte's two codes at once: the entry's two bytes (in memory order)
+      are the e4m3 codes of the byte's low nibble, then its high nibble, as :func:`unpack` orders them;
+    - NVFP4: int16 ``(65536,)`` at ``scale_code << 8 | byte``: the same pair for a byte of the block whose
+      scale code is ``scale_code``, each ``e4m3(code_value * scale * 2^-3)`` (``_decode_pages``' formula,
+      NaN scales included, evaluated once for every pair).
+
+    Built once per format and device, on the CPU, by the spec's own functions."""
+    key = (fmt.name, str(device))
+    if key in _E4M3_CODES:
+        return _E4M3_CODES[key]
+    cpu = torch.device("cpu")
+    if isinstance(fmt, BlockScaledFormat):
+        scale_values = _decode(torch.arange(256, dtype=torch.uint8), fmt.scale)  # (256,): NaN at 0x7F / 0xFF
+        shifted = fmt.element.values(cpu)[None, :] * scale_values[:, None] * KERNEL_SHIFT  # as _decode_pages
+        codes = quantize(shifted, E4M3)  # (256 scales, 16 codes)
+    else:
+        values = fmt.values(cpu)
+        codes = quantize(values, E4M3)
+        if not torch.equal(E4M3.values(cpu)[codes.long()].view(torch.int32), values.view(torch.int32)):
+            raise RuntimeError(f"{fmt.name}: a code's value is not an e4m3 value")
+        if fmt.bits == 6:
+            _E4M3_CODES[key] = codes.to(device)
+            return _E4M3_CODES[key]
+        codes = codes[None, :]  # (1, 16)
+    byte = torch.arange(256)
+    pairs = torch.stack([codes[:, byte & 0x0F], codes[:, byte >> 4]], dim=-1)  # (scales, 256 bytes, 2)
+    _E4M3_CODES[key] = pairs.contiguous().view(torch.int16).reshape(-1).to(device)
+    return _E4M3_CODES[key]
+
+
 # Tuning: page_values decodes this many elements per chunk (4 MiB of float32; the int32 index and
 # byte temporaries of a whole-pool decode cost more in page faults than the decode itself). On CUDA every
 # chunk is a handful of kernel launches, so chunks are 16x larger there (144 MiB of temporaries at most).
@@ -370,6 +408,39 @@ class PagedKVCache:
         for i in range(0, idx.numel(), step):  # chunked: the temporaries stay a few MiB
             self._decode_pages(pool, scales, idx[i : i + step], out[i : i + step], kernel_view)
         return out.view(*pages.shape, *out.shape[1:])
+
+    def _page_codes(self, which: str, pages: torch.Tensor) -> torch.Tensor:
+        """The values of :meth:`page_values` as e4m3 codes, uint8 ``(*pages.shape, PS, h_k, d)``: every
+        format's MMA operands are e4m3 values (the fp6 and fp4 codes' values exactly, NVFP4's after the
+        convert stage's rounding, which gives their codes), one byte each where the values take four. The
+        emulator's CUDA path gathers tiles this way (:class:`mjolnir_numerics.emulator._TileSource`)."""
+        pool, scales = self._pool(which)
+        idx = pages.long().to(pool.device).reshape(-1)
+        out = torch.empty((idx.numel(), *pool.shape[1:-1], self.head_dim), dtype=torch.uint8, device=pool.device)
+        chunk = _PAGE_VALUES_CHUNK_CUDA if out.is_cuda else _PAGE_VALUES_CHUNK
+        step = max(1, chunk // max(1, math.prod(out.shape[1:])))  # pages per chunk
+        for i in range(0, idx.numel(), step):
+            self._decode_page_codes(pool, scales, idx[i : i + step], out[i : i + step])
+        return out.view(*pages.shape, *out.shape[1:])
+
+    def _decode_page_codes(self, pool, scales, idx: torch.Tensor, out: torch.Tensor) -> None:
+        """``_page_codes`` of the pages ``idx (n,)`` written into ``out (n, PS, h_k, d)`` uint8: one table
+        lookup per fp6 code, per 4-bit byte (its two codes; NVFP4 with the byte's block scale)."""
+        raw = _gather_bytes(pool, idx)
+        if self.fmt.bits == 8:
+            out.copy_(raw)
+            return
+        table = _e4m3_codes_of(self.fmt, out.device)
+        if self.fmt.bits == 6:
+            codes = unpack(raw, 6)
+            torch.index_select(table, 0, codes.reshape(-1).to(torch.int32), out=out.view(-1))
+            return
+        key = torch.empty(raw.shape, dtype=torch.int32, device=raw.device)
+        key.copy_(raw)
+        if scales is not None:  # the block's scale code above each of its bytes
+            sc = _gather_bytes(scales, idx)  # (n, PS, h_k, d / group)
+            key.view(*sc.shape, -1).bitwise_or_(sc.unsqueeze(-1).to(torch.int32) << 8)
+        torch.index_select(table, 0, key.view(-1), out=out.view(torch.int16).view(-1))
 
     def _decode_pages(self, pool, scales, idx: torch.Tensor, out: torch.Tensor, kernel_view: bool = True) -> None:
         """``_page_values`` of the pages ``idx (n,)`` written into ``out (n, PS, h_k, d)`` float32."""

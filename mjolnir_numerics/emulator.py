@@ -274,9 +274,10 @@ class _TileSource:
     """One KV tile of every active chunk, gathered but not yet decoded (decoding happens per block of
     chunks, so the float64 values stay in cache between the decode and the tile's GEMM).
 
-    ``data`` is ``(A, T, G, D)``: e4m3 codes (uint8) for e4m3 pools, else the float32 MMA values from
-    ``cache.page_values``. Keys on pages at or past the sequence end are 0 (code 0): the kernel passes
-    an out-of-range page index there and TMA zero-fills the box, whatever the block table holds.
+    ``data`` is ``(A, T, G, D)``: e4m3 codes (uint8) for e4m3 pools and, on the fused (CUDA) path, for every
+    format (``cache._page_codes``), else the float32 MMA values from ``cache.page_values``. Keys on pages at
+    or past the sequence end are 0 (code 0): the kernel passes an out-of-range page index there and TMA
+    zero-fills the box, whatever the block table holds.
 
     On the CPU, when at most half the chunks' tiles are distinct (the sequences of a prefix cache share
     pages), each distinct tile is decoded once to float64 instead (``tiles`` ``(U, G, T, D)`` and the
@@ -302,11 +303,17 @@ class _TileSource:
         blk_c = blk.clamp(max=bt.shape[1] - 1)
         pages = torch.where(valid, bt[seqs[:, None], blk_c], torch.zeros_like(blk_c))
         pool = cache.k_pool if which == "k" else cache.v_pool
-        self.codes = isinstance(cache.fmt, Format) and cache.fmt.bits == 8 and pool.dtype == torch.float8_e4m3fn
+        e4m3_pool = isinstance(cache.fmt, Format) and cache.fmt.bits == 8 and pool.dtype == torch.float8_e4m3fn
+        # the fused (CUDA) path takes every format's tiles as e4m3 codes, one byte a value: the MMA operands are
+        # e4m3 values in every format (PagedKVCache._page_codes), and the S chain packs codes inside its graph
+        sub_byte_codes = not e4m3_pool and fused_chain_available(dev)
+        self.codes = e4m3_pool or sub_byte_codes
         self.device, self.head_dim = dev, int(cache.head_dim)
         self.tiles = self.index = None
 
         def decode(p: torch.Tensor) -> torch.Tensor:  # (..., PS, G, D) per page index
+            if sub_byte_codes:
+                return cache._page_codes(which, p.to(pool.device)).to(dev)
             if self.codes:  # gathered as float8 (torch's uint8 gather path is ~40x slower on CPU), kept as codes
                 return pool[p.to(pool.device)].view(torch.uint8).to(dev)
             # unchecked: every index here is a page of the block table (checked once) or 0; the check would
@@ -518,7 +525,7 @@ def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
     if mma is None or not fused_chain_available(v_src.device):
         return None
     v = v_src.operand().transpose(-1, -2)  # (A, G, D, T), keys strided
-    # a new tensor, not .to(): that returns the strided view itself where V is float32 already (NVFP4, fp6)
+    # a new tensor, not .to(): that would return the strided view itself were V float32 already
     return in_walk_order(torch.empty(v.shape, dtype=torch.float32, device=v.device).copy_(v), mma[2])
 
 

@@ -304,3 +304,30 @@ def test_page_values_do_not_depend_on_the_decode_chunk(fmt, monkeypatch):
         results.append(cache.page_values("k", pages).view(torch.int32))  # bits: unwritten pages hold NaN
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
     assert not torch.equal(results[0][0], results[0][-1])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_page_codes_hold_the_page_values_as_e4m3_codes(fmt, layout, monkeypatch):
+    """The emulator's CUDA path gathers tiles as e4m3 codes (``_page_codes``): on every page (poisoned ones
+    included, in a shuffled order, a few pages per decode chunk; one page holding every byte value and every
+    scale code) the codes' e4m3 values are the kernel's values bit for bit, signed zeros and NaNs included."""
+    import mjolnir_numerics.cache as cache_module
+
+    k, v = _kv()
+    k[0][:3] = 0.0
+    k[0][3:5] = -0.0  # negative zeros survive every format's rounding
+    cache = PagedKVCache.from_float(k, v, fmt, page_size=16, layout=layout)
+    for pool, scales in (cache._pool("k"), cache._pool("v")):  # page 0: every byte, and every scale code (NaN too)
+        for t in (pool, scales) if scales is not None else (pool,):
+            raw = t[0].view(torch.uint8)
+            raw.copy_((torch.arange(raw.numel()) * 7 % 256).to(torch.uint8).view(raw.shape))
+    pages = torch.randperm(cache.num_pages, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(cache_module, "_PAGE_VALUES_CHUNK", 3 * 16 * cache.heads_k * cache.head_dim)
+    for which in ("k", "v"):
+        codes = cache._page_codes(which, pages)
+        want = cache.page_values(which, pages)
+        assert codes.dtype == torch.uint8 and codes.shape == want.shape
+        got = E4M3.values(torch.device("cpu"))[codes.long()]
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (fmt, layout, which)
+    assert bool((cache._page_codes("k", pages) == 0x80).any())  # -0 reached the codes
