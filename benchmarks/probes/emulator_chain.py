@@ -8,7 +8,7 @@ its time.
 2. ``--profile``: one emulator call on a row of ``bench_emulator_gpu`` under the torch profiler: the wall
    time, the CUDA kernels by total time, and the host's launches.
 
-    python -m benchmarks.probes.emulator_chain [--profile b32_32k_e4m3_e4m3q]
+    python -m benchmarks.probes.emulator_chain [--profile b32_32k_e4m3_e4m3q [--trace call.json.gz]]
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def chains(gen, which=("S", "PV"), float64=True) -> None:
         print(line, flush=True)
 
 
-def profile(row: str, gen) -> None:
+def profile(row: str, gen, trace=None) -> None:
     from benchmarks.bench_emulator_gpu import PAGE_SIZE, ROWS
     from benchmarks.bench_hopper_decode import build_pools
     from mjolnir_numerics.cache import PagedKVCache
@@ -108,11 +108,15 @@ def profile(row: str, gen) -> None:
     print(events.table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx"))
     print(f"kernel launches: {launches}")
+    if trace:
+        p.export_chrome_trace(trace)
+        print(f"trace: {trace}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default=None, help="a bench_emulator_gpu row to profile")
+    ap.add_argument("--trace", default=None, help="with --profile: the Chrome trace of the profiled call (.json.gz)")
     ap.add_argument("--no-chains", action="store_true")
     ap.add_argument("--chains", default="S,PV", help="which chains to time: S, PV or both")
     ap.add_argument("--no-float64", action="store_true", help="skip the float64 formula")
@@ -125,7 +129,7 @@ def main(argv=None) -> int:
     if not args.no_chains:
         chains(gen, tuple(args.chains.split(",")), not args.no_float64)
     if args.profile:
-        profile(args.profile, gen)
+        profile(args.profile, gen, args.trace)
     return 0
 
 

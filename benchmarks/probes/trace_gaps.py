@@ -1,0 +1,96 @@
+"""Probe (issue 24): where the GPU waits in one profiled ``emulate_decode`` call, from the Chrome trace that
+``python -m benchmarks.probes.emulator_chain --profile ROW --trace FILE`` writes (any machine can read it).
+
+Prints the GPU's busy fraction per time bucket (the union of its kernels and copies), the longest idle gaps with
+the host operations running during each, the host's synchronisations and the CUDA graph calls (captures and
+replays), all in ms from the first event of the trace.
+
+    python -m benchmarks.probes.trace_gaps TRACE.json.gz [--bucket-ms 2] [--gaps 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def load(path: str) -> list:
+    """The trace's complete events (``ph == "X"``)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def busy_intervals(gpu: list) -> list:
+    """The union of the GPU events' ``[start, end)`` intervals (us), in order."""
+    merged: list = []
+    for e in sorted(gpu, key=lambda e: e["ts"]):
+        s, f = e["ts"], e["ts"] + e["dur"]
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], f)
+        else:
+            merged.append([s, f])
+    return merged
+
+
+def top_level(ops: list) -> list:
+    """The host operations not nested in another one, in order."""
+    out, end = [], float("-inf")
+    for e in sorted(ops, key=lambda e: e["ts"]):
+        if e["ts"] >= end:
+            out.append(e)
+            end = e["ts"] + e["dur"]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", help="a Chrome trace (.json or .json.gz) of one profiled call")
+    ap.add_argument("--bucket-ms", type=float, default=2.0, help="width of the busy-fraction buckets (ms)")
+    ap.add_argument("--gaps", type=int, default=8, help="how many of the longest idle gaps to list")
+    args = ap.parse_args(argv)
+    if args.bucket_ms <= 0 or args.gaps < 0:
+        ap.error("--bucket-ms must be > 0 and --gaps >= 0")
+    events = load(args.trace)
+    gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
+    if not gpu:
+        print(f"trace_gaps: {args.trace} holds no GPU event (was the call profiled on CUDA?)", file=sys.stderr)
+        return 1
+    t0 = min(e["ts"] for e in events)
+    host = top_level([e for e in events if e.get("cat") == "cpu_op"])
+    busy = busy_intervals(gpu)
+    end = busy[-1][1]
+    print(f"GPU busy {sum(f - s for s, f in busy) / 1e3:.1f} ms of {(end - t0) / 1e3:.1f} ms "
+          f"(first event to the GPU's last); host operations end at "
+          f"{(max(e['ts'] + e['dur'] for e in host) - t0) / 1e3:.1f} ms")  # fmt: skip
+    width = args.bucket_ms * 1e3
+    buckets = [0.0] * (int((end - t0) // width) + 1)
+    for s, f in busy:
+        s, f = s - t0, f - t0
+        while s < f:
+            b = int(s // width)
+            step = min(f, (b + 1) * width)
+            buckets[b] += step - s
+            s = step
+    print(f"GPU busy per {args.bucket_ms:g} ms (%):", " ".join(f"{100 * x / width:.0f}" for x in buckets))
+    gaps = sorted(((busy[i][1], busy[i + 1][0] - busy[i][1]) for i in range(len(busy) - 1)), key=lambda g: -g[1])
+    print(f"longest GPU idle gaps (of {len(gaps)}, {sum(g for _, g in gaps) / 1e3:.1f} ms in all):")
+    for start, length in gaps[: args.gaps]:
+        during = [e for e in host if e["ts"] < start + length and e["ts"] + e["dur"] > start]
+        names = sorted({e["name"][:40] for e in during})[:4]
+        print(f"  at {(start - t0) / 1e3:7.2f} ms: {length / 1e3:6.2f} ms, {len(during)} host ops ({', '.join(names)})")
+    runtime = sorted((e for e in events if e.get("cat") == "cuda_runtime"), key=lambda e: e["ts"])
+    syncs = [e for e in runtime if "Synchronize" in e["name"]]
+    print(f"host synchronisations: {len(syncs)}", " ".join(f"{(e['ts'] - t0) / 1e3:.2f}" for e in syncs[:24]))
+    for e in runtime:
+        if "Graph" in e["name"]:
+            print(f"  {(e['ts'] - t0) / 1e3:7.2f} ms  {e['name']} ({e['dur']:.0f} us)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
