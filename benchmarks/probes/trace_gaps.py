@@ -2,8 +2,8 @@
 ``python -m benchmarks.probes.emulator_chain --profile ROW --trace FILE`` writes (any machine can read it).
 
 Prints the GPU's busy fraction per time bucket (the union of its kernels and copies), the longest idle gaps with
-the host operations running during each, the host's synchronisations and the CUDA graph calls (captures and
-replays), all in ms from the first event of the trace.
+the host operations running during each, the host's synchronisations and the CUDA graph calls (stream captures,
+instantiations, replays), all in ms from the first event of the trace.
 
     python -m benchmarks.probes.trace_gaps TRACE.json.gz [--bucket-ms 2] [--gaps 8]
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import sys
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -37,6 +38,18 @@ def busy_intervals(gpu: list) -> list:
     return merged
 
 
+def bucket_fractions(busy: list, t0: float, end: float, width: float) -> list:
+    """The busy fraction of each bucket of ``width`` us from ``t0`` to ``end`` (the last bucket over its own
+    width), from the ordered, disjoint ``busy`` intervals."""
+    n = max(1, math.ceil((end - t0) / width))
+    edges = [t0 + i * width for i in range(n)] + [end]
+    out = []
+    for lo, hi in zip(edges, edges[1:]):
+        covered = sum(max(0.0, min(f, hi) - max(s, lo)) for s, f in busy)
+        out.append(covered / (hi - lo) if hi > lo else 0.0)
+    return out
+
+
 def top_level(ops: list) -> list:
     """The host operations not nested in another one, in order."""
     out, end = [], float("-inf")
@@ -53,8 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bucket-ms", type=float, default=2.0, help="width of the busy-fraction buckets (ms)")
     ap.add_argument("--gaps", type=int, default=8, help="how many of the longest idle gaps to list")
     args = ap.parse_args(argv)
-    if args.bucket_ms <= 0 or args.gaps < 0:
-        ap.error("--bucket-ms must be > 0 and --gaps >= 0")
+    if not 0.01 <= args.bucket_ms <= 1e6 or args.gaps < 0:  # (not nan: every comparison with it is False)
+        ap.error(f"--bucket-ms must be in [0.01, 1e6] ms and --gaps >= 0, got {args.bucket_ms} and {args.gaps}")
     events = load(args.trace)
     gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
     if not gpu:
@@ -64,19 +77,11 @@ def main(argv=None) -> int:
     host = top_level([e for e in events if e.get("cat") == "cpu_op"])
     busy = busy_intervals(gpu)
     end = busy[-1][1]
+    host_end = f"{(max(e['ts'] + e['dur'] for e in host) - t0) / 1e3:.1f} ms" if host else "- (no host operation)"
     print(f"GPU busy {sum(f - s for s, f in busy) / 1e3:.1f} ms of {(end - t0) / 1e3:.1f} ms "
-          f"(first event to the GPU's last); host operations end at "
-          f"{(max(e['ts'] + e['dur'] for e in host) - t0) / 1e3:.1f} ms")  # fmt: skip
-    width = args.bucket_ms * 1e3
-    buckets = [0.0] * (int((end - t0) // width) + 1)
-    for s, f in busy:
-        s, f = s - t0, f - t0
-        while s < f:
-            b = int(s // width)
-            step = min(f, (b + 1) * width)
-            buckets[b] += step - s
-            s = step
-    print(f"GPU busy per {args.bucket_ms:g} ms (%):", " ".join(f"{100 * x / width:.0f}" for x in buckets))
+          f"(first event to the GPU's last); host operations end at {host_end}")  # fmt: skip
+    print(f"GPU busy per {args.bucket_ms:g} ms (%; the last bucket over its own width):", " ".join(
+        f"{100 * x:.0f}" for x in bucket_fractions(busy, t0, end, args.bucket_ms * 1e3)))  # fmt: skip
     gaps = sorted(((busy[i][1], busy[i + 1][0] - busy[i][1]) for i in range(len(busy) - 1)), key=lambda g: -g[1])
     print(f"longest GPU idle gaps (of {len(gaps)}, {sum(g for _, g in gaps) / 1e3:.1f} ms in all):")
     for start, length in gaps[: args.gaps]:
@@ -86,8 +91,8 @@ def main(argv=None) -> int:
     runtime = sorted((e for e in events if e.get("cat") == "cuda_runtime"), key=lambda e: e["ts"])
     syncs = [e for e in runtime if "Synchronize" in e["name"]]
     print(f"host synchronisations: {len(syncs)}", " ".join(f"{(e['ts'] - t0) / 1e3:.2f}" for e in syncs[:24]))
-    for e in runtime:
-        if "Graph" in e["name"]:
+    for e in runtime:  # captures (cudaStreamBeginCapture .. EndCapture, instantiation) and replays
+        if "Graph" in e["name"] or "Capture" in e["name"]:
             print(f"  {(e['ts'] - t0) / 1e3:7.2f} ms  {e['name']} ({e['dur']:.0f} us)")
     return 0
 

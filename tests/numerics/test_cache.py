@@ -306,28 +306,64 @@ def test_page_values_do_not_depend_on_the_decode_chunk(fmt, monkeypatch):
     assert not torch.equal(results[0][0], results[0][-1])
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("fmt", list(FORMATS))
-def test_page_codes_hold_the_page_values_as_e4m3_codes(fmt, layout, monkeypatch):
-    """The emulator's CUDA path gathers tiles as e4m3 codes (``_page_codes``): on every page (poisoned ones
-    included, in a shuffled order, a few pages per decode chunk; one page holding every byte value and every
-    scale code) the codes' e4m3 values are the kernel's values bit for bit, signed zeros and NaNs included."""
+def _check_page_codes(fmt, layout, device, monkeypatch):
+    """``_page_codes`` against ``page_values`` on ``device``: every page of a cache (poisoned ones included, in a
+    shuffled order, a few pages per decode chunk; one page holding every byte value and every scale code)."""
     import mjolnir_numerics.cache as cache_module
 
     k, v = _kv()
     k[0][:3] = 0.0
     k[0][3:5] = -0.0  # negative zeros survive every format's rounding
-    cache = PagedKVCache.from_float(k, v, fmt, page_size=16, layout=layout)
+    cache = PagedKVCache.from_float(k, v, fmt, page_size=16, layout=layout, device=device)
     for pool, scales in (cache._pool("k"), cache._pool("v")):  # page 0: every byte, and every scale code (NaN too)
         for t in (pool, scales) if scales is not None else (pool,):
             raw = t[0].view(torch.uint8)
             raw.copy_((torch.arange(raw.numel()) * 7 % 256).to(torch.uint8).view(raw.shape))
-    pages = torch.randperm(cache.num_pages, generator=torch.Generator().manual_seed(1))
-    monkeypatch.setattr(cache_module, "_PAGE_VALUES_CHUNK", 3 * 16 * cache.heads_k * cache.head_dim)
+    pages = torch.randperm(cache.num_pages, generator=torch.Generator().manual_seed(1)).to(device)
+    per_chunk = 3 * 16 * cache.heads_k * cache.head_dim  # a few pages per decode chunk
+    monkeypatch.setattr(cache_module, "_PAGE_VALUES_CHUNK", per_chunk)
+    monkeypatch.setattr(cache_module, "_PAGE_VALUES_CHUNK_CUDA", per_chunk)
     for which in ("k", "v"):
         codes = cache._page_codes(which, pages)
         want = cache.page_values(which, pages)
-        assert codes.dtype == torch.uint8 and codes.shape == want.shape
-        got = E4M3.values(torch.device("cpu"))[codes.long()]
+        assert codes.dtype == torch.uint8 and codes.shape == want.shape and codes.device == want.device
+        got = E4M3.values(codes.device)[codes.long()]
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (fmt, layout, which)
     assert bool((cache._page_codes("k", pages) == 0x80).any())  # -0 reached the codes
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_page_codes_hold_the_page_values_as_e4m3_codes(fmt, layout, monkeypatch):
+    """The emulator's CUDA path gathers tiles as e4m3 codes (``_page_codes``): the codes' e4m3 values are the
+    kernel's values bit for bit, signed zeros and NaNs included (here on CPU tensors)."""
+    _check_page_codes(fmt, layout, "cpu", monkeypatch)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_page_codes_match_on_cuda(fmt, layout, monkeypatch):
+    """The same on CUDA, where ``page_values`` rounds NVFP4's products by the fused quantize kernel while
+    ``_page_codes`` looks them up in a table the CPU's ``quantize`` built."""
+    _check_page_codes(fmt, layout, "cuda", monkeypatch)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_page_codes_of_every_nvfp4_scale_and_byte(layout):
+    """NVFP4's codes come from a table at ``scale_code << 8 | byte``: 32 pages hold each of the 65,536 pairs of a
+    scale code (NaN codes and signed zeros included) and a byte of its block, and every pair's two codes are
+    the e4m3 codes of the values ``page_values`` gives."""
+    cache = PagedKVCache.from_float(*_kv(lens=(512,)), "nvfp4", page_size=16, layout=layout)
+    pool, scales = cache._pool("k")
+    assert cache.num_pages >= 32
+    slots = torch.arange(32 * math.prod(scales.shape[1:])).view(32, *scales.shape[1:])  # (32, PS, h_k, d / 16)
+    scales[:32].view(torch.uint8).copy_((slots % 256).to(torch.uint8))
+    byte = (slots // 256 * 8).unsqueeze(-1) + torch.arange(8)  # each block's 8 bytes
+    pool[:32].view(torch.uint8).copy_((byte % 256).to(torch.uint8).flatten(-2))
+    assert torch.equal(torch.unique((slots % 256).unsqueeze(-1) * 256 + byte % 256), torch.arange(65536))
+    pages = torch.arange(32).flip(0)
+    codes = cache._page_codes("k", pages)
+    want = cache.page_values("k", pages)
+    assert torch.equal(E4M3.values(torch.device("cpu"))[codes.long()].view(torch.int32), want.view(torch.int32))
