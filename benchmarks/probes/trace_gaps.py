@@ -5,7 +5,7 @@ Prints the GPU's busy fraction per time bucket (the union of its kernels and cop
 the host operations running during each, the host's synchronisations and the CUDA graph calls (stream captures,
 instantiations, replays), all in ms from the first event of the trace.
 
-    python -m benchmarks.probes.trace_gaps TRACE.json.gz [--bucket-ms 2] [--gaps 8]
+    python -m benchmarks.probes.trace_gaps TRACE.json.gz [--bucket-ms 2] [--gaps 8] [--spans 0,5.6,21.02]
 """
 
 from __future__ import annotations
@@ -50,6 +50,11 @@ def bucket_fractions(busy: list, t0: float, end: float, width: float) -> list:
     return out
 
 
+def idle_time(busy: list, lo: float, hi: float) -> float:
+    """The time in ``[lo, hi)`` (us) that no ``busy`` interval covers (ordered, disjoint intervals)."""
+    return (hi - lo) - sum(max(0.0, min(f, hi) - max(s, lo)) for s, f in busy)
+
+
 def top_level(ops: list) -> list:
     """The host operations not nested in another one, in order."""
     out, end = [], float("-inf")
@@ -65,7 +70,18 @@ def main(argv=None) -> int:
     ap.add_argument("trace", help="a Chrome trace (.json or .json.gz) of one profiled call")
     ap.add_argument("--bucket-ms", type=float, default=2.0, help="width of the busy-fraction buckets (ms)")
     ap.add_argument("--gaps", type=int, default=8, help="how many of the longest idle gaps to list")
+    ap.add_argument(
+        "--spans", default=None, metavar="T1,T2,...",
+        help="also the GPU's idle time between these times (ms from the first event; the last span ends at the GPU's "
+        "last event)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    try:
+        spans = [float(t) for t in args.spans.split(",")] if args.spans else []
+    except ValueError:
+        ap.error(f"--spans: expected comma-separated times in ms, got {args.spans!r}")
+    if not all(0 <= t for t in spans) or not all(a < b for a, b in zip(spans, spans[1:])):  # (nan fails too)
+        ap.error(f"--spans: expected increasing times >= 0 ms, got {args.spans!r}")
     if not 0.01 <= args.bucket_ms <= 1e6 or args.gaps < 0:  # (not nan: every comparison with it is False)
         ap.error(f"--bucket-ms must be in [0.01, 1e6] ms and --gaps >= 0, got {args.bucket_ms} and {args.gaps}")
     events = load(args.trace)
@@ -82,6 +98,14 @@ def main(argv=None) -> int:
           f"(first event to the GPU's last); host operations end at {host_end}")  # fmt: skip
     print(f"GPU busy per {args.bucket_ms:g} ms (%; the last bucket over its own width):", " ".join(
         f"{100 * x:.0f}" for x in bucket_fractions(busy, t0, end, args.bucket_ms * 1e3)))  # fmt: skip
+    if spans:
+        edges = [t0 + 1e3 * t for t in spans] + [end]
+        idle = [
+            f"{(lo - t0) / 1e3:.2f}-{(hi - t0) / 1e3:.2f} ms: {idle_time(busy, lo, hi) / 1e3:.2f}"
+            for lo, hi in zip(edges, edges[1:])
+            if hi > lo
+        ]
+        print("GPU idle (ms) in", "; ".join(idle))
     gaps = sorted(((busy[i][1], busy[i + 1][0] - busy[i][1]) for i in range(len(busy) - 1)), key=lambda g: -g[1])
     print(f"longest GPU idle gaps (of {len(gaps)}, {sum(g for _, g in gaps) / 1e3:.1f} ms in all):")
     for start, length in gaps[: args.gaps]:

@@ -79,3 +79,14 @@ def test_bad_bucket_widths_are_refused(tmp_path, capsys):
         with pytest.raises(SystemExit):
             trace_gaps.main([_trace(tmp_path), "--bucket-ms", width])
         assert "--bucket-ms must be in [0.01, 1e6] ms" in capsys.readouterr().err
+
+
+def test_idle_time_in_spans(tmp_path, capsys):
+    assert trace_gaps.idle_time([[0.0, 1000.0], [1500.0, 2000.0]], 500.0, 1800.0) == 500.0
+    assert trace_gaps.main([_trace(tmp_path), "--spans", "0,2.2"]) == 0
+    # busy 1.0-2.5 and 3.5-4.0 ms: idle 1.0 ms in 0-2.2, 1.0 ms in 2.2-4.0
+    assert "GPU idle (ms) in 0.00-2.20 ms: 1.00; 2.20-4.00 ms: 1.00" in capsys.readouterr().out
+    for bad in ("2,1", "x", "-1"):
+        with pytest.raises(SystemExit):
+            trace_gaps.main([_trace(tmp_path), "--spans", bad])
+        assert "--spans" in capsys.readouterr().err
