@@ -204,13 +204,11 @@ def _e4m3_codes_of(fmt: AnyFormat, device) -> torch.Tensor:
         codes = quantize(values, E4M3)
         if not torch.equal(E4M3.values(cpu)[codes.long()].view(torch.int32), values.view(torch.int32)):
             raise RuntimeError(f"{fmt.name}: a code's value is not an e4m3 value")
-        if fmt.bits == 6:
-            _E4M3_CODES[key] = codes.to(device)
-            return _E4M3_CODES[key]
-        codes = codes[None, :]  # (1, 16)
-    byte = torch.arange(256)
-    pairs = torch.stack([codes[:, byte & 0x0F], codes[:, byte >> 4]], dim=-1)  # (scales, 256 bytes, 2)
-    _E4M3_CODES[key] = pairs.contiguous().view(torch.int16).reshape(-1).to(device)
+    if fmt.bits == 4:  # a packed byte's two codes: low nibble first, as unpack orders them
+        byte = torch.arange(256)
+        pairs = torch.stack([codes.view(-1, 16)[:, byte & 0x0F], codes.view(-1, 16)[:, byte >> 4]], dim=-1)
+        codes = pairs.contiguous().view(torch.int16).reshape(-1)  # (scales x 256 bytes,)
+    _E4M3_CODES[key] = codes.to(device)
     return _E4M3_CODES[key]
 
 
@@ -402,11 +400,17 @@ class PagedKVCache:
             uniq, inverse = torch.unique(idx, return_inverse=True)  # (on CUDA, unique would wait for the device)
             if uniq.numel() < idx.numel():
                 return self._page_values(which, uniq, kernel_view)[inverse].view(*pages.shape, *pool.shape[1:-1], -1)
-        out = torch.empty((idx.numel(), *pool.shape[1:-1], self.head_dim), dtype=torch.float32, device=pool.device)
+        decode = lambda i, o: self._decode_pages(pool, scales, i, o, kernel_view)  # noqa: E731
+        return self._decode_in_chunks(pool, pages, idx, torch.float32, decode)
+
+    def _decode_in_chunks(self, pool, pages: torch.Tensor, idx: torch.Tensor, dtype: torch.dtype, decode):
+        """``(*pages.shape, PS, h_k, d)`` of ``dtype`` for ``idx (n,)``, the flattened ``pages`` on the pool's
+        device, filled by ``decode(idx_part, out_part)`` a few pages at a time (the temporaries stay a few MiB)."""
+        out = torch.empty((idx.numel(), *pool.shape[1:-1], self.head_dim), dtype=dtype, device=pool.device)
         chunk = _PAGE_VALUES_CHUNK_CUDA if out.is_cuda else _PAGE_VALUES_CHUNK
         step = max(1, chunk // max(1, math.prod(out.shape[1:])))  # pages per chunk
-        for i in range(0, idx.numel(), step):  # chunked: the temporaries stay a few MiB
-            self._decode_pages(pool, scales, idx[i : i + step], out[i : i + step], kernel_view)
+        for i in range(0, idx.numel(), step):
+            decode(idx[i : i + step], out[i : i + step])
         return out.view(*pages.shape, *out.shape[1:])
 
     def _page_codes(self, which: str, pages: torch.Tensor) -> torch.Tensor:
@@ -416,12 +420,8 @@ class PagedKVCache:
         emulator's CUDA path gathers tiles this way (:class:`mjolnir_numerics.emulator._TileSource`)."""
         pool, scales = self._pool(which)
         idx = pages.long().to(pool.device).reshape(-1)
-        out = torch.empty((idx.numel(), *pool.shape[1:-1], self.head_dim), dtype=torch.uint8, device=pool.device)
-        chunk = _PAGE_VALUES_CHUNK_CUDA if out.is_cuda else _PAGE_VALUES_CHUNK
-        step = max(1, chunk // max(1, math.prod(out.shape[1:])))  # pages per chunk
-        for i in range(0, idx.numel(), step):
-            self._decode_page_codes(pool, scales, idx[i : i + step], out[i : i + step])
-        return out.view(*pages.shape, *out.shape[1:])
+        decode = lambda i, o: self._decode_page_codes(pool, scales, i, o)  # noqa: E731
+        return self._decode_in_chunks(pool, pages, idx, torch.uint8, decode)
 
     def _decode_page_codes(self, pool, scales, idx: torch.Tensor, out: torch.Tensor) -> None:
         """``_page_codes`` of the pages ``idx (n,)`` written into ``out (n, PS, h_k, d)`` uint8: one table

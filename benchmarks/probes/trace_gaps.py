@@ -43,16 +43,17 @@ def bucket_fractions(busy: list, t0: float, end: float, width: float) -> list:
     width), from the ordered, disjoint ``busy`` intervals."""
     n = max(1, math.ceil((end - t0) / width))
     edges = [t0 + i * width for i in range(n)] + [end]
-    out = []
-    for lo, hi in zip(edges, edges[1:]):
-        covered = sum(max(0.0, min(f, hi) - max(s, lo)) for s, f in busy)
-        out.append(covered / (hi - lo) if hi > lo else 0.0)
-    return out
+    return [busy_time(busy, lo, hi) / (hi - lo) if hi > lo else 0.0 for lo, hi in zip(edges, edges[1:])]
+
+
+def busy_time(busy: list, lo: float, hi: float) -> float:
+    """The time in ``[lo, hi)`` (us) that the ordered, disjoint ``busy`` intervals cover."""
+    return sum(max(0.0, min(f, hi) - max(s, lo)) for s, f in busy)
 
 
 def idle_time(busy: list, lo: float, hi: float) -> float:
-    """The time in ``[lo, hi)`` (us) that no ``busy`` interval covers (ordered, disjoint intervals)."""
-    return (hi - lo) - sum(max(0.0, min(f, hi) - max(s, lo)) for s, f in busy)
+    """The time in ``[lo, hi)`` (us) that no ``busy`` interval covers."""
+    return (hi - lo) - busy_time(busy, lo, hi)
 
 
 def top_level(ops: list) -> list:
