@@ -583,6 +583,39 @@ def test_cuda_window_graphs_give_the_cpu_bits(name, monkeypatch):
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 @pytest.mark.gpu
+def test_cuda_window_graphs_capture_after_a_first_window_of_their_shape(monkeypatch):
+    """Windows of two tiles over unsplit sequences of 6 whole tiles. Once the process has compiled the shape's
+    graphs, the first window (eager) is enough to capture the second, which is replayed, and the third replays
+    it; before, the second ran eagerly and the third alone was too few to capture. The first call of a shape
+    compiles as it goes, so its early capture may not happen: it must neither warn nor change a bit."""
+    import mjolnir_numerics.emulator as emulator
+    from benchmarks.bench_emulator import random_e4m3_cache
+
+    q, _, kw = _random_pinned_inputs(e4m3_q=True)
+    cache = random_e4m3_cache(3, 768, 2, 128, 16, "cpu")  # 6 whole tiles: every later window is inside
+    o_c, l_c = emulate_decode(q, cache, **kw, chunk_tiles=6, target="h200")
+    replays = []
+
+    class Spy(emulator._WindowGraph):
+        def replay(self, s0):
+            replays.append(s0)
+            return super().replay(s0)
+
+    monkeypatch.setattr(emulator, "_window", lambda *args: 2)
+    monkeypatch.setattr(emulator, "_WindowGraph", Spy)
+    cache_g = random_e4m3_cache(3, 768, 2, 128, 16, "cuda")
+    kw_g = {k: v.cuda() for k, v in kw.items()}
+    for call in range(2):
+        replays.clear()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="emulate_decode: capturing")  # a failed capture fails the test
+            o_g, l_g = emulate_decode(q.cuda(), cache_g, **kw_g, chunk_tiles=6, target="h200")
+        assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu()), call
+    assert replays == [2, 4], replays
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.gpu
 def test_cuda_window_graphs_read_no_poisoned_page(monkeypatch):
     """A captured window skips the zeroing of keys past a sequence's end: NaN in every unused page, and
     sequences whose last tile is partial (so that later windows need the zeroing), captured and replayed on
@@ -1167,6 +1200,68 @@ def test_replayed_windows_give_the_cpu_bits(key, window, monkeypatch):
     if name.startswith("random_"):  # 700 keys: tiles 0-4 inside, 5 not. Window 1: the first rescaling window
         # (1) eager, 2-4 replay, 5 eager; window 2: of windows 2 and 4 (not inside), one is not worth a capture
         assert _EagerWindowGraph.replays == ([3] if window == 1 else [])
+
+
+@pytest.mark.parametrize("first_call_compiles", [False, True])
+def test_a_window_is_captured_after_a_first_window_of_its_shape(first_call_compiles, monkeypatch):
+    """Windows of two tiles over 3 unsplit sequences of 6 whole tiles, the window graphs' plumbing run on the
+    CPU. Once the process has compiled the shape's graphs, the first window (eager) is enough to capture the
+    second, replayed for it and the third (before: the second eager, and the third alone too few to capture).
+    A first call of the shape, whose capture after the first window would have to compile (torch raises under
+    the capture's ``fail_on_recompile`` stance), runs that window eagerly instead: no warning, no capture in
+    that call (one replayable window is left), a capture in the next; the CPU path's bits in every call."""
+    import mjolnir_numerics.emulator as emulator
+    from benchmarks.bench_emulator import random_e4m3_cache
+
+    q, _, kw = _random_pinned_inputs(e4m3_q=True)
+    cache = random_e4m3_cache(3, 768, 2, 128, 16, "cpu")
+    kw["chunk_tiles"] = 6
+    want = _digest(*emulate_decode(q, cache, **kw, target="h200"))
+    _take_the_cuda_code_path(monkeypatch, 2)
+    monkeypatch.setattr(emulator, "_window_graphs_available", lambda device: True)
+    refusals = [first_call_compiles]
+
+    class FirstCallCompiles(_EagerWindowGraph):
+        def __init__(self, *args):
+            if refusals.pop() if refusals else False:
+                raise RuntimeError(
+                    "Detected recompile when torch.compile stance is 'fail_on_recompile'. filename: 'emulator.py'"
+                )
+            super().__init__(*args)
+
+    monkeypatch.setattr(emulator, "_WindowGraph", FirstCallCompiles)
+    per_call = []
+    for _ in range(2):
+        _EagerWindowGraph.replays, _EagerWindowGraph.closed = [], 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a capture that fails for any other reason warns
+            got = emulate_decode(q, cache, **kw, target="h200")
+        assert _digest(*got) == want
+        per_call.append(_EagerWindowGraph.replays)
+    assert per_call == ([[], [2]] if first_call_compiles else [[2], [2]]), per_call
+
+
+def test_a_capture_that_fails_otherwise_warns_and_runs_eagerly(monkeypatch):
+    """A capture that fails for a reason other than a graph to compile warns, and the call's windows run
+    eagerly, with the CPU path's bits."""
+    import mjolnir_numerics.emulator as emulator
+    from benchmarks.bench_emulator import random_e4m3_cache
+
+    q, _, kw = _random_pinned_inputs(e4m3_q=True)
+    cache = random_e4m3_cache(3, 768, 2, 128, 16, "cpu")
+    kw["chunk_tiles"] = 6
+    want = _digest(*emulate_decode(q, cache, **kw, target="h200"))
+    _take_the_cuda_code_path(monkeypatch, 2)
+    monkeypatch.setattr(emulator, "_window_graphs_available", lambda device: True)
+
+    class Refuses(_EagerWindowGraph):
+        def __init__(self, *args):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(emulator, "_WindowGraph", Refuses)
+    with pytest.warns(RuntimeWarning, match="capturing a window as a CUDA graph failed"):
+        got = emulate_decode(q, cache, **kw, target="h200")
+    assert _digest(*got) == want
 
 
 def test_replayed_windows_read_no_poisoned_page(monkeypatch):
