@@ -1202,14 +1202,9 @@ def test_replayed_windows_give_the_cpu_bits(key, window, monkeypatch):
         assert _EagerWindowGraph.replays == ([3] if window == 1 else [])
 
 
-@pytest.mark.parametrize("first_call_compiles", [False, True])
-def test_a_window_is_captured_after_a_first_window_of_its_shape(first_call_compiles, monkeypatch):
-    """Windows of two tiles over 3 unsplit sequences of 6 whole tiles, the window graphs' plumbing run on the
-    CPU. Once the process has compiled the shape's graphs, the first window (eager) is enough to capture the
-    second, replayed for it and the third (before: the second eager, and the third alone too few to capture).
-    A first call of the shape, whose capture after the first window would have to compile (torch raises under
-    the capture's ``fail_on_recompile`` stance), runs that window eagerly instead: no warning, no capture in
-    that call (one replayable window is left), a capture in the next; the CPU path's bits in every call."""
+def _six_tile_windows_case(monkeypatch):
+    """3 unsplit sequences of 6 whole tiles (the pinned random Q, e4m3 Q), and the CUDA path with windows of two
+    tiles and window graphs taken on the CPU. Returns ``(q, cache, kwargs, the CPU path's digest)``."""
     import mjolnir_numerics.emulator as emulator
     from benchmarks.bench_emulator import random_e4m3_cache
 
@@ -1219,6 +1214,20 @@ def test_a_window_is_captured_after_a_first_window_of_its_shape(first_call_compi
     want = _digest(*emulate_decode(q, cache, **kw, target="h200"))
     _take_the_cuda_code_path(monkeypatch, 2)
     monkeypatch.setattr(emulator, "_window_graphs_available", lambda device: True)
+    return q, cache, kw, want
+
+
+@pytest.mark.parametrize("first_call_compiles", [False, True])
+def test_a_window_is_captured_after_a_first_window_of_its_shape(first_call_compiles, monkeypatch):
+    """Windows of two tiles over 3 unsplit sequences of 6 whole tiles, the window graphs' plumbing run on the
+    CPU. Once the process has compiled the shape's graphs, the first window (eager) is enough to capture the
+    second, replayed for it and the third (before: the second eager, and the third alone too few to capture).
+    A first call of the shape, whose capture after the first window would have to compile (torch raises under
+    the capture's ``fail_on_recompile`` stance), runs that window eagerly instead: no warning, no capture in
+    that call (one replayable window is left), a capture in the next; the CPU path's bits in every call."""
+    import mjolnir_numerics.emulator as emulator
+
+    q, cache, kw, want = _six_tile_windows_case(monkeypatch)
     refusals = [first_call_compiles]
 
     class FirstCallCompiles(_EagerWindowGraph):
@@ -1245,14 +1254,8 @@ def test_a_capture_that_fails_otherwise_warns_and_runs_eagerly(monkeypatch):
     """A capture that fails for a reason other than a graph to compile warns, and the call's windows run
     eagerly, with the CPU path's bits."""
     import mjolnir_numerics.emulator as emulator
-    from benchmarks.bench_emulator import random_e4m3_cache
 
-    q, _, kw = _random_pinned_inputs(e4m3_q=True)
-    cache = random_e4m3_cache(3, 768, 2, 128, 16, "cpu")
-    kw["chunk_tiles"] = 6
-    want = _digest(*emulate_decode(q, cache, **kw, target="h200"))
-    _take_the_cuda_code_path(monkeypatch, 2)
-    monkeypatch.setattr(emulator, "_window_graphs_available", lambda device: True)
+    q, cache, kw, want = _six_tile_windows_case(monkeypatch)
 
     class Refuses(_EagerWindowGraph):
         def __init__(self, *args):
