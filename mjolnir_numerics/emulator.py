@@ -570,6 +570,65 @@ def _graph_pool(device: torch.device):
     return _GRAPH_POOLS[index][0]
 
 
+class _Replays:
+    """The window graphs of one problem, kept from call to call on a device: a later call of the same problem
+    (the same key: shapes, pools, formats, models and constants) replays them without capturing again.
+
+    ``inputs``: the tensors a window reads that each call makes anew (Q's rows, the chunks' sequences and first
+    tiles, the masks' last keys, the exponent scales, seq_lens and the block table on the device), those of the
+    call that made the entry; a later call copies its values into them, so that the graphs read them there.
+    The pools are not copied: the key holds their addresses, so a graph replays only where the call's pools
+    are where its capture read them. ``graphs``: ``_WindowGraph`` per window kind ``(tiles, first)``;
+    ``warmed``: the kinds an eager window of this process has compiled (``"first"``: provisionally, see
+    ``_emulate``); ``calls``: the calls that used the entry before this one."""
+
+    def __init__(self, key: tuple, inputs: dict):
+        self.key, self.inputs = key, {k: None if v is None else v.clone() for k, v in inputs.items()}
+        self.graphs: dict = {}
+        self.warmed: dict = {}
+        self.calls = 0
+
+    def take(self, inputs: dict) -> dict:
+        """The entry's input tensors, holding the values of ``inputs`` (the same shapes: the key says so)."""
+        for k, v in inputs.items():
+            if v is not None:
+                self.inputs[k].copy_(v)
+        return self.inputs
+
+    def close(self) -> None:
+        for g in self.graphs.values():
+            g.close()
+        self.graphs.clear()
+
+
+def _device_index(device: torch.device):
+    """The index of a CUDA ``device`` (the current one's for a bare "cuda"); other devices by name."""
+    if device.type != "cuda":
+        return str(device)
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+# the window graphs of the last few problems run on each device: (device, key) -> _Replays, the most recently
+# used last. Their memory is one pool's (_graph_pool): what a capture frees, the next one reuses, so kept graphs
+# cost their state and inputs (a few MB at b32 x 32K), not a working set each
+_REPLAYS: dict = {}
+_REPLAYS_KEPT = 4  # problems per device
+
+
+def _replays(device: torch.device, key: tuple, inputs: dict) -> _Replays:
+    """The :class:`_Replays` of ``key`` on ``device``, made where it is not kept (the least recently used
+    problem's graphs closed where the device keeps ``_REPLAYS_KEPT`` already)."""
+    index = (_device_index(device), key)
+    entry = _REPLAYS.pop(index, None)
+    if entry is None:
+        same_device = [k for k in _REPLAYS if k[0] == index[0]]
+        if len(same_device) >= _REPLAYS_KEPT:
+            _REPLAYS.pop(same_device[0]).close()
+        entry = _Replays(key, inputs)
+    _REPLAYS[index] = entry
+    return entry
+
+
 def release_graph_memory() -> None:
     """Let go of the memory pools of the emulator's CUDA graphs (one per device, up to a window's working set:
     about a GiB at the largest windows); ``torch.cuda.empty_cache()`` then returns it to the device. The next
@@ -580,6 +639,9 @@ def release_graph_memory() -> None:
         mjolnir_numerics.release_graph_memory()
         torch.cuda.empty_cache()
     """
+    for entry in _REPLAYS.values():
+        entry.close()
+    _REPLAYS.clear()
     _GRAPH_POOLS.clear()
 
 
@@ -675,10 +737,13 @@ class _WindowGraph:
         self.graph.reset()
         self.graph = self.pool = None
 
-    def replay(self, s0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The window whose first tile is ``s0``, from the state the previous replay left (or the state
-        given at capture); returns the state after it (the graph's tensors: the next replay overwrites
-        them, so a caller keeps them only until then)."""
+    def replay(self, s0: int, m: torch.Tensor, l: torch.Tensor, o: torch.Tensor):
+        """The window whose first tile is ``s0``, from the state ``m, l, o`` (copied into the graph's tensors
+        unless they are them: the state the previous replay returned); returns the state after it (the
+        graph's tensors: the next replay overwrites them, so a caller keeps them only until then)."""
+        if m is not self.state[0]:
+            for x, y in zip(self.state, (m, l, o)):
+                x.copy_(y)
         self.base.fill_(s0)
         self.graph.replay()
         return self.state
@@ -1063,37 +1128,56 @@ def _emulate(
         # the capture recompile, the H100 run of 2026-12-06)
         return m_new[(n_w - 1) * A :].clone(), l_a, o_a
 
-    # CUDA with the fused chains: a window of every chunk, all its tiles live and inside their sequences, after
-    # the first (whose first tile does not rescale O) is the same work on the same shapes but for its first
-    # tile's index. One is captured as a CUDA graph (once an earlier window of that shape has compiled every
-    # graph it calls) and replayed for the others: one launch per window instead of hundreds of host-side
-    # calls. Inside: the capture skips the zeroing of keys past a sequence's end, so its replays must too.
-    def graphable(s0, n_w):
-        return n_w == window and s0 > 0 and all(n >= s0 + n_w for n in lens) and inside_at(s0, n_w, range(C))
+    # CUDA with the fused chains: a window of every chunk, all its tiles live and inside their sequences, is the
+    # same work on the same shapes as every other window of its kind (its tile count, and whether it is the
+    # chunks' first: its first tile does not rescale O) but for its first tile's index. A kind is captured as a
+    # CUDA graph once an eager window has compiled every graph it calls, and replayed: one launch per window
+    # instead of hundreds of host-side calls. The graphs stay for the next call of the same problem
+    # (_Replays). Inside: the capture skips the zeroing of keys past a sequence's end, so its replays must too.
+    def kind_of(s0, n_w):
+        if all(n >= s0 + n_w for n in lens) and inside_at(s0, n_w, range(C)):
+            return (n_w, s0 == 0)
+        return None
 
     # the pools must be where the work is (a copy between devices cannot be captured)
     pools = [x for x in (cache.k_pool, cache.v_pool, cache.k_scales, cache.v_scales) if x is not None]
     graphs = mma is not None and _window_graphs_available(dev) and all(x.device == dev for x in pools)
-    # warmed: every graph a capture calls has been compiled ("first": only as far as a first window of the same
-    # shape compiles them, see below)
-    graph, warmed = None, False
-    # a capture costs what an eager window costs: worth it when at least two windows replay it
-    to_replay = sum(graphable(s0, min(window, n_steps - s0)) for s0 in range(0, n_steps, window))
-    for s0 in range(0, n_steps, window):
+    replays = None
+    if graphs:
+        inputs = dict(cseq=cseq, ct0=ct0, key_ids=key_ids, last_key=last_key, c_c=c_c, q_c=q_c, q_norm_c=q_norm_c,
+                      sl_dev=sl_dev, bt_dev=bt_dev)  # fmt: skip
+        key = (
+            type(cache), fmt.name, getattr(cache, "layout", None), ps,
+            tuple((x.data_ptr(), tuple(x.shape), x.stride(), x.dtype) for x in pools),
+            tuple((k, None if v is None else (tuple(v.shape), v.dtype)) for k, v in inputs.items()),
+            window, n_streams, knobs, q.dtype, mma[0].name, tuple(mma[1].flatten().tolist()),
+            tuple(mma[2].flatten().tolist()), mma[3], p_scale, p_format, ex2, q_sig_bits,
+            os.environ.get("MJOLNIR_PV_CODES"), os.environ.get("MJOLNIR_GRAPH_CACHE"),
+        )  # fmt: skip
+        replays = _replays(dev, key, inputs)
+        inputs = replays.take(inputs)  # the graphs read these tensors: every window of this call does too
+        cseq, ct0, key_ids, last_key, c_c = (inputs[k] for k in ("cseq", "ct0", "key_ids", "last_key", "c_c"))
+        q_c, q_norm_c, sl_dev, bt_dev = (inputs[k] for k in ("q_c", "q_norm_c", "sl_dev", "bt_dev"))
+    kinds = [kind_of(s0, min(window, n_steps - s0)) if graphs else None for s0 in range(0, n_steps, window)]
+    for i, s0 in enumerate(range(0, n_steps, window)):
         n_w = min(window, n_steps - s0)
         act_list = [i for i, n in enumerate(lens) if n > s0]
         full = len(act_list) == C
-        replayable = graphable(s0, n_w)
-        if graphs and replayable and (graph is not None or (warmed and to_replay >= 2)):
-            if graph is None:
-                body = lambda base, m_in, l_in, o_in, s0=s0, act_list=act_list: window_pass(  # noqa: E731
-                    s0, base, window, act_list, slice(None), m_in, l_in, o_in
+        kind = kinds[i] if graphs else None
+        if kind is not None:
+            graph = replays.graphs.get(kind)
+            # a capture costs what an eager window costs: worth it where at least two windows of this call replay
+            # it, or where the problem has run before (and so may run again)
+            worth = kinds[i:].count(kind) >= 2 or replays.calls > 0
+            if graph is None and replays.warmed.get(kind) and worth:
+                body = lambda base, m_in, l_in, o_in, s0=s0, n_w=n_w: window_pass(  # noqa: E731
+                    s0, base, n_w, list(range(C)), slice(None), m_in, l_in, o_in
                 )
                 try:
-                    graph = _WindowGraph(body, m, l, o)
+                    graph = replays.graphs[kind] = _WindowGraph(body, m, l, o)
                 except Exception as err:  # noqa: BLE001 - the eager windows give the same bits
-                    if warmed == "first" and _needs_compile(err):
-                        warmed = False  # the first call of this shape: this window compiles the rest, eagerly
+                    if replays.warmed[kind] == "first" and _needs_compile(err):
+                        replays.warmed[kind] = False  # the first call of this shape: this window compiles the rest
                     else:
                         warnings.warn(
                             f"emulate_decode: capturing a window as a CUDA graph failed ({err!r}); this call's "
@@ -1103,29 +1187,32 @@ def _emulate(
                         )
                         graphs = False
             if graph is not None:
-                m, l, o = graph.replay(s0)
-                to_replay -= 1
+                m, l, o = graph.replay(s0, m, l, o)
                 continue
         if full:  # the state itself (m[:] would be a view: see window_pass)
             m_a, l_a, o_a = window_pass(s0, s0, n_w, act_list, slice(None), m, l, o)
         else:
             sel = _host_tensor(act_list, torch.long, dev)
             m_a, l_a, o_a = window_pass(s0, s0, n_w, act_list, sel, m[sel], l[sel], o[sel])
-        # a replayable window has compiled every graph a capture calls. So, once the process has compiled them, has
-        # a first window of the same shape: its later tiles rescale O as a replay's do. But the first call of a
-        # shape compiles its graphs as they come, each tile's update for the slices of its own tile; where the
-        # capture after a first window would compile one, it raises (no capture compiles), and the window runs
-        # eagerly (then the next one is captured, if at least two replay it). Capturing a window earlier keeps
-        # the GPU busy for one window fewer of host-bound eager work (0.95x the call at b32 x 32K, an H100).
-        if replayable:
-            warmed = True
-        elif not warmed and s0 == 0 and n_w == window > 1 and graphable(window, window):
-            warmed = "first"
-        to_replay -= replayable
+        if kind is not None:  # an eager window has compiled every graph a capture of its kind calls
+            replays.warmed[kind] = True
+            # So, once the process has compiled them, has a first window for the later windows of its size: its
+            # later tiles rescale O as theirs do. But the first call of a shape compiles its graphs as they come,
+            # each tile's update for the slices of its own tile; where the capture after a first window would
+            # compile one, it raises (no capture compiles), and the window runs eagerly (then the next one is
+            # captured). Capturing a window earlier keeps the GPU busy for one window fewer of host-bound eager
+            # work (0.95x the call at b32 x 32K, an H100).
+            later = (n_w, False)
+            if kind[1] and n_w > 1 and not replays.warmed.get(later):
+                replays.warmed[later] = "first"
         if full:
             m, l, o = m_a, l_a, o_a
         else:
             m[sel], l[sel], o[sel] = m_a, l_a, o_a
+    if replays is not None:
+        replays.calls += 1
+        if not graphs or os.environ.get("MJOLNIR_GRAPH_CACHE", "1") != "1":  # a failed capture: start afresh
+            _REPLAYS.pop((_device_index(dev), replays.key), None)
 
     # -- epilogue --------------------------------------------------------------------------------------
     # which chunks are split, from the plan on the host (nonzero() would wait for all the work queued)
@@ -1162,8 +1249,8 @@ def _emulate(
         o_out[seq_idx] = o_red
         lse_out[seq_idx] = lse_red
 
-    if graph is not None:  # its memory back to the pool, now that the epilogue is queued
-        graph.close()
+    if replays is not None and _REPLAYS.get((_device_index(dev), replays.key)) is not replays:
+        replays.close()  # its memory back to the pool, now that the epilogue is queued
     o_bf16 = o_out.to(torch.bfloat16)
     if knobs.v_descale_at == "output":
         o_bf16 = (o_bf16.float() * vd[:, :, None, None]).to(torch.bfloat16)

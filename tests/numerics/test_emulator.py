@@ -570,6 +570,7 @@ def test_cuda_window_graphs_give_the_cpu_bits(name, monkeypatch):
 
     monkeypatch.setattr(emulator, "_window", lambda *args: 1)
     monkeypatch.setattr(emulator, "_WindowGraph", Spy)
+    monkeypatch.setattr(emulator, "_REPLAYS", {})  # no window graphs kept from another test
     from benchmarks.bench_emulator import random_e4m3_cache
 
     cache_g = random_e4m3_cache(3, 700, 2, 128, 16, "cuda")  # _random_pinned_inputs' cache, built on CUDA
@@ -587,7 +588,8 @@ def test_cuda_window_graphs_capture_after_a_first_window_of_their_shape(monkeypa
     """Windows of two tiles over unsplit sequences of 6 whole tiles. Once the process has compiled the shape's
     graphs, the first window (eager) is enough to capture the second, which is replayed, and the third replays
     it; before, the second ran eagerly and the third alone was too few to capture. The first call of a shape
-    compiles as it goes, so its early capture may not happen: it must neither warn nor change a bit."""
+    compiles as it goes, so its early capture may not happen: it must neither warn nor change a bit. The
+    graphs are kept for the later calls, which replay every window."""
     import mjolnir_numerics.emulator as emulator
     from benchmarks.bench_emulator import random_e4m3_cache
 
@@ -597,21 +599,26 @@ def test_cuda_window_graphs_capture_after_a_first_window_of_their_shape(monkeypa
     replays = []
 
     class Spy(emulator._WindowGraph):
-        def replay(self, s0):
+        def replay(self, s0, *state):
             replays.append(s0)
-            return super().replay(s0)
+            return super().replay(s0, *state)
 
     monkeypatch.setattr(emulator, "_window", lambda *args: 2)
     monkeypatch.setattr(emulator, "_WindowGraph", Spy)
+    monkeypatch.setattr(emulator, "_REPLAYS", {})  # no window graphs kept from another test
     cache_g = random_e4m3_cache(3, 768, 2, 128, 16, "cuda")
     kw_g = {k: v.cuda() for k, v in kw.items()}
-    for call in range(2):
+    per_call = []
+    for call in range(3):
         replays.clear()
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message="emulate_decode: capturing")  # a failed capture fails the test
             o_g, l_g = emulate_decode(q.cuda(), cache_g, **kw_g, chunk_tiles=6, target="h200")
         assert _equal(o_c, o_g.cpu()) and _equal(l_c, l_g.cpu()), call
-    assert replays == [2, 4], replays
+        per_call.append(list(replays))
+    # the graphs are kept: the second call replays the kept one for windows 2 and 4 (and captures the first
+    # window's), the third replays every window
+    assert per_call[1:] == [[0, 2, 4], [0, 2, 4]], per_call
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -638,6 +645,7 @@ def test_cuda_window_graphs_read_no_poisoned_page(monkeypatch):
 
     monkeypatch.setattr(emulator, "_window", lambda *args: 1)
     monkeypatch.setattr(emulator, "_WindowGraph", Spy)
+    monkeypatch.setattr(emulator, "_REPLAYS", {})  # no window graphs kept from another test
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="emulate_decode: capturing")
         o_g, l_g = emulate_decode(x_g.q, x_g.cache, q_descale=x_g.q_descale, target="h200", chunk_tiles=12)
@@ -759,6 +767,7 @@ def _take_the_cuda_code_path(monkeypatch, window: int) -> None:
     monkeypatch.setattr(arithmetic, "_fused", lambda fn, tune=False: fn)
     monkeypatch.setattr(emulator, "_fused", lambda fn, tune=False: fn)
     monkeypatch.setattr(stages, "_sync_free", lambda x: True)
+    monkeypatch.setattr(emulator, "_REPLAYS", {})  # no window graphs kept from another test
 
 
 @pytest.mark.parametrize("window", [1, 3])
@@ -1151,17 +1160,23 @@ class _EagerWindowGraph:
 
     replays: list = []
     closed = 0
+    log: list = []  # ("capture", None) and ("replay", s0), in order
 
     def __init__(self, body, m, l, o):
         self.body, self.state = body, (m.clone(), l.clone(), o.clone())
         self.base = torch.zeros((), dtype=torch.long)
         _EagerWindowGraph.replays.append(0)
+        _EagerWindowGraph.log.append(("capture", None))
 
-    def replay(self, s0):
+    def replay(self, s0, m, l, o):
+        if m is not self.state[0]:
+            for x, y in zip(self.state, (m, l, o)):
+                x.copy_(y)
         self.base.fill_(s0)
         for x, y in zip(self.state, self.body(self.base, *self.state)):
             x.copy_(y)
         _EagerWindowGraph.replays[-1] += 1
+        _EagerWindowGraph.log.append(("replay", s0))
         return self.state
 
     def close(self):
@@ -1195,11 +1210,16 @@ def test_replayed_windows_give_the_cpu_bits(key, window, monkeypatch):
     got = emulate_decode(q, cache, **kw, target=target)
     assert _digest(*got) == want, f"{key}: O / LSE bits differ from the CPU path's"
     assert views and not any(views), views
-    assert len(_EagerWindowGraph.replays) <= 1, "one capture per call"
-    assert _EagerWindowGraph.closed == len(_EagerWindowGraph.replays), "a captured graph is closed by its call"
+    assert len(_EagerWindowGraph.replays) <= 1, "one capture in a first call"
+    assert _EagerWindowGraph.closed == 0, "the graphs are kept for the next call"
     if name.startswith("random_"):  # 700 keys: tiles 0-4 inside, 5 not. Window 1: the first rescaling window
         # (1) eager, 2-4 replay, 5 eager; window 2: of windows 2 and 4 (not inside), one is not worth a capture
         assert _EagerWindowGraph.replays == ([3] if window == 1 else [])
+    _EagerWindowGraph.log = []
+    again = emulate_decode(q, cache, **kw, target=target)  # the kept graph replayed, the first window's captured
+    assert _digest(*again) == want, f"{key}: O / LSE bits differ from the CPU path's in a second call"
+    if name.startswith("random_") and window == 1:
+        assert _EagerWindowGraph.log == [("capture", None), ("replay", 0)] + [("replay", s) for s in (1, 2, 3, 4)]
 
 
 def _six_tile_windows_case(monkeypatch):
@@ -1224,7 +1244,9 @@ def test_a_window_is_captured_after_a_first_window_of_its_shape(first_call_compi
     second, replayed for it and the third (before: the second eager, and the third alone too few to capture).
     A first call of the shape, whose capture after the first window would have to compile (torch raises under
     the capture's ``fail_on_recompile`` stance), runs that window eagerly instead: no warning, no capture in
-    that call (one replayable window is left), a capture in the next; the CPU path's bits in every call."""
+    that call (one replayable window is left), captures in the next. The graphs are kept: from the second call
+    on, the first window is replayed too, and from the third nothing is captured. The CPU path's bits in every
+    call."""
     import mjolnir_numerics.emulator as emulator
 
     q, cache, kw, want = _six_tile_windows_case(monkeypatch)
@@ -1240,14 +1262,119 @@ def test_a_window_is_captured_after_a_first_window_of_its_shape(first_call_compi
 
     monkeypatch.setattr(emulator, "_WindowGraph", FirstCallCompiles)
     per_call = []
-    for _ in range(2):
-        _EagerWindowGraph.replays, _EagerWindowGraph.closed = [], 0
+    for _ in range(3):
+        _EagerWindowGraph.log = []
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a capture that fails for any other reason warns
             got = emulate_decode(q, cache, **kw, target="h200")
         assert _digest(*got) == want
-        per_call.append(_EagerWindowGraph.replays)
-    assert per_call == ([[], [2]] if first_call_compiles else [[2], [2]]), per_call
+        per_call.append(_EagerWindowGraph.log)
+    # later calls of the problem replay every window, the first window's graph captured in the second call
+    every = [("replay", 0), ("replay", 2), ("replay", 4)]
+    capture = ("capture", None)
+    if first_call_compiles:  # the refused capture logs nothing; both kinds are captured in the second call
+        assert per_call == [[], [capture, ("replay", 0), capture, ("replay", 2), ("replay", 4)], every], per_call
+    else:
+        assert per_call == [[capture, ("replay", 2), ("replay", 4)], [capture] + every, every], per_call
+
+
+def _kept_graphs_problem(q_path: str) -> list:
+    """Three calls of one problem (3 sequences of 769-800 keys on 16-key pages: 7 tiles, the last partial), each
+    with its own Q (and descale), K / V descales, sequence lengths, a permutation of the block table's pages
+    and pool bytes: a dict per call, CPU tensors, for :func:`_run_kept_graphs_call`."""
+    from benchmarks.bench_emulator import random_e4m3_cache
+    from mjolnir_numerics.scales import quantize_q
+
+    gen = torch.Generator().manual_seed(5)
+    pages = random_e4m3_cache(3, 800, 2, 128, 16, "cpu").block_table
+    calls = []
+    for step in range(3):
+        q = (torch.randn(3, 12, 128, generator=gen) * (1 + step)).to(torch.bfloat16)
+        extra = {}
+        if q_path == "e4m3":
+            q, extra["q_descale"] = quantize_q(q, 3, 1, 2)
+        pool = random_e4m3_cache(3, 800, 2, 128, 16, "cpu", seed=10 + step).k_pool
+        calls.append(dict(
+            q=q, extra=extra, k_pool=pool, v_pool=pool.flip(0),
+            block_table=pages.flatten()[torch.randperm(pages.numel(), generator=gen)].view_as(pages),
+            seq_lens=torch.tensor([800 - 7 * step, 790 + 5 * step, 769 + step], dtype=torch.int32),
+            k_descale=torch.rand(3, 2, generator=gen) + 0.5, v_descale=torch.rand(3, 2, generator=gen) + 0.5,
+        ))  # fmt: skip
+    return calls
+
+
+def _run_kept_graphs_call(cache, call: dict):
+    """One call of :func:`_kept_graphs_problem` on ``cache`` (its tensors overwritten in place: the same problem
+    for the kept graphs), one chunk per sequence; O and LSE on the CPU."""
+    dev = cache.k_pool.device
+    for name in ("k_pool", "v_pool", "block_table", "seq_lens", "k_descale", "v_descale"):
+        getattr(cache, name).copy_(call[name])
+    extra = {k: v.to(dev) for k, v in call["extra"].items()}
+    o, lse = emulate_decode(call["q"].to(dev), cache, **extra, chunk_tiles=8, target="h200")
+    return o.cpu(), lse.cpu()
+
+
+@pytest.mark.parametrize("q_path", ["e4m3", "bf16"])
+def test_kept_window_graphs_read_each_calls_own_inputs(q_path, monkeypatch):
+    """The window graphs kept from call to call read each call's own inputs. Three calls of one problem (the
+    same shapes and pools) with another Q and Q descale, other K / V descales, other sequence lengths (the same
+    tiles inside), the block table's pages permuted and the pools' bytes changed in place give the CPU path's
+    bits for their own inputs; the second call captures the first window's graph, the third captures nothing
+    and replays every window whose tiles lie inside (windows of 2 tiles: 0-1, 2-3, 4-5; the window graphs'
+    plumbing run on the CPU)."""
+    import mjolnir_numerics.emulator as emulator
+    from benchmarks.bench_emulator import random_e4m3_cache
+
+    cache = random_e4m3_cache(3, 800, 2, 128, 16, "cpu")
+    calls = _kept_graphs_problem(q_path)
+    want = [_digest(*_run_kept_graphs_call(cache, c)) for c in calls]
+    assert len(set(want)) == 3
+    _take_the_cuda_code_path(monkeypatch, 2)
+    monkeypatch.setattr(emulator, "_window_graphs_available", lambda device: True)
+    monkeypatch.setattr(emulator, "_WindowGraph", _EagerWindowGraph)
+    logs = []
+    for c, w in zip(calls, want):
+        _EagerWindowGraph.log = []
+        assert _digest(*_run_kept_graphs_call(cache, c)) == w, f"call {len(logs) + 1}: bits differ from the CPU's"
+        logs.append(_EagerWindowGraph.log)
+    every = [("replay", 0), ("replay", 2), ("replay", 4)]
+    assert logs == [[("capture", None), ("replay", 2), ("replay", 4)], [("capture", None)] + every, every], logs
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_path", ["e4m3", "bf16"])
+def test_cuda_kept_window_graphs_read_each_calls_own_inputs(q_path, monkeypatch):
+    """:func:`test_kept_window_graphs_read_each_calls_own_inputs` with CUDA graphs: three calls of one problem
+    with other inputs give the CPU's bits for theirs; the third captures nothing and replays windows 0, 2, 4."""
+    import mjolnir_numerics.emulator as emulator
+    from benchmarks.bench_emulator import random_e4m3_cache
+
+    calls = _kept_graphs_problem(q_path)
+    cache_c = random_e4m3_cache(3, 800, 2, 128, 16, "cpu")
+    want = [_run_kept_graphs_call(cache_c, c) for c in calls]
+    log = []
+
+    class Spy(emulator._WindowGraph):
+        def __init__(self, *args):
+            super().__init__(*args)
+            log.append("capture")
+
+        def replay(self, s0, *state):
+            log.append(s0)
+            return super().replay(s0, *state)
+
+    monkeypatch.setattr(emulator, "_window", lambda *args: 2)
+    monkeypatch.setattr(emulator, "_WindowGraph", Spy)
+    monkeypatch.setattr(emulator, "_REPLAYS", {})  # no window graphs kept from another test
+    cache_g = random_e4m3_cache(3, 800, 2, 128, 16, "cuda")
+    for i, (c, (o_c, l_c)) in enumerate(zip(calls, want)):
+        log.clear()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="emulate_decode: capturing")  # a failed capture fails the test
+            o_g, l_g = _run_kept_graphs_call(cache_g, c)
+        assert _equal(o_c, o_g) and _equal(l_c, l_g), f"call {i + 1}: bits differ from the CPU's"
+    assert log == [0, 2, 4], log
 
 
 def test_a_capture_that_fails_otherwise_warns_and_runs_eagerly(monkeypatch):
@@ -1287,10 +1414,10 @@ def test_replayed_windows_read_no_poisoned_page(monkeypatch):
     tile_source = emulator._TileSource
     reading = []
 
-    def spy_replay(self, s0):
+    def spy_replay(self, s0, *state):
         reading.append(s0)
         try:
-            return replay(self, s0)
+            return replay(self, s0, *state)
         finally:
             reading.pop()
 
