@@ -21,13 +21,15 @@ one compiled graph (the integer form measured slower there: reports/emulator/202
 steps 4-8's factors of a window, the epilogue and the split merge each as one compiled graph too; and the
 stages' branch-free forms (no data-dependent shortcut that would ask the device; every emulated fp32
 rounding written so that no compiler pass drops it: docs/numerics.md, "Roundings that compilers keep").
-A window of every chunk, all its tiles inside their sequences, is captured once as a CUDA graph and replayed
-for the later windows of its shape (one launch instead of hundreds of host-side calls; the same kernels, so
-the same bits). The graphs' memory stays in one pool per device between calls (up to a window's working set,
-about a GiB at the largest windows), so that later calls capture without new allocations;
-:func:`release_graph_memory` lets it go. ``MJOLNIR_COMPILE=0`` keeps CUDA eager. The first call of a process
-compiles and tunes the graphs (about 4 minutes on the H200's host for the first shape; torch's inductor cache
-keeps them across processes).
+A window of every chunk, all its tiles inside their sequences, is captured once as a CUDA graph per kind
+(its tile count, and whether it is the chunks' first) and replayed for the windows of its kind (one launch
+instead of hundreds of host-side calls; the same kernels, so the same bits). The graphs are kept for the
+next calls of the same problem (the last four problems per device: the same shapes, pools, formats and
+models), which copy their inputs into the graphs' tensors and replay every such window, the first included.
+The graphs' memory stays in one pool per device between calls (up to a window's working set, about a GiB at
+the largest windows, shared by the kept graphs); :func:`release_graph_memory` lets it go. ``MJOLNIR_COMPILE=0``
+keeps CUDA eager. The first call of a process compiles and tunes the graphs (about 4 minutes on the H200's host
+for the first shape; torch's inductor cache keeps them across processes).
 
 Deliberate differences from the seed's ``emulate_decode`` (all at the fp32-ulp level on the results;
 ``tests/numerics/test_emulator.py::test_agrees_with_the_seed_emulator`` bounds them):
@@ -630,9 +632,10 @@ def _replays(device: torch.device, key: tuple, inputs: dict) -> _Replays:
 
 
 def release_graph_memory() -> None:
-    """Let go of the memory pools of the emulator's CUDA graphs (one per device, up to a window's working set:
-    about a GiB at the largest windows); ``torch.cuda.empty_cache()`` then returns it to the device. The next
-    call on CUDA makes a new pool. Nothing to do on the CPU or where no call has run on CUDA.
+    """Let go of the emulator's kept CUDA graphs and their memory pools (one per device, up to a window's working
+    set: about a GiB at the largest windows); ``torch.cuda.empty_cache()`` then returns it to the device. The
+    next call on CUDA captures again, into a new pool. Nothing to do on the CPU or where no call has run on
+    CUDA.
 
     Example (a notebook that needs the GPU's memory back after a study)::
 
@@ -850,8 +853,9 @@ def emulate_decode(
             beyond its block-table row, a referenced page out of range, ``0 < seq_len < q_len``, an
             invalid plan, or a knob out of range.
 
-    On CUDA, the first call of a shape compiles its graphs (minutes), and the memory of its CUDA graphs stays
-    held for the next call until :func:`release_graph_memory`.
+    On CUDA, the first call of a shape compiles its graphs (minutes). The CUDA graphs of its windows are kept
+    for the next calls of the same problem (the same shapes and pools, whatever their contents), with their
+    memory, until :func:`release_graph_memory`.
     """
     if cpu_threads is not None and (
         isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1
