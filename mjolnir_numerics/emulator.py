@@ -582,7 +582,14 @@ class _Replays:
     The pools are not copied: the key holds their addresses, so a graph replays only where the call's pools
     are where its capture read them. ``graphs``: ``_WindowGraph`` per window kind ``(tiles, first)``;
     ``warmed``: the kinds an eager window of this process has compiled (``"first"``: provisionally, see
-    ``_emulate``); ``calls``: the calls that used the entry before this one."""
+    ``_emulate``); ``calls``: the calls that used the entry before this one.
+
+    Every window of a call reads the entry's inputs, eager ones too, so two calls of one problem must not run at
+    once: the current stream is part of the key (calls on two streams keep two entries), and calls from two
+    threads at once are not supported. The kept graphs share the device's pool and replay in any order, which
+    is safe because nothing a capture allocates outlives it: the state and the inputs are allocated outside
+    captures, and every table built on first use (the e4m3 and code tables, the walk orders, the ex2 tables)
+    is first built by an eager window, before any capture reads it."""
 
     def __init__(self, key: tuple, inputs: dict):
         self.key, self.inputs = key, {k: None if v is None else v.clone() for k, v in inputs.items()}
@@ -1156,6 +1163,7 @@ def _emulate(
             tuple((k, None if v is None else (tuple(v.shape), v.dtype)) for k, v in inputs.items()),
             window, n_streams, knobs, q.dtype, mma[0].name, tuple(mma[1].flatten().tolist()),
             tuple(mma[2].flatten().tolist()), mma[3], p_scale, p_format, ex2, q_sig_bits,
+            torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else None,
             os.environ.get("MJOLNIR_PV_CODES"), os.environ.get("MJOLNIR_GRAPH_CACHE"),
         )  # fmt: skip
         replays = _replays(dev, key, inputs)

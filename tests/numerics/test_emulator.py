@@ -1341,6 +1341,40 @@ def test_kept_window_graphs_read_each_calls_own_inputs(q_path, monkeypatch):
     assert logs == [[("capture", None), ("replay", 2), ("replay", 4)], [("capture", None)] + every, every], logs
 
 
+@pytest.mark.parametrize("change", ["plan", "causal_masks"])
+def test_kept_window_graphs_follow_the_plan_and_the_masks(change, monkeypatch):
+    """Kept graphs read each call's plan and masks. ``plan``: sequence lengths (1024, 2048, 1024), then (2048,
+    1024, 1024), in chunks of 8 tiles: the same number of chunks, other sequences and first tiles. ``causal_masks``:
+    4 causal query rows per sequence, lengths 1024 each, then (1030, 1100, 1024), where a replayed window's last
+    keys are masked or not (a small softmax scale, so that the masked keys change O). Both calls of each give the
+    CPU path's bits for their own inputs, the second from the first's kept graphs (the plumbing on the CPU)."""
+    import mjolnir_numerics.emulator as emulator
+    from benchmarks.bench_emulator import random_e4m3_cache
+    from mjolnir_numerics.scales import quantize_q
+
+    cache = random_e4m3_cache(3, 2048, 2, 128, 16, "cpu")
+    if change == "plan":
+        lens, q_len, kw = [(1024, 2048, 1024), (2048, 1024, 1024)], 1, dict(chunk_tiles=8)
+    else:
+        lens, q_len, kw = [(1024, 1024, 1024), (1030, 1100, 1024)], 4, dict(chunk_tiles=16, softmax_scale=1e-4)
+    gen = torch.Generator().manual_seed(9)
+    q, q_descale = quantize_q((torch.randn(3 * q_len, 12, 128, generator=gen) * 3).to(torch.bfloat16), 3, q_len, 2)
+
+    def run(seq_lens):
+        cache.seq_lens.copy_(torch.tensor(seq_lens, dtype=torch.int32))
+        return _digest(*emulate_decode(q, cache, q_descale=q_descale, q_len=q_len, target="h200", **kw))
+
+    want = [run(s) for s in lens]
+    assert want[0] != want[1]
+    _take_the_cuda_code_path(monkeypatch, 2)
+    monkeypatch.setattr(emulator, "_window_graphs_available", lambda device: True)
+    monkeypatch.setattr(emulator, "_WindowGraph", _EagerWindowGraph)
+    _EagerWindowGraph.log = []
+    got = [run(s) for s in lens]
+    assert got == want
+    assert ("replay", 0) in _EagerWindowGraph.log, "the second call did not replay the kept graphs"
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 @pytest.mark.gpu
 @pytest.mark.parametrize("q_path", ["e4m3", "bf16"])
