@@ -1375,6 +1375,69 @@ def test_kept_window_graphs_follow_the_plan_and_the_masks(change, monkeypatch):
     assert ("replay", 0) in _EagerWindowGraph.log, "the second call did not replay the kept graphs"
 
 
+def test_kept_window_graphs_of_an_evicted_problem_are_captured_again(monkeypatch):
+    """The device keeps the graphs of its last ``_REPLAYS_KEPT`` problems: a fifth closes the least recently used
+    one's graphs, and that problem's next call starts afresh (an eager first window, one capture), with the CPU
+    path's bits; a kept problem called again replays its kept graph. ``release_graph_memory`` closes them all."""
+    import mjolnir_numerics.emulator as emulator
+    from benchmarks.bench_emulator import random_e4m3_cache
+
+    q, _, kw = _random_pinned_inputs(e4m3_q=True)
+    caches = [random_e4m3_cache(3, 768, 2, 128, 16, "cpu", seed=s) for s in range(emulator._REPLAYS_KEPT + 1)]
+    want = [_digest(*emulate_decode(q, c, **kw, chunk_tiles=6, target="h200")) for c in caches]
+    _take_the_cuda_code_path(monkeypatch, 2)
+    monkeypatch.setattr(emulator, "_window_graphs_available", lambda device: True)
+    monkeypatch.setattr(emulator, "_WindowGraph", _EagerWindowGraph)
+
+    def call(i):
+        _EagerWindowGraph.log = []
+        assert _digest(*emulate_decode(q, caches[i], **kw, chunk_tiles=6, target="h200")) == want[i]
+        return _EagerWindowGraph.log
+
+    first = [("capture", None), ("replay", 2), ("replay", 4)]
+    assert [call(i) for i in range(len(caches) - 1)] == [first] * (len(caches) - 1)
+    _EagerWindowGraph.closed = 0
+    assert call(len(caches) - 1) == first  # a fifth problem: the first one's graph closed
+    assert _EagerWindowGraph.closed == 1
+    assert call(1) == [("capture", None), ("replay", 0), ("replay", 2), ("replay", 4)]  # kept: its first window's
+    assert call(0) == first  # evicted: afresh
+    _EagerWindowGraph.closed = 0
+    emulator.release_graph_memory()  # closes every kept graph: the next call of a problem starts afresh
+    assert _EagerWindowGraph.closed == 4 + 1  # the four problems' middle windows and the second one's first
+    assert call(1) == first
+
+
+def test_a_kept_problem_whose_capture_fails_starts_afresh(monkeypatch):
+    """A capture that fails in a later call of a kept problem (for another reason than a graph to compile) warns,
+    runs that call's windows eagerly with the CPU path's bits and drops the problem's graphs; the next call
+    captures again."""
+    import mjolnir_numerics.emulator as emulator
+
+    q, cache, kw, want = _six_tile_windows_case(monkeypatch)
+    refuse = []
+
+    class RefusesOnDemand(_EagerWindowGraph):
+        def __init__(self, *args):
+            if refuse:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            super().__init__(*args)
+
+    monkeypatch.setattr(emulator, "_WindowGraph", RefusesOnDemand)
+    logs = []
+    for refusing in (False, True, False):
+        refuse[:] = [1] if refusing else []
+        _EagerWindowGraph.log, _EagerWindowGraph.closed = [], 0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert _digest(*emulate_decode(q, cache, **kw, target="h200")) == want
+        assert any("capturing a window" in str(w.message) for w in caught) == refusing
+        logs.append((_EagerWindowGraph.log, _EagerWindowGraph.closed))
+    first = [("capture", None), ("replay", 2), ("replay", 4)]
+    # the second call's capture of the first window fails: its windows run eagerly, the kept graph is closed;
+    # the third call is a first call again
+    assert logs == [(first, 0), ([], 1), (first, 0)], logs
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 @pytest.mark.gpu
 @pytest.mark.parametrize("q_path", ["e4m3", "bf16"])
