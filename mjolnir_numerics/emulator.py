@@ -1164,7 +1164,6 @@ def _emulate(
             window, n_streams, knobs, q.dtype, mma[0].name, tuple(mma[1].flatten().tolist()),
             tuple(mma[2].flatten().tolist()), mma[3], p_scale, p_format, ex2, q_sig_bits,
             torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else None,
-            os.environ.get("MJOLNIR_PV_CODES"), os.environ.get("MJOLNIR_GRAPH_CACHE"),
         )  # fmt: skip
         replays = _replays(dev, key, inputs)
         inputs = replays.take(inputs)  # the graphs read these tensors: every window of this call does too
@@ -1223,7 +1222,7 @@ def _emulate(
             m[sel], l[sel], o[sel] = m_a, l_a, o_a
     if replays is not None:
         replays.calls += 1
-        if not graphs or os.environ.get("MJOLNIR_GRAPH_CACHE", "1") != "1":  # a failed capture: start afresh
+        if not graphs:  # a failed capture: start afresh
             _REPLAYS.pop((_device_index(dev), replays.key), None)
 
     # -- epilogue --------------------------------------------------------------------------------------
