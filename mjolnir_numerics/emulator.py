@@ -825,8 +825,7 @@ def emulate_decode(
         q: ``(num_seqs * q_len, h_q, d)``: bf16 (the bf16-Q path) or ``torch.float8_e4m3fn`` (the fp8-Q
             path); with ``allow_unsupported`` also float16 / float32.
         cache: a :class:`~mjolnir_numerics.cache.PagedKVCache` (pools, layout, block table, seq_lens and
-            the kernel's K/V descales), or an object with the same attributes and ``page_values`` /
-            ``descale_table`` methods.
+            the kernel's K/V descales); anything else is refused with a ``TypeError``.
         q_descale: float32 ``()``, ``(h_k,)`` or ``(num_seqs, h_k)``; required for e4m3 Q (from
             :func:`~mjolnir_numerics.scales.quantize_q`), 1 by default for bf16 Q.
         softmax_scale: scale of ``q . k`` (default ``1 / sqrt(d)``), used at fp32.
