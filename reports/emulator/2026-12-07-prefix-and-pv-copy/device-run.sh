@@ -1,5 +1,9 @@
 # next session: git checkout device-combo5 first (the carried tree is the checked-out branch)
 source .device/install.sh || exit 1
+# the compiled graphs' caches, brought back at the end (a later call on the same kind of GPU can carry them in
+# and skip most of the 90-170 s of compiling per process): unpack a carried one first
+export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache TRITON_CACHE_DIR=/tmp/inductor-cache/triton
+mkdir -p $TORCHINDUCTOR_CACHE_DIR; [ -f .device/inductor-cache.tar.xz ] && tar -xJf .device/inductor-cache.tar.xz -C $TORCHINDUCTOR_CACHE_DIR
 mkdir -p /tmp/tvmffi && tar -xJf .device/tvmffi.tar.xz -C /tmp/tvmffi && export PYTHONPATH="$PYTHONPATH:/tmp/tvmffi"
 nvidia-smi -L > $OUT/gpu.txt; python3 -c "import torch, tvm_ffi;print(torch.__version__, torch.cuda.get_device_name())" >> $OUT/gpu.txt 2>&1
 t0=$(date +%s); st(){ echo "== $1 at $(( $(date +%s)-t0 )) s" >> $OUT/stages.txt; }
@@ -19,3 +23,4 @@ st prefix_base; base timeout 40 python3 -m benchmarks.probes.emulator_prefix > $
 st ab; timeout 250 python3 -m benchmarks.bench_emulator_gpu --rows b32_32k_e4m3_e4m3q --repeat 4 --ab MJOLNIR_PV_COMPILED_COPY > $OUT/ab.txt 2>&1; echo "[rc=$?]" >> $OUT/ab.txt
 st tests; timeout $(left 585) $P tests/numerics/test_emulator.py -m gpu -k "window_graphs or cuda_kept or bit_identical" > $OUT/tests.txt 2>&1; echo "[rc=$?]" >> $OUT/tests.txt
 st done
+tar -cJf $OUT/inductor-cache.tar.xz -C $TORCHINDUCTOR_CACHE_DIR . 2>/dev/null; ls -la $OUT/inductor-cache.tar.xz >> $OUT/stages.txt
