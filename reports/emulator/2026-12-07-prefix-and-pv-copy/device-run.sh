@@ -21,6 +21,6 @@ fi
 st prefix; timeout 40 python3 -m benchmarks.probes.emulator_prefix > $OUT/prefix_cand.txt 2>&1; echo "[rc=$?]" >> $OUT/prefix_cand.txt
 st prefix_base; base timeout 40 python3 -m benchmarks.probes.emulator_prefix > $OUT/prefix_base.txt 2>&1; echo "[rc=$?]" >> $OUT/prefix_base.txt
 st ab; timeout 250 python3 -m benchmarks.bench_emulator_gpu --rows b32_32k_e4m3_e4m3q --repeat 4 --ab MJOLNIR_PV_COMPILED_COPY > $OUT/ab.txt 2>&1; echo "[rc=$?]" >> $OUT/ab.txt
-st tests; timeout $(left 585) $P tests/numerics/test_emulator.py -m gpu -k "window_graphs or cuda_kept or bit_identical" > $OUT/tests.txt 2>&1; echo "[rc=$?]" >> $OUT/tests.txt
+st tests; timeout $(left 550) $P tests/numerics/test_emulator.py -m gpu -k "window_graphs or cuda_kept or bit_identical" > $OUT/tests.txt 2>&1; echo "[rc=$?]" >> $OUT/tests.txt
 st done
-tar -cJf $OUT/inductor-cache.tar.xz -C $TORCHINDUCTOR_CACHE_DIR . 2>/dev/null; ls -la $OUT/inductor-cache.tar.xz >> $OUT/stages.txt
+XZ_OPT="-T0 -3" tar -cJf $OUT/inductor-cache.tar.xz -C $TORCHINDUCTOR_CACHE_DIR . 2>/dev/null; ls -la $OUT/inductor-cache.tar.xz >> $OUT/stages.txt
