@@ -861,7 +861,8 @@ def emulate_decode(
 
     On CUDA, the first call of a shape compiles its graphs (minutes). The CUDA graphs of its windows are kept
     for the next calls of the same problem (the same shapes and pools, whatever their contents), with their
-    memory, until :func:`release_graph_memory`.
+    memory, until :func:`release_graph_memory`; calls of one problem on one stream share those graphs' input
+    tensors, so do not make them from two threads at once (calls on two streams keep separate graphs).
     """
     if cpu_threads is not None and (
         isinstance(cpu_threads, bool) or not isinstance(cpu_threads, int) or cpu_threads < 1
