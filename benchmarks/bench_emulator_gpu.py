@@ -169,11 +169,12 @@ def parse_arms(spec: str) -> list:
     return arms
 
 
-def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str] = None, arms=None) -> dict:
+def row_inputs(spec, gen) -> tuple:
+    """A row's inputs on CUDA: ``(cache, q, kw, nbytes)``, the paged cache of ``spec``'s format (page size
+    :data:`PAGE_SIZE`, shuffled pages, random codes), Q ``(b, h_q, d)`` bfloat16 or e4m3 (then ``kw`` holds its
+    ``q_descale``), and the cache's bytes. ``spec``: a value of :data:`ROWS`; ``gen``: a CUDA generator."""
     from benchmarks.bench_hopper_decode import build_pools
-    from mjolnir_kernel import decode
     from mjolnir_numerics.cache import PagedKVCache
-    from mjolnir_numerics.emulator import emulate_decode
     from mjolnir_numerics.formats import get_format
     from mjolnir_numerics.scales import quantize_q
 
@@ -187,6 +188,15 @@ def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str]
     kw = {}
     if q_dtype == "e4m3":
         q, kw["q_descale"] = quantize_q(q, b, 1, h_k)
+    return cache, q, kw, nbytes
+
+
+def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str] = None, arms=None) -> dict:
+    from mjolnir_kernel import decode
+    from mjolnir_numerics.emulator import emulate_decode
+
+    b, L, h_q, h_k, d, fmt, q_dtype = spec
+    cache, q, kw, nbytes = row_inputs(spec, gen)
     decode(q, cache, **kw)  # compile and load the kernel
     kernel_ms, _, (o_k, lse_k) = _ms(lambda: decode(q, cache, **kw), kernel_iters)
     t0 = time.perf_counter()

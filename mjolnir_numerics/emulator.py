@@ -551,6 +551,13 @@ _CAPTURE_STREAMS: dict = {}
 _GRAPH_POOLS: dict = {}
 
 
+def _device_index(device: torch.device):
+    """The index of a CUDA ``device`` (the current one's for a bare "cuda"); other devices by name."""
+    if device.type != "cuda":
+        return str(device)
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
 def _graph_pool(device: torch.device):
     """The ``torch.cuda.MemPool`` the emulator's CUDA graphs allocate from on ``device``, made on first use and
     held for the process: a capture reuses the memory the previous call's graph freed (a pool per call would
@@ -562,7 +569,7 @@ def _graph_pool(device: torch.device):
     whose graphs were all freed. With the pool alone, every capture after a call's graph was freed failed the
     host allocator's assert (both graph branches' H100 runs of 2026-12-06: the graphs of a call's first
     capture only). :func:`release_graph_memory` lets both go."""
-    index = torch.cuda.current_device() if device.index is None else device.index
+    index = _device_index(device)
     if index not in _GRAPH_POOLS:
         where = torch.device("cuda", index)
         with torch.cuda.device(index):
@@ -608,13 +615,6 @@ class _Replays:
         for g in self.graphs.values():
             g.close()
         self.graphs.clear()
-
-
-def _device_index(device: torch.device):
-    """The index of a CUDA ``device`` (the current one's for a bare "cuda"); other devices by name."""
-    if device.type != "cuda":
-        return str(device)
-    return torch.cuda.current_device() if device.index is None else device.index
 
 
 # the window graphs of the last few problems run on each device: (device, key) -> _Replays, the most recently
@@ -664,7 +664,7 @@ def _capture(graph, pool, fn, device: torch.device) -> None:
     (``thread_local``). On any failure, of ``capture_begin`` too, the device allocator leaves capture mode and
     the device's pool is dropped (the pinned-host allocator's side cannot be ended from Python: the next
     capture opens a new pool) before the error propagates."""
-    index = torch.cuda.current_device() if device.index is None else device.index
+    index = _device_index(device)
     with torch.cuda.device(index):
         if index not in _CAPTURE_STREAMS:
             _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)

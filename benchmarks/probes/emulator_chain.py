@@ -77,23 +77,10 @@ def chains(gen, which=("S", "PV"), float64=True) -> None:
 
 
 def profile(row: str, gen, trace=None) -> None:
-    from benchmarks.bench_emulator_gpu import PAGE_SIZE, ROWS
-    from benchmarks.bench_hopper_decode import build_pools
-    from mjolnir_numerics.cache import PagedKVCache
+    from benchmarks.bench_emulator_gpu import ROWS, row_inputs
     from mjolnir_numerics.emulator import emulate_decode
-    from mjolnir_numerics.formats import get_format
-    from mjolnir_numerics.scales import quantize_q
 
-    b, L, h_q, h_k, d, fmt, q_dtype = ROWS[row]
-    k_pool, v_pool, bt, lens, kd, vd, scales, _ = build_pools(b, L, h_k, d, fmt, PAGE_SIZE, gen)
-    cache = PagedKVCache(
-        get_format(fmt), PAGE_SIZE, "nhd", d, k_pool, v_pool, scales.get("k_scales"), scales.get("v_scales"), bt,
-        lens, kd, vd,
-    )  # fmt: skip
-    q = torch.randn(b, h_q, d, generator=gen, device="cuda").to(torch.bfloat16)
-    kw = {}
-    if q_dtype == "e4m3":
-        q, kw["q_descale"] = quantize_q(q, b, 1, h_k)
+    cache, q, kw, _ = row_inputs(ROWS[row], gen)
     t0 = time.perf_counter()
     emulate_decode(q, cache, **kw)
     torch.cuda.synchronize()

@@ -65,13 +65,9 @@ def _sync_sites(fn) -> collections.Counter:
 
 
 def main(argv=None) -> int:
-    from benchmarks.bench_emulator_gpu import PAGE_SIZE, ROWS
-    from benchmarks.bench_hopper_decode import build_pools
+    from benchmarks.bench_emulator_gpu import ROWS, row_inputs
     from mjolnir_numerics import emulator
-    from mjolnir_numerics.cache import PagedKVCache
     from mjolnir_numerics.emulator import emulate_decode
-    from mjolnir_numerics.formats import get_format
-    from mjolnir_numerics.scales import quantize_q
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--row", default="b32_32k_e4m3_e4m3q", choices=sorted(ROWS), help="the shape")
@@ -81,17 +77,7 @@ def main(argv=None) -> int:
         print("emulator_prefix: needs a CUDA GPU", file=sys.stderr)
         return 2
 
-    b, L, h_q, h_k, d, fmt, q_dtype = ROWS[args.row]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    k_pool, v_pool, bt, lens, kd, vd, scales, _ = build_pools(b, L, h_k, d, fmt, PAGE_SIZE, gen)
-    cache = PagedKVCache(
-        get_format(fmt), PAGE_SIZE, "nhd", d, k_pool, v_pool, scales.get("k_scales"), scales.get("v_scales"), bt,
-        lens, kd, vd,
-    )  # fmt: skip
-    q = torch.randn(b, h_q, d, generator=gen, device="cuda").to(torch.bfloat16)
-    kw = {}
-    if q_dtype == "e4m3":
-        q, kw["q_descale"] = quantize_q(q, b, 1, h_k)
+    cache, q, kw, _ = row_inputs(ROWS[args.row], torch.Generator(device="cuda").manual_seed(0))
 
     def prefix():
         emulate_decode(q, cache, **kw)
