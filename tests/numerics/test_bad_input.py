@@ -140,6 +140,66 @@ def test_nan_q_and_scales_that_do_not_survive_fp32_are_refused():
         nvfp4_quantize(torch.randn(4, 32), scale_floor=float("inf"))
 
 
+def _edited(edit):
+    """A fresh cache (2 sequences of 20 keys, pages of 16), ``edit`` applied in place, with its Q arguments."""
+    c = _cache()
+    kw = {"q_descale": torch.ones(()), "q_len": 1}
+    edit(c, kw)
+    return c, kw
+
+
+def _set(tensor, index, value):
+    tensor[index] = value
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda c, kw: _set(c.seq_lens, 1, -3), r"seq_lens: must be >= 0, got \[20, -3\]"),
+        (lambda c, kw: _set(c.seq_lens, 0, 40), "seq_lens: sequence 0 has 40 keys = 3 pages of 16, but its "),
+        (lambda c, kw: _set(c.block_table, (1, 1), c.num_pages), r"block_table: referenced page indices must be in "
+         rf"0\.\.{_cache().num_pages - 1}, got range \[\d+, {_cache().num_pages}\]"),
+        (lambda c, kw: _set(c.block_table, (0, 0), -1), r"block_table: .*got range \[-1, "),
+        (lambda c, kw: c.k_descale.zero_(), "k_descale: descales must be positive and finite"),
+        (lambda c, kw: c.v_descale.fill_(math.inf), "v_descale: descales must be positive"),
+        (lambda c, kw: kw.update(q_descale=torch.tensor([1.0, -1.0])), "q_descale: descales must be positive"),
+        (lambda c, kw: kw.update(q_len=21), None),  # Q's rows no longer match: a shape error
+        (lambda c, kw: (_set(c.seq_lens, 1, 3), kw.update(q_len=4)), None),
+        # two faults: the first in the order of the checks is reported
+        (lambda c, kw: (_set(c.seq_lens, 1, -3), c.k_descale.zero_()), "seq_lens: must be >= 0"),
+        (lambda c, kw: (c.v_descale.zero_(), c.k_descale.zero_()), "k_descale"),
+        (lambda c, kw: (c.v_descale.zero_(), kw.update(q_descale=torch.zeros(2))), "v_descale"),
+        (lambda c, kw: (_set(c.seq_lens, 1, 3), kw.update(q_len=4, nan_q=True)), "q: holds inf or NaN"),
+        (lambda c, kw: (_set(c.seq_lens, 1, 3), kw.update(q_len=4, q_descale=torch.zeros(2))), "q_len: 4 exceeds"),
+    ],
+)  # fmt: skip
+def test_the_emulator_refuses_values_edited_into_its_cache(edit, match):
+    """Each value emulate_decode checks on the device (seq_lens, the block table's references, the descales, Q,
+    the exponent scale) is refused with its own error, and of two faults the first in the order of the checks is
+    reported; the block table's unused entries are not checked (a sequence's pages past its end)."""
+    c, kw = _edited(edit)
+    q = Q if kw["q_len"] == 1 else torch.randn(2 * kw["q_len"], 8, 128, generator=G).to(torch.bfloat16)
+    if kw.pop("nan_q", False):
+        q = q.clone()
+        q[-1, 0, 0] = math.nan
+    if match is None:  # q_len cases: q_len 21 > 20 keys; q_len 4 > sequence 1's 3 keys
+        match = "q_len: 21 exceeds seq_len 20 of sequence 0" if kw["q_len"] == 21 else "q_len: 4 exceeds seq_len 3"
+    with pytest.raises(ValueError, match=match):
+        emulate_decode(q, c, **kw)
+
+
+def test_the_emulator_reads_no_unused_block_table_entry():
+    """An entry past a sequence's last page may hold anything (a serving stack's stale page): no error, and
+    the same bits as with a valid page there."""
+    c = _cache()
+    c.seq_lens[1] = 10  # one page of 16: the second entry of its row is unused
+    want = emulate_decode(Q, c)
+    for stale in (-7, -1, c.num_pages, c.num_pages + 100):  # below and past the pool, one wrapping index among them
+        c.block_table[1, 1] = stale
+        got = emulate_decode(Q, c)
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), stale
+
+
 def test_error_metrics_never_score_zeros_or_nan_as_perfect():
     z, one = torch.zeros(6), torch.ones(6)
     assert error_metrics("s", z, one, torch.zeros(2), torch.zeros(2)).cosine == 0.0
