@@ -163,8 +163,8 @@ def _set(tensor, index, value):
         (lambda c, kw: c.k_descale.zero_(), "k_descale: descales must be positive and finite"),
         (lambda c, kw: c.v_descale.fill_(math.inf), "v_descale: descales must be positive"),
         (lambda c, kw: kw.update(q_descale=torch.tensor([1.0, -1.0])), "q_descale: descales must be positive"),
-        (lambda c, kw: kw.update(q_len=21), None),  # Q's rows no longer match: a shape error
-        (lambda c, kw: (_set(c.seq_lens, 1, 3), kw.update(q_len=4)), None),
+        (lambda c, kw: kw.update(q_len=21), "q_len: 21 exceeds seq_len 20 of sequence 0"),  # 20 keys
+        (lambda c, kw: (_set(c.seq_lens, 1, 3), kw.update(q_len=4)), "q_len: 4 exceeds seq_len 3"),
         # two faults: the first in the order of the checks is reported
         (lambda c, kw: (_set(c.seq_lens, 1, -3), c.k_descale.zero_()), "seq_lens: must be >= 0"),
         (lambda c, kw: (c.v_descale.zero_(), c.k_descale.zero_()), "k_descale"),
@@ -182,8 +182,6 @@ def test_the_emulator_refuses_values_edited_into_its_cache(edit, match):
     if kw.pop("nan_q", False):
         q = q.clone()
         q[-1, 0, 0] = math.nan
-    if match is None:  # q_len cases: q_len 21 > 20 keys; q_len 4 > sequence 1's 3 keys
-        match = "q_len: 21 exceeds seq_len 20 of sequence 0" if kw["q_len"] == 21 else "q_len: 4 exceeds seq_len 3"
     with pytest.raises(ValueError, match=match):
         emulate_decode(q, c, **kw)
 
