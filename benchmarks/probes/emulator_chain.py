@@ -14,6 +14,7 @@ its time.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -76,6 +77,60 @@ def chains(gen, which=("S", "PV"), float64=True) -> None:
         print(line, flush=True)
 
 
+def _time_graph(fn, calls=20, iters=5):
+    """Median ms per call of ``fn()`` replayed from a CUDA graph of ``calls`` calls (no host time in it)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    out = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end) / calls)
+    return statistics.median(out)
+
+
+def pv_orientations(gen) -> None:
+    """The P.V chain of one tile of b32 x 32K (32 chunks x 8 heads x 4 rows x d 128, 8 steps of 16 keys, the f16
+    model, e4m3 P and V) as the tile update compiles it (``_chain_formula``), in two orientations with the same
+    products: ``O += P . V`` with outputs ``(rows, d)``, d fastest (the emulator's), and ``O^T += V . P^T``
+    with outputs ``(d, rows)``, rows fastest (consecutive outputs share their V row). Each timed from a CUDA
+    graph of 20 calls; bits compared."""
+    from benchmarks.bench_hopper_decode import random_codes
+    from mjolnir_numerics import arithmetic as ar
+
+    model = ar.MMA_MODELS["sm90_f16"]
+    consts = (model.extra_bits, model.min_exponent, ar.OPERAND_FORMATS[model.operand][1])
+    fn = ar._fused(ar._chain_formula, True)
+    print(f"{'P.V chain, one tile':<40} {'ms':>8} {'vs rows x d':>12}  bits")
+    base = None
+    for n in (4, 8):
+        p = random_codes((32, 8, n, 128), "e4m3", gen).float().unflatten(-1, (8, 16))
+        v = random_codes((32, 8, 128, 128), "e4m3", gen).float().unflatten(-1, (8, 16))
+        c = (torch.randn(32, 8, n, 128, generator=gen, device="cuda") * 64).float()
+        c_t = c.transpose(-1, -2).contiguous()
+        for x in (p, v):
+            torch._dynamo.mark_static(x, x.dim() - 1)
+        arms = {
+            f"rows x d ({n} rows; the emulator's)": (functools.partial(fn, p, v, c, *consts), False),
+            f"d x rows ({n} rows)": (functools.partial(fn, v, p, c_t, *consts), True),
+        }
+        for label, (call, transposed) in arms.items():
+            ms = _time_graph(call)
+            out = call()
+            out = out.transpose(-1, -2) if transposed else out
+            if not transposed:
+                base, want = ms, out
+            same = torch.equal(out.contiguous().view(torch.int32), want.contiguous().view(torch.int32))
+            print(f"{label:<40} {ms:>8.4f} {base / ms:>11.2f}x  {'identical' if same else 'DIFFER'}", flush=True)
+
+
 def profile(row: str, gen, trace=None) -> None:
     from benchmarks.bench_emulator_gpu import ROWS, row_inputs
     from mjolnir_numerics.emulator import emulate_decode
@@ -107,12 +162,15 @@ def main(argv=None) -> int:
     ap.add_argument("--no-chains", action="store_true")
     ap.add_argument("--chains", default="S,PV", help="which chains to time: S, PV or both")
     ap.add_argument("--no-float64", action="store_true", help="skip the float64 formula")
+    ap.add_argument("--pv-orientations", action="store_true", help="time the P.V chain's two output orders")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("emulator_chain: needs a CUDA GPU", file=sys.stderr)
         return 2
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    if args.pv_orientations:
+        pv_orientations(gen)
     if not args.no_chains:
         chains(gen, tuple(args.chains.split(",")), not args.no_float64)
     if args.profile:
