@@ -7,8 +7,14 @@ its time.
    (``arithmetic._chain_formula``), side by side, bits compared.
 2. ``--profile``: one emulator call on a row of ``bench_emulator_gpu`` under the torch profiler: the wall
    time, the CUDA kernels by total time, and the host's launches.
+3. ``--pv-orientations``: one tile's P.V chain with its outputs along d (the emulator's order) and along the
+   query rows, for 4 and 8 rows, each timed from a CUDA graph of 20 calls.
+4. ``--arms``: variants of the emulator (environment variables, as ``bench_emulator_gpu --arms``) timed in turn
+   on one row, every call's bits compared with the first arm's; without the Hopper kernel, so the CuTe DSL
+   need not be installed.
 
     python -m benchmarks.probes.emulator_chain [--profile b32_32k_e4m3_e4m3q [--trace call.json.gz]]
+    python -m benchmarks.probes.emulator_chain --no-chains --arms "X=0;X=1" --arms-row b32_32k_e2m1 --repeat 3
 """
 
 from __future__ import annotations
@@ -131,6 +137,31 @@ def pv_orientations(gen) -> None:
             print(f"{label:<40} {ms:>8.4f} {base / ms:>11.2f}x  {'identical' if same else 'DIFFER'}", flush=True)
 
 
+def arms_without_kernel(row: str, spec: str, repeat: int, gen) -> None:
+    """``bench_emulator_gpu --arms`` without the Hopper kernel (no CuTe DSL needed): the arms of ``spec`` in turn,
+    ``repeat`` rounds after one untimed call each, every call's O and LSE bits compared with the first arm's
+    first call."""
+    from benchmarks.bench_emulator_gpu import ROWS, _arms, parse_arms, row_inputs
+    from mjolnir_numerics.emulator import emulate_decode
+
+    arms = parse_arms(spec)
+    cache, q, kw, _ = row_inputs(ROWS[row], gen)
+    want = []
+
+    def same_as(out) -> bool:
+        if not want:
+            want.append(out)
+        return all(torch.equal(x.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32),
+                               y.view(torch.int16 if y.dtype == torch.bfloat16 else torch.int32))
+                   for x, y in zip(out, want[0]))  # fmt: skip
+
+    times, same, returned = _arms(lambda: emulate_decode(q, cache, **kw), arms, repeat, same_as)
+    print(f"{row}: arms, medians of {repeat} calls each (bits {'identical' if same else 'DIFFER'} across arms)")
+    for arm, t, r in zip(arms, times, returned):
+        label = ",".join(f"{k}={v}" for k, v in arm.items())
+        print(f"  {label:<60} {t:>7.1f} ms  {t / times[0]:>5.2f}x  returned {r:.1f} ms", flush=True)
+
+
 def profile(row: str, gen, trace=None) -> None:
     from benchmarks.bench_emulator_gpu import ROWS, row_inputs
     from mjolnir_numerics.emulator import emulate_decode
@@ -162,6 +193,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-chains", action="store_true")
     ap.add_argument("--chains", default="S,PV", help="which chains to time: S, PV or both")
     ap.add_argument("--no-float64", action="store_true", help="skip the float64 formula")
+    ap.add_argument("--arms", default=None, help="A=0,B=0;A=1,B=0;...: time the emulator's variants (no kernel)")
+    ap.add_argument("--arms-row", default="b32_32k_e4m3_e4m3q", help="with --arms: the bench_emulator_gpu row")
+    ap.add_argument("--repeat", type=int, default=3, help="with --arms: timed rounds")
     ap.add_argument("--pv-orientations", action="store_true", help="time the P.V chain's two output orders")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -169,6 +203,8 @@ def main(argv=None) -> int:
         return 2
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    if args.arms:
+        arms_without_kernel(args.arms_row, args.arms, args.repeat, gen)
     if args.pv_orientations:
         pv_orientations(gen)
     if not args.no_chains:
