@@ -198,6 +198,20 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="with --arms: timed rounds")
     ap.add_argument("--pv-orientations", action="store_true", help="time the P.V chain's two output orders")
     args = ap.parse_args(argv)
+    if args.arms is not None:
+        from benchmarks.bench_emulator_gpu import ROWS, parse_arms
+
+        try:
+            parse_arms(args.arms)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
+        if args.arms_row not in ROWS:
+            print(f"--arms-row: unknown {args.arms_row!r}; choose from {', '.join(ROWS)}", file=sys.stderr)
+            return 2
+        if args.repeat < 1:
+            print(f"--repeat: expected >= 1, got {args.repeat}", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("emulator_chain: needs a CUDA GPU", file=sys.stderr)
         return 2
