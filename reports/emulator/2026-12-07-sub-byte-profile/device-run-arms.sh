@@ -6,7 +6,7 @@ export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache TRITON_CACHE_DIR=/tmp/inducto
 mkdir -p $TORCHINDUCTOR_CACHE_DIR; [ -f .device/inductor-cache.tar.xz ] && tar -xJf .device/inductor-cache.tar.xz -C $TORCHINDUCTOR_CACHE_DIR
 nvidia-smi -L > $OUT/gpu.txt
 t0=$(date +%s); st(){ echo "== $1 at $(( $(date +%s)-t0 )) s" >> $OUT/stages.txt; }
-left(){ echo $(( $1 - ($(date +%s)-t0) )); }
+left(){ local n=$(( $1 - ($(date +%s)-t0) )); [ $n -gt 1 ] && echo $n || echo 1; }
 P=MJOLNIR_FUSED_PAIRS; S=MJOLNIR_S_WALK_FUSED; V=MJOLNIR_PV_CODES_ORDER
 A="$P=0,$S=0,$V=0;$P=1,$S=0,$V=0;$P=1,$S=1,$V=0;$P=1,$S=1,$V=1"
 for row in b32_32k_e2m1 b32_32k_nvfp4; do
