@@ -72,7 +72,6 @@ from .arithmetic import (
     _chain_formula,
     _fused,
     fused_chain_available,
-    in_walk_order,
     kstep_groups,
 )
 from .cache import PagedKVCache, check_descale, descale_table
@@ -526,9 +525,13 @@ def _fused_pv_operand(v_src: _TileSource, mma) -> Optional[torch.Tensor]:
     (reports/emulator/2026-12-06-v-contiguous.md)."""
     if mma is None or not fused_chain_available(v_src.device):
         return None
+    steps, k = mma[2].shape
+    if not torch.equal(mma[2].reshape(-1).cpu(), torch.arange(steps * k)):
+        # the tile update pairs P's keys in storage order with these: a reordered V alone would pair them wrongly
+        raise NotImplementedError("the fused P.V chain takes walks that add consecutive keys; this walk reorders them")
     v = v_src.operand().transpose(-1, -2)  # (A, G, D, T), keys strided
     # a new tensor, not .to(): that would return the strided view itself were V float32 already
-    return in_walk_order(torch.empty(v.shape, dtype=torch.float32, device=v.device).copy_(v), mma[2])
+    return torch.empty(v.shape, dtype=torch.float32, device=v.device).copy_(v).unflatten(-1, (steps, k))
 
 
 _EX2_SM90_UNCHECKED = functools.partial(exp2_sm90_f32, check=False)

@@ -1567,6 +1567,10 @@ def test_the_fused_pv_operand_has_its_keys_contiguous(fmt, monkeypatch):
     strided = in_walk_order(src.operand().transpose(-1, -2).float(), mma[2])
     assert v.is_contiguous() and not strided.is_contiguous() and v.shape == (3, 2, 128, 8, 16)
     assert torch.equal(v, strided) and v.dtype == torch.float32
+    # a walk that reorders P.V's keys is refused (the tile update pairs P's keys in storage order)
+    shuffled = (mma[0], mma[1], mma[2].flip(-1), *mma[3:])
+    with pytest.raises(NotImplementedError, match="walks that add consecutive keys; this walk reorders them"):
+        emulator._fused_pv_operand(src, shuffled)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "nvfp4"])
