@@ -109,12 +109,29 @@ def _set_env(values: dict) -> None:
             os.environ[k] = v
 
 
+def kept_graphs_note(n_arms: int) -> Optional[str]:
+    """A note when ``n_arms`` variants of one row are more than the problems whose window graphs the emulator
+    keeps per device (``emulator._REPLAYS_KEPT``): arms whose switches are in the graphs' key would then evict
+    each other's graphs, and every call would capture its graphs again inside the timing."""
+    from mjolnir_numerics.emulator import _REPLAYS_KEPT
+
+    if n_arms <= _REPLAYS_KEPT:
+        return None
+    return (
+        f"# note: {n_arms} arms, more than the {_REPLAYS_KEPT} problems whose window graphs the emulator keeps per "
+        "device: arms with their own graphs evict each other's, and each call captures its graphs again"
+    )
+
+
 def _arms(fn, arms: list, repeat: int, same_as) -> tuple[list, bool, list]:
     """``fn()`` under each arm of ``arms`` (dicts of environment variables to set): one untimed call of each
     (each variant compiles its graphs), then ``repeat`` timed rounds, the arms in order in one round and in
     reverse in the next (no arm always runs after the same one). Returns each arm's median (ms), whether every
     output passed ``same_as``, and each arm's median of the time until ``fn`` returned (the host's share, as
     in :func:`_ms`). Every variable an arm sets is restored afterwards."""
+    note = kept_graphs_note(len(arms))
+    if note:
+        print(note, file=sys.stderr, flush=True)
     keys = sorted({k for arm in arms for k in arm})
     before = {k: os.environ.get(k) for k in keys}
     times: list = [[] for _ in arms]

@@ -176,3 +176,18 @@ def test_arms_print_a_line_each_with_the_ratio_to_the_first(monkeypatch, capsys)
     assert rc == 0
     assert "arm 1 A=0,B=0: 10.0 ms" in out[-2] and "1.00 of arm 1" in out[-2] and "ratio 5.0x" in out[-2]
     assert "arm 2 A=1,B=1: 8.0 ms" in out[-1] and "0.80 of arm 1" in out[-1] and out[-1].endswith("returned 3.0 ms")
+
+
+@pytest.mark.parametrize("n_arms", [4, 5])
+def test_more_arms_than_kept_problems_get_a_note(n_arms, monkeypatch, capsys):
+    """The emulator keeps the window graphs of 4 problems per device: a fifth arm with graphs of its own would evict
+    another arm's, and every call would capture again inside the timing, so ``_arms`` says so (once, on stderr)."""
+    from mjolnir_numerics.emulator import _REPLAYS_KEPT
+
+    assert _REPLAYS_KEPT == 4
+    monkeypatch.setattr(bench, "_ms", lambda fn, repeat, returned: (returned.append(1.0), (2.0, [2.0], fn()))[1])
+    arms = [{"MJOLNIR_ARM_N": str(i)} for i in range(n_arms)]
+    bench._arms(lambda: 0, arms, 1, lambda out: True)
+    err = capsys.readouterr().err
+    note = f"# note: {n_arms} arms, more than the 4 problems whose window graphs the emulator keeps per device"
+    assert (note in err) == (n_arms > 4) and err.count("# note:") == (n_arms > 4)
