@@ -186,6 +186,13 @@ def parse_arms(spec: str) -> list:
     return arms
 
 
+def same_bits(out, want) -> bool:
+    """Whether two ``(o, lse)`` outputs (bfloat16 O, float32 LSE) are identical in every bit (NaNs included)."""
+    return torch.equal(out[0].view(torch.int16), want[0].view(torch.int16)) and torch.equal(
+        out[1].view(torch.int32), want[1].view(torch.int32)
+    )
+
+
 def row_inputs(spec, gen) -> tuple:
     """A row's inputs on CUDA: ``(cache, q, kw, nbytes)``, the paged cache of ``spec``'s format (page size
     :data:`PAGE_SIZE`, shuffled pages, random codes), Q ``(b, h_q, d)`` bfloat16 or e4m3 (then ``kw`` holds its
@@ -228,10 +235,7 @@ def bench_row(name, spec, repeat: int, kernel_iters: int, gen, ab: Optional[str]
     syncs = _syncs(lambda: emulate_decode(q, cache, **kw))
 
     def same_as_kernel(out) -> bool:
-        o_x, lse_x = out
-        return torch.equal(o_k.view(torch.int16), o_x.view(torch.int16)) and torch.equal(
-            lse_k.view(torch.int32), lse_x.view(torch.int32)
-        )
+        return same_bits(out, (o_k, lse_k))
 
     same = same_as_kernel((o_e, lse_e))
     ab_ms = None

@@ -141,7 +141,7 @@ def arms_without_kernel(row: str, spec: str, repeat: int, gen) -> None:
     """``bench_emulator_gpu --arms`` without the Hopper kernel (no CuTe DSL needed): the arms of ``spec`` in turn,
     ``repeat`` rounds after one untimed call each, every call's O and LSE bits compared with the first arm's
     first call."""
-    from benchmarks.bench_emulator_gpu import ROWS, _arms, parse_arms, row_inputs
+    from benchmarks.bench_emulator_gpu import ROWS, _arms, parse_arms, row_inputs, same_bits
     from mjolnir_numerics.emulator import emulate_decode
 
     arms = parse_arms(spec)
@@ -151,9 +151,7 @@ def arms_without_kernel(row: str, spec: str, repeat: int, gen) -> None:
     def same_as(out) -> bool:
         if not want:
             want.append(out)
-        return all(torch.equal(x.view(torch.int16 if x.dtype == torch.bfloat16 else torch.int32),
-                               y.view(torch.int16 if y.dtype == torch.bfloat16 else torch.int32))
-                   for x, y in zip(out, want[0]))  # fmt: skip
+        return same_bits(out, want[0])
 
     times, same, returned = _arms(lambda: emulate_decode(q, cache, **kw), arms, repeat, same_as)
     print(f"{row}: arms, medians of {repeat} calls each (bits {'identical' if same else 'DIFFER'} across arms)")

@@ -191,3 +191,11 @@ def test_more_arms_than_kept_problems_get_a_note(n_arms, monkeypatch, capsys):
     err = capsys.readouterr().err
     note = f"# note: {n_arms} arms, more than the 4 problems whose window graphs the emulator keeps per device"
     assert (note in err) == (n_arms > 4) and err.count("# note:") == (n_arms > 4)
+
+
+def test_same_bits_compares_o_and_lse_bit_for_bit():
+    o = torch.tensor([1.0, -0.0, float("nan")], dtype=torch.bfloat16)
+    lse = torch.tensor([0.5, float("-inf")])
+    assert bench.same_bits((o, lse), (o.clone(), lse.clone()))
+    assert not bench.same_bits((o, lse), (torch.tensor([1.0, 0.0, float("nan")], dtype=torch.bfloat16), lse))  # -0
+    assert not bench.same_bits((o, lse), (o, torch.tensor([0.5, -3.0e38])))
