@@ -179,6 +179,20 @@ def _decode(codes: torch.Tensor, fmt: Format, out: Optional[torch.Tensor] = None
 _E4M3_CODES: dict = {}
 
 
+def _code_pairs(pool: torch.Tensor, scales: Optional[torch.Tensor], idx: torch.Tensor, table: torch.Tensor,
+                group: int) -> torch.Tensor:  # fmt: skip
+    """The e4m3 code pairs of a 4-bit pool's pages ``idx`` (int64 ``(n,)``): int16 ``(n, PS, h_k, d / 2)``,
+    ``table`` (:func:`_e4m3_codes_of`) at each packed byte, or for NVFP4 at ``scale_code << 8 | byte`` with
+    ``scales`` (uint8 ``(num_pages, PS, h_k, d / group)``) the block scale codes. ``pool``: uint8
+    ``(num_pages, PS, h_k, d / 2)``, any layout view. CUDA compiles the gather and the lookup into one kernel,
+    with no int32 keys in memory (e2m1 at b32 x 32K: 0.92-0.94x the emulator's call on an H100, 2026-12-07)."""
+    key = pool[idx].to(torch.int32)
+    if scales is not None:
+        sc = scales[idx].to(torch.int32)  # (n, PS, h_k, d / group)
+        key = (key.unflatten(-1, (sc.shape[-1], group // 2)) | (sc[..., None] << 8)).flatten(-2)
+    return table[key]
+
+
 def _e4m3_codes_of(fmt: AnyFormat, device) -> torch.Tensor:
     """A lookup table from a sub-byte format's stored bits to the e4m3 codes of its MMA operands (every such
     operand is an e4m3 value: the fp6 / fp4 code values exactly, NVFP4's after the convert stage's rounding):
@@ -420,6 +434,12 @@ class PagedKVCache:
         emulator's CUDA path gathers tiles this way (:class:`mjolnir_numerics.emulator._TileSource`)."""
         pool, scales = self._pool(which)
         idx = pages.long().to(pool.device).reshape(-1)
+        if self.fmt.bits == 4 and fused.available(pool.device):  # one compiled pass, no chunks
+            group = self.fmt.group if scales is not None else 0
+            sc = None if scales is None else scales.view(torch.uint8)
+            table = _e4m3_codes_of(self.fmt, pool.device)
+            pairs = fused.compiled_many(_code_pairs)(pool.view(torch.uint8), sc, idx, table, group)
+            return pairs.view(torch.uint8).view(*pages.shape, *pool.shape[1:-1], self.head_dim)
         decode = lambda i, o: self._decode_page_codes(pool, scales, i, o)  # noqa: E731
         return self._decode_in_chunks(pool, pages, idx, torch.uint8, decode)
 

@@ -62,3 +62,26 @@ DEVICES = [
 def sample_size() -> int:
     """Random sample size for the current ``MJOLNIR_TEST_SIZE``."""
     return random_sample_size()
+
+
+class FusedOnTheCpu:
+    """A stand-in for the cache module's ``fused``: available on the CPU, ``compiled_many(fn)`` = ``fn`` with a
+    spy (the compiled functions it was given are in ``taken``); everything else the real module's."""
+
+    def __init__(self):
+        self.taken = []
+
+    def available(self, device):
+        return True
+
+    def compiled_many(self, fn, tune=False):
+        def spy(*args):
+            self.taken.append((fn.__name__, args[-1]))
+            return fn(*args)
+
+        return spy
+
+    def __getattr__(self, name):
+        import mjolnir_numerics.fused as fused
+
+        return getattr(fused, name)

@@ -8,6 +8,7 @@ import torch
 
 from mjolnir_numerics import E4M3, FORMATS, nvfp4_quantize, round_to_format
 from mjolnir_numerics.cache import LAYOUTS, PAGE_SIZES, POISON_BYTE, PagedKVCache
+from tests.conftest import FusedOnTheCpu
 
 ELEMENT_FORMATS = ("e4m3", "e3m2", "e2m3", "e2m1")
 LENS = (37, 0, 100)
@@ -338,6 +339,19 @@ def test_page_codes_hold_the_page_values_as_e4m3_codes(fmt, layout, monkeypatch)
     """The emulator's CUDA path gathers tiles as e4m3 codes (``_page_codes``): the codes' e4m3 values are the
     kernel's values bit for bit, signed zeros and NaNs included (here on CPU tensors)."""
     _check_page_codes(fmt, layout, "cpu", monkeypatch)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt", ["e2m1", "nvfp4"])
+def test_code_pairs_in_one_pass_give_the_page_codes(fmt, layout, monkeypatch):
+    """On CUDA a 4-bit pool's gather and pair lookup are one compiled pass (``_code_pairs``, run here eagerly):
+    the same check as above, taken by that path (NVFP4 with its 16-value blocks)."""
+    import mjolnir_numerics.cache as cache_module
+
+    stand_in = FusedOnTheCpu()
+    monkeypatch.setattr(cache_module, "fused", stand_in)
+    _check_page_codes(fmt, layout, "cpu", monkeypatch)
+    assert stand_in.taken and set(stand_in.taken) == {("_code_pairs", 16 if fmt == "nvfp4" else 0)}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")

@@ -24,7 +24,7 @@ from mjolnir_numerics.plan import SplitPlan, chunked_plan, plan_split_kv
 from mjolnir_numerics.reference import reference_decode
 from mjolnir_numerics.scales import pack_q
 from mjolnir_numerics.targets import get_target
-from tests.conftest import DEVICES
+from tests.conftest import DEVICES, FusedOnTheCpu
 
 FULL = os.environ.get("MJOLNIR_TEST_SIZE", "small") == "full"
 HAS_CUDA = torch.cuda.is_available()
@@ -1539,7 +1539,10 @@ def test_replayed_windows_read_no_poisoned_page(monkeypatch):
 def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatch):
     """What the emulator does differently on CUDA, run here: several tiles per window (steps 3-7 batched,
     chunks that end inside a window masked), the MMA chains as the fused formula (evaluated eagerly here;
-    the H200 run compiles it), and the stages' branch-free forms (no shortcut that asks the device)."""
+    the H200 run compiles it), the stages' branch-free forms (no shortcut that asks the device), and a 4-bit
+    cache's pages looked up in one pass (``cache._code_pairs``)."""
+    import mjolnir_numerics.cache as cache_module
+
     _take_the_cuda_code_path(monkeypatch, window)
     name, target = key.split("/")
     if name.startswith("random_"):
@@ -1547,8 +1550,11 @@ def test_cuda_code_paths_give_the_pinned_bits_on_the_cpu(key, window, monkeypatc
     else:
         x = get_case(name).build()
         q, cache, kw = x.q, x.cache, x.emulator_kwargs()
+    stand_in = FusedOnTheCpu()  # after the cache is written: its writes take the CPU's path
+    monkeypatch.setattr(cache_module, "fused", stand_in)
     got = emulate_decode(q, cache, **kw, target=target)
     assert _digest(*got) == PINNED_HW_DIGESTS[key], f"{key}: O / LSE bits differ from the CPU path's"
+    assert bool(stand_in.taken) == (cache.fmt.bits == 4), stand_in.taken
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "nvfp4"])
