@@ -7,9 +7,7 @@ its time.
    (``arithmetic._chain_formula``), side by side, bits compared.
 2. ``--profile``: one emulator call on a row of ``bench_emulator_gpu`` under the torch profiler: the wall
    time, the CUDA kernels by total time, and the host's launches.
-3. ``--pv-orientations``: one tile's P.V chain with its outputs along d (the emulator's order) and along the
-   query rows, for 4 and 8 rows, each timed from a CUDA graph of 20 calls.
-4. ``--arms``: variants of the emulator (environment variables, as ``bench_emulator_gpu --arms``) timed in turn
+3. ``--arms``: variants of the emulator (environment variables, as ``bench_emulator_gpu --arms``) timed in turn
    on one row, every call's bits compared with the first arm's; without the Hopper kernel, so the CuTe DSL
    need not be installed.
 
@@ -20,7 +18,6 @@ its time.
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import sys
 import time
@@ -83,60 +80,6 @@ def chains(gen, which=("S", "PV"), float64=True) -> None:
         print(line, flush=True)
 
 
-def _time_graph(fn, calls=20, iters=5):
-    """Median ms per call of ``fn()`` replayed from a CUDA graph of ``calls`` calls (no host time in it)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    out = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        out.append(start.elapsed_time(end) / calls)
-    return statistics.median(out)
-
-
-def pv_orientations(gen) -> None:
-    """The P.V chain of one tile of b32 x 32K (32 chunks x 8 heads x 4 rows x d 128, 8 steps of 16 keys, the f16
-    model, e4m3 P and V) as the tile update compiles it (``_chain_formula``), in two orientations with the same
-    products: ``O += P . V`` with outputs ``(rows, d)``, d fastest (the emulator's), and ``O^T += V . P^T``
-    with outputs ``(d, rows)``, rows fastest (consecutive outputs share their V row). Each timed from a CUDA
-    graph of 20 calls; bits compared."""
-    from benchmarks.bench_hopper_decode import random_codes
-    from mjolnir_numerics import arithmetic as ar
-
-    model = ar.MMA_MODELS["sm90_f16"]
-    consts = (model.extra_bits, model.min_exponent, ar.OPERAND_FORMATS[model.operand][1])
-    fn = ar._fused(ar._chain_formula, True)
-    print(f"{'P.V chain, one tile':<40} {'ms':>8} {'vs rows x d':>12}  bits")
-    base = None
-    for n in (4, 8):
-        p = random_codes((32, 8, n, 128), "e4m3", gen).float().unflatten(-1, (8, 16))
-        v = random_codes((32, 8, 128, 128), "e4m3", gen).float().unflatten(-1, (8, 16))
-        c = (torch.randn(32, 8, n, 128, generator=gen, device="cuda") * 64).float()
-        c_t = c.transpose(-1, -2).contiguous()
-        for x in (p, v):
-            torch._dynamo.mark_static(x, x.dim() - 1)
-        arms = {
-            f"rows x d ({n} rows; the emulator's)": (functools.partial(fn, p, v, c, *consts), False),
-            f"d x rows ({n} rows)": (functools.partial(fn, v, p, c_t, *consts), True),
-        }
-        for label, (call, transposed) in arms.items():
-            ms = _time_graph(call)
-            out = call()
-            out = out.transpose(-1, -2) if transposed else out
-            if not transposed:
-                base, want = ms, out
-            same = torch.equal(out.contiguous().view(torch.int32), want.contiguous().view(torch.int32))
-            print(f"{label:<40} {ms:>8.4f} {base / ms:>11.2f}x  {'identical' if same else 'DIFFER'}", flush=True)
-
-
 def arms_without_kernel(row: str, spec: str, repeat: int, gen) -> None:
     """``bench_emulator_gpu --arms`` without the Hopper kernel (no CuTe DSL needed): the arms of ``spec`` in turn,
     ``repeat`` rounds after one untimed call each, every call's O and LSE bits compared with the first arm's
@@ -194,7 +137,6 @@ def main(argv=None) -> int:
     ap.add_argument("--arms", default=None, help="A=0,B=0;A=1,B=0;...: time the emulator's variants (no kernel)")
     ap.add_argument("--arms-row", default="b32_32k_e4m3_e4m3q", help="with --arms: the bench_emulator_gpu row")
     ap.add_argument("--repeat", type=int, default=3, help="with --arms: timed rounds")
-    ap.add_argument("--pv-orientations", action="store_true", help="time the P.V chain's two output orders")
     args = ap.parse_args(argv)
     if args.arms is not None:
         from benchmarks.bench_emulator_gpu import ROWS, parse_arms
@@ -217,8 +159,6 @@ def main(argv=None) -> int:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}")
     if args.arms:
         arms_without_kernel(args.arms_row, args.arms, args.repeat, gen)
-    if args.pv_orientations:
-        pv_orientations(gen)
     if not args.no_chains:
         chains(gen, tuple(args.chains.split(",")), not args.no_float64)
     if args.profile:
