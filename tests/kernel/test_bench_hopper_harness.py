@@ -74,6 +74,19 @@ def test_plans_accepts_both_modes(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["2", "", "1,1", "yes"])
+def test_converters_takes_0_and_1_once_each(capsys, value):
+    with pytest.raises(SystemExit):
+        bh.main(["--converters", value])
+    assert "--converters" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU this would run the benchmark")
+def test_converters_accepts_both_kernels(capsys):
+    assert bh.main(["--converters", "0,1"]) == 2  # accepted: stops only at the missing GPU
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_csv_rows_carry_the_plan_and_old_csvs_still_read(tmp_path):
     from benchmarks import plot_bandwidth
 

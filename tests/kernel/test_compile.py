@@ -4,6 +4,7 @@ before compiling, and ``python -m mjolnir_kernel compile`` fails on a spill, a c
 selection."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -256,6 +257,24 @@ def test_hopper_pdl_config_compiles():
     assert cfg.short_name().endswith("-pdl")
     r = _compile_and_check(cfg, "sm_90a")
     assert r.resources["decode"].spill_stores == 0 and r.resources["reduction"].spill_stores == 0
+
+
+@needs_cutlass
+@pytest.mark.parametrize("fmt", ["e2m1", "nvfp4"])
+def test_hopper_converter_warp_kernel_compiles_without_spills(fmt):
+    """EXPERIMENT (``HopperConfig.converters``): 384 threads at one CTA per SM leave up to 168 registers a
+    thread; the kernel lowers for sm_90a within them, with no spill, and has two tile loops (the converter
+    warps' and the MMA warps')."""
+    from mjolnir_kernel.sass import kernel_loops, sass_tools
+
+    cfg = HopperConfig(head_dim=128, page_size=64, kv_format=fmt, q_dtype="e4m3", q_tile=8, max_splits=32)
+    r = kc.compile_decode(replace(cfg, converters=True), "sm_90a")
+    assert r.resources["decode"].spill_stores == 0 and r.resources["decode"].registers <= 168
+    if sass_tools()[0] is not None:
+        loops = kernel_loops(replace(cfg, converters=True), "sm_90a")
+        hmma = [lp for lp in loops if dict(lp.opcodes).get("HMMA")]
+        converts = [lp for lp in loops if dict(lp.opcodes).get("STS") and not dict(lp.opcodes).get("HMMA")]
+        assert len(hmma) == 1 and len(converts) == 1, [lp.summary() for lp in loops]
 
 
 @needs_cutlass

@@ -50,11 +50,33 @@ def test_invalid_configs_name_every_offending_field(kwargs, names):
 
 
 def test_the_config_has_only_shape_fields_and_pdl():
-    """Every field is a problem-shape field (SHAPE_FIELDS), the split bound, or the pdl feature: the kernel's
-    internal choices are derived properties."""
+    """Every field is a problem-shape field (SHAPE_FIELDS), the split bound, the pdl feature or the converter
+    warps (an experiment): the kernel's internal choices are derived properties."""
     from dataclasses import fields
 
-    assert {f.name for f in fields(HopperConfig)} == set(SHAPE_FIELDS) | {"max_splits", "pdl"}
+    assert {f.name for f in fields(HopperConfig)} == set(SHAPE_FIELDS) | {"max_splits", "pdl", "converters"}
+
+
+def test_converter_warps_config():
+    """EXPERIMENT: converter warps add four warps to the CTA, read K from an e4m3 tile (no registers path, no
+    overlap), run one CTA per SM, and take the sub-byte formats only; fp6 at d = 256 does not fit."""
+    for fmt in ("e2m1", "e3m2", "e2m3", "nvfp4"):
+        for d in (128, 256):
+            c = HopperConfig(head_dim=d, kv_format=fmt, q_dtype="e4m3", converters=True)
+            assert c.threads == 384 and c.ctas_per_sm == 1 and c.ring_stages == (3 if d == 128 else 2)
+            assert not (c.k_registers or c.overlap or c.v_late)
+            assert c.short_name() == replace(c, converters=False).short_name() + "-cw"
+            if fmt in ("e3m2", "e2m3") and d == 256:
+                with pytest.raises(ConfigError, match="do not fit one SM"):
+                    can_implement_hopper(c)
+            else:
+                can_implement_hopper(c)
+                assert c.smem_bytes > replace(c, converters=False).smem_bytes
+    assert HopperConfig(kv_format="e2m1", q_dtype="e4m3").threads == 256
+    with pytest.raises(ConfigError, match="converters=True with kv_format='e4m3'"):
+        can_implement_hopper(HopperConfig(q_dtype="e4m3", converters=True))
+    with pytest.raises(ConfigError, match="converters='yes'"):
+        can_implement_hopper(HopperConfig(kv_format="e2m1", q_dtype="e4m3", converters="yes"))
 
 
 def test_scaled_conversion_and_k_in_registers_are_derived():

@@ -1,0 +1,83 @@
+"""EXPERIMENT (issue 27): the Hopper kernel with converter warps (``HopperConfig.converters``) against the spec
+with that kernel's walk (``arithmetic.kstep_groups`` walk ``"mma_sync_sm90_tiles"``: K from an e4m3 tile for
+every format), on the named sub-byte cases; and NVFP4 at d = 128, whose default kernel already reads K from a
+tile, against the default kernel's bits. Runs on a Hopper GPU; skips with the reason elsewhere."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from mjolnir_kernel.arch import decode_device_reason
+from mjolnir_kernel.compile import cutlass_available
+from mjolnir_kernel.conformance import KERNEL_CASES, random_cases
+from mjolnir_kernel.errors import ConfigError
+from mjolnir_kernel.hopper.config import HopperConfig, can_implement_hopper
+from mjolnir_numerics.cases import CASES
+
+_REASON = cutlass_available() or decode_device_reason()
+_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_REASON is not None, reason=f"needs a GPU a kernel runs on: {_REASON}"),
+    pytest.mark.skipif(not _HOPPER, reason="converter warps are a Hopper (sm_90a) kernel experiment"),
+]
+
+
+def _runs_with_converters(case) -> bool:
+    """A sub-byte case whose shape the converter-warp kernel implements (fp6 at d = 256 does not fit shared
+    memory)."""
+    if case.fmt == "e4m3" or case.q_dtype != "e4m3":
+        return False
+    try:
+        can_implement_hopper(HopperConfig(head_dim=case.head_dim, kv_format=case.fmt, q_dtype="e4m3", converters=True))
+    except ConfigError:
+        return False
+    return True
+
+
+SUB_BYTE_FORMATS = ("e3m2", "e2m3", "e2m1", "nvfp4")
+SUB_BYTE_CASES = [
+    c for c in CASES + KERNEL_CASES + random_cases(12, seed=27, formats=SUB_BYTE_FORMATS) if _runs_with_converters(c)
+]
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+    return a.shape == b.shape and torch.equal(a.view(view), b.view(view))
+
+
+def _converter_call(inputs):
+    """(o, lse, plan) of the converter-warp kernel with the default config's other fields and plan."""
+    from mjolnir_kernel import decode, prepare
+
+    kw = inputs.emulator_kwargs()
+    config = dataclasses.replace(prepare(inputs.q, inputs.cache, **kw).config, converters=True)
+    return decode(inputs.q, inputs.cache, **kw, config=config, return_plan=True)
+
+
+@pytest.mark.parametrize("case", SUB_BYTE_CASES, ids=lambda c: c.name)
+def test_converter_warps_give_the_spec_bits_of_their_walk(case):
+    from mjolnir_numerics.emulator import emulate_decode
+    from mjolnir_numerics.targets import target_for
+
+    inputs = case.build("cuda")
+    o, lse, plan = _converter_call(inputs)
+    target = dataclasses.replace(target_for(inputs.q.device), walk="mma_sync_sm90_tiles")
+    kw = dict(inputs.emulator_kwargs(), plan=plan)
+    ref = emulate_decode(inputs.q, inputs.cache, **kw, target=target, return_details=True)
+    differ = int((o.view(torch.int16) != ref.o.view(torch.int16)).sum()) if o.shape == ref.o.shape else -1
+    assert _same_bits(o, ref.o), f"{case.name}: O differs from the spec in {differ} places"
+    assert _same_bits(lse, ref.lse), f"{case.name}: LSE differs from the spec"
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in SUB_BYTE_CASES if c.fmt == "nvfp4" and c.head_dim == 128], ids=lambda c: c.name
+)
+def test_converter_warps_give_the_default_kernels_bits_where_both_read_a_k_tile(case):
+    from mjolnir_kernel import decode
+
+    inputs = case.build("cuda")
+    o, lse, plan = _converter_call(inputs)
+    o0, lse0 = decode(inputs.q, inputs.cache, **dict(inputs.emulator_kwargs(), plan=plan))
+    assert _same_bits(o, o0) and _same_bits(lse, lse0), case.name
