@@ -217,6 +217,14 @@ def test_cli_bench_compile_only_refuses_thor_knobs_for_hopper(monkeypatch, capsy
     assert e.value.code == 2 and "--head-dim: invalid choice: 96" in capsys.readouterr().err
 
 
+def test_cli_bench_converters_are_a_hopper_experiment(monkeypatch, capsys):
+    monkeypatch.setattr(kc, "compile_decode", _must_not_compile)
+    assert main(["bench", "--compile-only", "--arch", "sm_110a", "--format", "e2m1", "--converters"]) == 2
+    assert "--converters: an experiment of the Hopper kernel" in capsys.readouterr().err
+    assert main(["bench", "--compile-only", "--arch", "sm_90a", "--converters"]) == 2  # e4m3 KV: refused
+    assert "converters=True with kv_format='e4m3'" in capsys.readouterr().err
+
+
 # -- real compiles ------------------------------------------------------------------------------------
 def _compile_and_check(cfg, arch):
     r = kc.compile_decode(cfg, arch)
