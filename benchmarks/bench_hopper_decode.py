@@ -276,7 +276,9 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the pools are written on the current stream
     ms = {}
+    # e4m3 KV has no converter-warp kernel: its default kernel's rows only
     variants = [(mode, cw) for mode in plans for cw in converters if not (cw and fmt == "e4m3")]
+    variants = variants or [(mode, False) for mode in plans]
     for mode, cw in variants:
         preps = []
         with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream

@@ -304,7 +304,8 @@ class HopperDecodeKernel(DecodeEntry):
                 o_acc.fill(f32(0))
 
                 pages = cute.make_rmem_tensor((self.pages_per_tile,), i32)
-                self._ring_prologue(ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid)
+                if cutlass.const_expr(not self.converters):  # else the converter warps load the ring
+                    self._ring_prologue(ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid)
 
                 p_scale = f32(cfg.p_scale)
                 mask_from = self._mask_from(seq_len)
@@ -859,7 +860,7 @@ class HopperDecodeKernel(DecodeEntry):
     @cute.jit
     def _convert_tiles(self, k_packed, v_packed, k_conv, v_conv, k_scales, v_scales, tid, n_threads=THREADS):
         """Packed codes of one K and one V tile -> e4m3 bytes in the swizzled layout the MMAs read: thread
-        t converts the 16-element groups t + 256 i (key = group // (d / 16)) of each tile exactly (ptx.py):
+        t converts the 16-element groups t + n_threads i (key = group // (d / 16)) of each tile exactly (ptx.py):
         fp6 / fp4 codes become e4m3 bytes of value * 2^-k, each code's bits placed (``scaled_kv``; the Q
         fragments and P carry 2^k); NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block scales of
         this ring stage (``*_scales``: (keys, d / 16) bytes), looked up in a table made once per group;

@@ -13,7 +13,7 @@ from mjolnir_kernel.compile import cutlass_available
 from mjolnir_kernel.conformance import KERNEL_CASES, random_cases
 from mjolnir_kernel.errors import ConfigError
 from mjolnir_kernel.hopper.config import HopperConfig, can_implement_hopper
-from mjolnir_numerics.cases import CASES
+from mjolnir_numerics.cases import CASES, DecodeCase
 
 _REASON = cutlass_available() or decode_device_reason()
 _HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
@@ -37,8 +37,15 @@ def _runs_with_converters(case) -> bool:
 
 
 SUB_BYTE_FORMATS = ("e3m2", "e2m3", "e2m1", "nvfp4")
+# work items of one, two and three tiles (the pairs' first uses, no EMPTY wait), and an empty sequence
+SHORT_CASES = tuple(
+    DecodeCase(f"converters_few_tiles_{fmt}", (100, 256, 300, 384, 0), heads_q=32, heads_k=8, fmt=fmt, page_size=64)
+    for fmt in SUB_BYTE_FORMATS
+)
 SUB_BYTE_CASES = [
-    c for c in CASES + KERNEL_CASES + random_cases(12, seed=27, formats=SUB_BYTE_FORMATS) if _runs_with_converters(c)
+    c
+    for c in CASES + KERNEL_CASES + SHORT_CASES + random_cases(12, seed=27, formats=SUB_BYTE_FORMATS)
+    if _runs_with_converters(c)
 ]
 
 
@@ -47,28 +54,52 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.view(view), b.view(view))
 
 
-def _converter_call(inputs):
-    """(o, lse, plan) of the converter-warp kernel with the default config's other fields and plan."""
+def _converter_call(inputs, plan=None):
+    """(o, lse, plan) of the converter-warp kernel with the default config's other fields, and the case's plan
+    (or ``plan``)."""
     from mjolnir_kernel import decode, prepare
 
     kw = inputs.emulator_kwargs()
+    if plan is not None:
+        kw["plan"] = plan
     config = dataclasses.replace(prepare(inputs.q, inputs.cache, **kw).config, converters=True)
     return decode(inputs.q, inputs.cache, **kw, config=config, return_plan=True)
 
 
-@pytest.mark.parametrize("case", SUB_BYTE_CASES, ids=lambda c: c.name)
-def test_converter_warps_give_the_spec_bits_of_their_walk(case):
+def _check_against_the_spec(name, inputs, o, lse, plan):
     from mjolnir_numerics.emulator import emulate_decode
     from mjolnir_numerics.targets import target_for
 
-    inputs = case.build("cuda")
-    o, lse, plan = _converter_call(inputs)
     target = dataclasses.replace(target_for(inputs.q.device), walk="mma_sync_sm90_tiles")
     kw = dict(inputs.emulator_kwargs(), plan=plan)
     ref = emulate_decode(inputs.q, inputs.cache, **kw, target=target, return_details=True)
     differ = int((o.view(torch.int16) != ref.o.view(torch.int16)).sum()) if o.shape == ref.o.shape else -1
-    assert _same_bits(o, ref.o), f"{case.name}: O differs from the spec in {differ} places"
-    assert _same_bits(lse, ref.lse), f"{case.name}: LSE differs from the spec"
+    assert _same_bits(o, ref.o), f"{name}: O differs from the spec in {differ} places"
+    assert _same_bits(lse, ref.lse), f"{name}: LSE differs from the spec"
+
+
+@pytest.mark.parametrize("case", SUB_BYTE_CASES, ids=lambda c: c.name)
+def test_converter_warps_give_the_spec_bits_of_their_walk(case):
+    inputs = case.build("cuda")
+    o, lse, plan = _converter_call(inputs)
+    _check_against_the_spec(case.name, inputs, o, lse, plan)
+
+
+def test_converter_warps_on_a_padded_work_list():
+    """A CUDA-graph work list padded with empty items (their CTAs exit at once, before any barrier)."""
+    from mjolnir_numerics.plan import default_plan
+    from mjolnir_numerics.targets import target_for
+
+    case = DecodeCase("converters_padded", (100, 900, 0, 3000), heads_q=32, heads_k=8, fmt="e2m1", page_size=64)
+    inputs = case.build("cuda")
+    plan = default_plan(
+        list(case.seq_lens), case.heads_k, case.heads_q // case.heads_k, target=target_for(inputs.q.device),
+        q_dtype="e4m3", head_dim=case.head_dim, pad_to=4 * 64,
+    )  # fmt: skip
+    assert plan.num_work == 4 * 64
+    o, lse, used = _converter_call(inputs, plan)
+    assert used == plan
+    _check_against_the_spec(case.name, inputs, o, lse, plan)
 
 
 @pytest.mark.parametrize(
