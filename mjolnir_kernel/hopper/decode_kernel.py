@@ -657,10 +657,13 @@ class HopperDecodeKernel(DecodeEntry):
             if it >= CONVERTED_PAIRS:  # the MMA warps are past tile it - 2, which this pair held
                 self._bar_sync(BAR_EMPTY + pair, all_threads)
             st = self._packed_stage(ring, it % self.stages)
-            self._convert_tiles(
-                st.k, st.v, ring.k_conv + pair * self.tile_bytes, ring.v_conv + pair * self.tile_bytes, st.k_scales,
-                st.v_scales, ctid, CONVERTER_THREADS,
-            )  # fmt: skip
+            k_tile = ring.k_conv + pair * self.tile_bytes
+            v_tile = ring.v_conv + pair * self.tile_bytes
+            if cutlass.const_expr(self.d == 256):  # K, then V: half the words live at once (NVFP4 spilled)
+                self._convert_tiles(st.k, None, k_tile, None, st.k_scales, None, ctid, CONVERTER_THREADS)
+                self._convert_tiles(None, st.v, None, v_tile, None, st.v_scales, ctid, CONVERTER_THREADS)
+            else:
+                self._convert_tiles(st.k, st.v, k_tile, v_tile, st.k_scales, st.v_scales, ctid, CONVERTER_THREADS)
             cute.arch.barrier_arrive(barrier_id=BAR_FULL + pair, number_of_threads=all_threads)
         cute.arch.cp_async_wait_group(0)
 
@@ -877,15 +880,18 @@ class HopperDecodeKernel(DecodeEntry):
         scale_bytes = []
         tiles = ((k_packed, k_scales), (v_packed, v_scales))
         convs = (k_conv, v_conv)
+        is_v = (False, True)
         if cutlass.const_expr(k_conv is None):  # K goes to registers (``_k_words``): V only
-            tiles, convs = tiles[1:], convs[1:]
+            tiles, convs, is_v = tiles[1:], convs[1:], is_v[1:]
+        if cutlass.const_expr(v_conv is None):  # K only (the converter warps at d = 256: registers)
+            tiles, convs, is_v = tiles[:1], convs[:1], is_v[:1]
         for t in cutlass.range_constexpr(len(tiles)):  # both tiles' words, all before the first conversion
             for i in cutlass.range_constexpr(per_tile):
                 w, sb = self._load_group(tiles[t][0], tiles[t][1], tid + i * n_threads)
                 words.append(w)
                 scale_bytes.append(sb)
         for t, conv in enumerate(convs):
-            ordered = not (self.v_even_odd and t == len(convs) - 1)  # V: even / odd head dims (v_even_odd)
+            ordered = not (self.v_even_odd and is_v[t])  # V: even / odd head dims (v_even_odd)
             for i in cutlass.range_constexpr(per_tile):
                 idx = tid + i * n_threads
                 key = idx // groups
