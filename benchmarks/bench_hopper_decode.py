@@ -276,8 +276,9 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the pools are written on the current stream
     ms = {}
-    # e4m3 KV has no converter-warp kernel: its default kernel's rows only
-    variants = [(mode, cw) for mode in plans for cw in converters if not (cw and fmt == "e4m3")]
+    # the converter-warp kernel where it exists (sub-byte formats; fp6 at d = 256 does not fit shared memory)
+    cw_runs = fmt != "e4m3" and _converters_fit(d, fmt)
+    variants = [(mode, cw) for mode in plans for cw in converters if cw_runs or not cw]
     variants = variants or [(mode, False) for mode in plans]
     for mode, cw in variants:
         preps = []
@@ -305,6 +306,18 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     if key not in sdpa_cache:
         sdpa_cache[key] = bench_sdpa(b, L, h_q, h_k, d, iters, gen) if peers else (math.nan,) * 4
     return ms, nbytes, sdpa_cache[key], fi
+
+
+def _converters_fit(d, fmt) -> bool:
+    """Whether the converter-warp kernel implements KV format ``fmt`` at head dim ``d``."""
+    from mjolnir_kernel.config import ConfigError
+    from mjolnir_kernel.hopper.config import HopperConfig, can_implement_hopper
+
+    try:
+        can_implement_hopper(HopperConfig(head_dim=d, kv_format=fmt, q_dtype="e4m3", converters=True))
+    except ConfigError:
+        return False
+    return True
 
 
 def _converter_plan(cache, h_q, h_k, d, q_dtype, mode):

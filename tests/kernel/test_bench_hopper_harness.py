@@ -81,6 +81,13 @@ def test_converters_takes_0_and_1_once_each(capsys, value):
     assert "--converters" in capsys.readouterr().err
 
 
+def test_converter_rows_only_where_the_kernel_exists():
+    """Sub-byte formats, not e4m3, and not fp6 at d = 256 (shared memory): there the default kernel's row only."""
+    assert bh._converters_fit(128, "e2m1") and bh._converters_fit(256, "nvfp4") and bh._converters_fit(128, "e3m2")
+    assert not bh._converters_fit(256, "e3m2") and not bh._converters_fit(256, "e2m3")
+    assert not bh._converters_fit(128, "e4m3")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU this would run the benchmark")
 def test_converters_accepts_both_kernels(capsys):
     assert bh.main(["--converters", "0,1"]) == 2  # accepted: stops only at the missing GPU
