@@ -137,8 +137,11 @@ class HopperDecodeKernel(DecodeEntry):
         self.k_span = config.packed_row_bytes // 4 if config.packed else 0
         # scaled e2m1: V's e4m3 tile holds each 8 head dims as the even ones, then the odd ones (no byte
         # permutes); O's columns come out in that order and are put back once after the loop
-        self.v_even_odd = config.scaled_kv and config.kv_format == "e2m1" and not config.converters
+        self.v_even_odd = config.scaled_kv and config.kv_format == "e2m1"
         self.converters = config.converters
+        # converter warps, scaled e2m1: K's e4m3 tile in the same even / odd order (no byte permutes); each
+        # k-step still adds head dims 16 s .. 16 s + 15, and Q's fragments follow (``_q_even_odd``)
+        self.k_even_odd = self.converters and self.v_even_odd
         self.reduction = None
         if config.max_splits > 1:
             self.reduction = SplitReduction(config.max_splits, config.pdl)
@@ -278,6 +281,8 @@ class HopperDecodeKernel(DecodeEntry):
                                 q4 = i32(0)
                                 if cutlass.const_expr(self.k_regs):  # the head dims of K's k-step s in lane c
                                     q4 = self._q_in_k_order(q_base + q_row0 + i64(row * d), s, c)
+                                elif cutlass.const_expr(self.k_even_odd):
+                                    q4 = self._q_even_odd(q_base + q_row0 + i64(row * d), s, c)
                                 else:
                                     q4 = ld_global_b32(addr)
                                 q_lo, q_hi = e4m3x4_to_pairs(q4, bf16=False)
@@ -891,7 +896,8 @@ class HopperDecodeKernel(DecodeEntry):
                 words.append(w)
                 scale_bytes.append(sb)
         for t, conv in enumerate(convs):
-            ordered = not (self.v_even_odd and is_v[t])  # V: even / odd head dims (v_even_odd)
+            # V (v_even_odd) and with converter warps K (k_even_odd): even / odd head dims of each 8
+            ordered = not (self.k_even_odd or (self.v_even_odd and is_v[t]))
             for i in cutlass.range_constexpr(per_tile):
                 idx = tid + i * n_threads
                 key = idx // groups
@@ -942,6 +948,19 @@ class HopperDecodeKernel(DecodeEntry):
                 else:
                     words += list(e2m1x8_to_e4m3x8_scaled(packed[u], ordered=False))
         return words
+
+    @cute.jit
+    def _q_even_odd(self, q_row, s, c):
+        """``k_even_odd``: Q's four e4m3 bytes (at global address ``q_row``, a query row) for k-step ``s`` of
+        lane c, in the order of K's tile: ldmatrix gives lane c the tile's bytes 4c .. 4c + 3 of the k-step's
+        16, which hold head dims 16 s + 8 (c // 2) + (0, 2, 4, 6) for c even, (1, 3, 5, 7) for c odd."""
+        x0, x1 = ld_global_v2_b32(q_row + 16 * s + 8 * (c // 2))
+        even = prmt(x0, x1, 0x6420)
+        odd = prmt(x0, x1, 0x7531)
+        word = even
+        if c % 2 == 1:
+            word = odd
+        return word
 
     @cute.jit
     def _q_in_k_order(self, q_row, s, c):

@@ -272,7 +272,8 @@ def test_hopper_pdl_config_compiles():
 def test_hopper_converter_warp_kernel_compiles_without_spills(fmt, head_dim):
     """EXPERIMENT (``HopperConfig.converters``): 384 threads at one CTA per SM leave up to 168 registers a
     thread; the kernel lowers for sm_90a within them, with no spill (NVFP4 at d = 256 spilled 32 B while it
-    converted K and V in one pass), and has two tile loops (the converter warps' and the MMA warps')."""
+    converted K and V in one pass), and has two tile loops (the converter warps' and the MMA warps'); e2m1's
+    conversion has no byte permutes."""
     from mjolnir_kernel.sass import kernel_loops, sass_tools
 
     cfg = HopperConfig(head_dim=head_dim, page_size=64, kv_format=fmt, q_dtype="e4m3", q_tile=8, max_splits=32)
@@ -283,6 +284,8 @@ def test_hopper_converter_warp_kernel_compiles_without_spills(fmt, head_dim):
         hmma = [lp for lp in loops if dict(lp.opcodes).get("HMMA")]
         converts = [lp for lp in loops if dict(lp.opcodes).get("STS") and not dict(lp.opcodes).get("HMMA")]
         assert len(hmma) == 1 and len(converts) == 1, [lp.summary() for lp in loops]
+        if fmt == "e2m1":  # K's and V's tiles in even / odd order: no byte permutes in the conversion
+            assert dict(converts[0].opcodes).get("PRMT", 0) == 0, converts[0].summary()
 
 
 @needs_cutlass
