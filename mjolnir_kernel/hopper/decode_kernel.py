@@ -123,7 +123,8 @@ class HopperDecodeKernel(DecodeEntry):
         self.stages = config.ring_stages
         self.pages_per_tile = max(1, TILE_KEYS // config.page_size)
         self.fmt = FORMATS[config.kv_format]
-        self.fp6_network = d in FP6_NETWORK_HEAD_DIMS  # fp6 codes by the shift network (ptx.fp6x16_ptx)
+        # fp6 codes by the shift network (ptx.fp6x16_ptx); the converter warps take it at every d (fewer instructions)
+        self.fp6_network = d in FP6_NETWORK_HEAD_DIMS or config.converters
         self.ring_tile_bytes = TILE_KEYS * config.ring_row_bytes  # one K (or V) ring stage
         self.scale_tile_bytes = TILE_KEYS * (config.head_dim // 16)  # NVFP4 scales of one K (or V) tile
         self.tile_bytes = config.tile_bytes
