@@ -247,13 +247,13 @@ def bench_flashinfer(q, pools, block_table, L, h_q, h_k, d, page_size, o_ref, it
 
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, layout="nhd", pdl=False,
-                peers=True, l2_resident=False, plans=("occupancy",), converters=(False,)):  # fmt: skip
+                peers=True, l2_resident=False, plans=("occupancy",), converter_warps=(0,)):  # fmt: skip
     """Time the Hopper kernel (``mjolnir_kernel.prepare`` with default arguments; ``pdl`` and the plan mode
     the only options) on paged pools of this shape, and its peers: ({plan label: ms}, KV bytes, the SDPA
     timings, FlashInfer's result). Each mode in ``plans`` is timed on the same pools, one after another;
-    the peers run once, checked against the last mode's output. EXPERIMENT: ``converters`` (False, True)
-    also times the converter-warp kernel (``HopperConfig.converters``, sub-byte formats) with its mode's
-    plan for one CTA per SM, labelled ``"<mode>+converters"``."""
+    the peers run once, checked against the last mode's output. EXPERIMENT: ``converter_warps`` (of 0, 4, 8)
+    also times the converter-warp kernels (``HopperConfig.converter_warps``, sub-byte formats) with their
+    mode's plan for one CTA per SM, labelled ``"<mode>+cw<n>"``."""
     from dataclasses import replace
 
     from mjolnir_kernel import prepare
@@ -276,10 +276,10 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the pools are written on the current stream
     ms = {}
-    # the converter-warp kernel where it exists (sub-byte formats; fp6 at d = 256 does not fit shared memory)
-    cw_runs = fmt != "e4m3" and _converters_fit(d, fmt)
-    variants = [(mode, cw) for mode in plans for cw in converters if cw_runs or not cw]
-    variants = variants or [(mode, False) for mode in plans]
+    # the converter-warp kernels where they exist (sub-byte formats; fp6 at d = 256 does not fit shared memory,
+    # eight converter warps only at d = 128)
+    variants = [(mode, cw) for mode in plans for cw in converter_warps if not cw or _converters_fit(d, fmt, cw)]
+    variants = variants or [(mode, 0) for mode in plans]
     for mode, cw in variants:
         preps = []
         with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
@@ -290,11 +290,11 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
                 )  # fmt: skip
                 prep = prepare(q, cache, q_descale=q_descale, plan=mode)
                 if pdl or cw:
-                    config = replace(prep.config, pdl=pdl, converters=cw)
+                    config = replace(prep.config, pdl=pdl, converter_warps=cw)
                     plan = _converter_plan(cache, h_q, h_k, d, q_dtype, mode) if cw else mode
                     prep = prepare(q, cache, q_descale=q_descale, plan=plan, config=config)
                 preps.append(prep)
-        ms[mode + ("+converters" if cw else "")] = _time_ms([p.launch for p in preps], iters, stream=stream)
+        ms[mode + (f"+cw{cw}" if cw else "")] = _time_ms([p.launch for p in preps], iters, stream=stream)
     fi = None
     if peers and fmt == "e4m3" and q_dtype == "bf16" and layout == "nhd":
         torch.cuda.synchronize()
@@ -308,13 +308,14 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     return ms, nbytes, sdpa_cache[key], fi
 
 
-def _converters_fit(d, fmt) -> bool:
-    """Whether the converter-warp kernel implements KV format ``fmt`` at head dim ``d``."""
+def _converters_fit(d, fmt, converter_warps) -> bool:
+    """Whether the kernel with ``converter_warps`` converter warps implements KV format ``fmt`` at head dim
+    ``d``."""
     from mjolnir_kernel.config import ConfigError
     from mjolnir_kernel.hopper.config import HopperConfig, can_implement_hopper
 
     try:
-        can_implement_hopper(HopperConfig(head_dim=d, kv_format=fmt, q_dtype="e4m3", converters=True))
+        can_implement_hopper(HopperConfig(head_dim=d, kv_format=fmt, q_dtype="e4m3", converter_warps=converter_warps))
     except ConfigError:
         return False
     return True
@@ -410,11 +411,12 @@ def main(argv=None) -> int:
         " after the other (occupancy, batch_invariant); the first is the reference of the ratios",
     )
     ap.add_argument(
-        "--converters",
+        "--converter-warps",
         default="0",
         metavar="LIST",
-        help="EXPERIMENT (issue 27): 0,1 also times the converter-warp kernel (HopperConfig.converters) on the"
-        " same pools for the sub-byte formats, with its plan for one CTA per SM",
+        help="EXPERIMENT (issue 27): 0,4,8 also times the kernels with 4 and 8 converter warps"
+        " (HopperConfig.converter_warps) on the same pools for the sub-byte formats, with their plan for one CTA"
+        " per SM",
     )
     ap.add_argument("--queued", action="store_true",
                     help="queue the timed replays without a host sync between them (the GPU does not idle"
@@ -437,11 +439,13 @@ def main(argv=None) -> int:
     plans = tuple(x.strip() for x in args.plans.split(",") if x.strip())
     if not plans or any(m not in PLAN_MODES for m in plans) or len(set(plans)) != len(plans):
         ap.error(f"--plans {args.plans!r}: distinct comma-separated modes from {', '.join(PLAN_MODES)}")
-    converters = tuple(x.strip() == "1" for x in args.converters.split(",") if x.strip())
-    if not converters or any(x.strip() not in ("0", "1") for x in args.converters.split(",") if x.strip()):
-        ap.error(f"--converters {args.converters!r}: comma-separated 0 (the default kernel) and 1 (converter warps)")
-    if len(set(converters)) != len(converters):
-        ap.error(f"--converters {args.converters!r}: each of 0 and 1 at most once")
+    cw_items = [x.strip() for x in args.converter_warps.split(",") if x.strip()]
+    if not cw_items or any(x not in ("0", "4", "8") for x in cw_items) or len(set(cw_items)) != len(cw_items):
+        ap.error(
+            f"--converter-warps {args.converter_warps!r}: distinct comma-separated values of 0 (the default kernel),"
+            " 4 and 8 (converter warps)"
+        )
+    converter_warps = tuple(int(x) for x in cw_items)
     shape_dims = {d for *_, d in SHAPES}
     head_dims = [x.strip() for x in args.head_dims.split(",") if x.strip()]
     if not head_dims or any(not d.isdigit() or int(d) not in shape_dims for d in head_dims):
@@ -494,7 +498,7 @@ def main(argv=None) -> int:
                         ms_by_plan, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                             b, args.seqlen, h_q, h_k, d, fmt, q_label, args.page_size, args.iters, gen,
                             sdpa_cache, args.layout, args.pdl, not args.no_peers, args.l2_resident, plans,
-                            converters,
+                            converter_warps,
                         )  # fmt: skip
                     except ConfigError as e:
                         print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")

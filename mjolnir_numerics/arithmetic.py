@@ -262,7 +262,7 @@ def kstep_groups(walk: str, kv_format: str, q_dtype: str, head_dim: int, tile_ke
     d / 4 - 1, four per step (``HopperConfig.k_registers``): dims c d / 4 + 4 s .. + 3 for fp6 and NVFP4;
     for e2m1, whose codes skip the interleave, the even (s even) or odd (s odd) dims of c d / 4 + 8 (s // 2)
     .. + 7. P.V adds keys 16 s .. 16 s + 15 in step s.
-    ``"mma_sync_sm90_tiles"`` (EXPERIMENT: the Hopper kernel with converter warps, ``HopperConfig.converters``):
+    ``"mma_sync_sm90_tiles"`` (EXPERIMENT: the Hopper kernel with converter warps, ``HopperConfig.converter_warps``):
     every format's K from an e4m3 tile, so head dims 16 s .. 16 s + 15 in step s; P.V as above.
     ``"tcgen05"`` (the Thor kernel; predicted, not run on Thor silicon): K = 32 on the e4m3-Q path and 16 on
     the bf16-Q path, consecutive head dims for S and consecutive keys for P.V.

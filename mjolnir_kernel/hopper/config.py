@@ -42,9 +42,9 @@ P_ROW_PAD = 8  # 16-bit elements of padding per P row in smem (ldmatrix rows on 
 # deeper rings measured 0.81-1.01x of 2 for the sub-byte formats (reports/hopper/)
 RING_STAGES = 2
 MAX_SPLITS_LIMIT = 64
-# EXPERIMENT (issue 27, converter warps): four more warps per CTA load and convert the packed tiles into
-# e4m3 tiles (two of K and V each) while the eight warps above run the e4m3 path's MMAs
-CONVERTER_THREADS = 128
+# EXPERIMENT (issue 27, converter warps): four or eight more warps per CTA load and convert the packed tiles
+# into e4m3 tiles (two of K and V each) while the eight warps above run the e4m3 path's MMAs
+CONVERTER_WARPS = (0, 4, 8)
 # ---------------------------------------------------------------------------------------------
 
 KV_FORMATS = CAPABILITY_KV_FORMATS
@@ -72,11 +72,11 @@ class HopperConfig:
                   (griddepcontrol), and the reduction grid launches while the decode grid runs and waits
                   for it. A feature for callers that chain kernels; it measured no faster in the benchmark's
                   back-to-back decode calls (reports/hopper/)
-      converters  EXPERIMENT (sub-byte formats only): a CTA of eight MMA warps and four converter warps; the
-                  converter warps load the packed tiles and convert K and V into e4m3 tiles (two of each in
-                  shared memory) that the MMA warps read as e4m3 KV's; one CTA per SM (registers). S then
-                  adds consecutive head dims for every format (``arithmetic.kstep_groups`` walk
-                  ``"mma_sync_sm90_tiles"``)
+      converter_warps  EXPERIMENT (sub-byte formats only): 0, or a CTA of eight MMA warps and 4 or 8
+                  converter warps; the converter warps load the packed tiles and convert K and V into e4m3
+                  tiles (two of each in shared memory) that the MMA warps read as e4m3 KV's; one CTA per SM
+                  (registers). S then adds consecutive head dims for every format (``arithmetic.kstep_groups``
+                  walk ``"mma_sync_sm90_tiles"``)
 
     Derived (each the variant measured fastest on the H200; reports/hopper/ has the runs):
       ``scaled_kv``, ``k_registers``, ``v_late``, ``overlap``, ``ctas_per_sm``, ``ring_stages``.
@@ -91,7 +91,7 @@ class HopperConfig:
     q_tile: int = Q_TILE
     max_splits: int = 16
     pdl: bool = False
-    converters: bool = False
+    converter_warps: int = 0
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -103,7 +103,7 @@ class HopperConfig:
             f"sm90-{self.q_dtype}-{self.kv_format}-d{self.head_dim}-t{self.q_tile}-ps{self.page_size}"
             f"-q{self.q_len}{causal}-s{self.max_splits}"
             + ("-pdl" if self.pdl else "")
-            + ("-cw" if self.converters else "")
+            + (f"-cw{self.converter_warps}" if self.converter_warps else "")
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -124,9 +124,14 @@ class HopperConfig:
         return RING_STAGES
 
     @property
+    def converters(self) -> bool:
+        """EXPERIMENT: converter warps load and convert the tiles (``converter_warps`` > 0)."""
+        return self.converter_warps > 0
+
+    @property
     def threads(self) -> int:
-        """Threads of one CTA: the eight MMA warps, and the converter warps (``converters``)."""
-        return THREADS + (CONVERTER_THREADS if self.converters else 0)
+        """Threads of one CTA: the eight MMA warps, and the converter warps (``converter_warps``)."""
+        return THREADS + 32 * self.converter_warps
 
     @property
     def packed(self) -> bool:
@@ -194,7 +199,7 @@ class HopperConfig:
     def ctas_per_sm(self) -> int:
         """Co-resident CTAs (the plan's occupancy and the launch's min_blocks_per_mp): the H200 target's
         (``mjolnir_numerics.targets``: 2 at d = 128, 1 at d = 256); ``can_implement_hopper`` checks that
-        shared memory holds them. With converter warps: 1 (384 threads at the MMA warps' registers)."""
+        shared memory holds them. With converter warps: 1 (384 or 512 threads at the MMA warps' registers)."""
         if self.converters:
             return 1
         return H200.ctas(self.head_dim) if self.head_dim in HEAD_DIMS else 1
@@ -219,11 +224,16 @@ def can_implement_hopper(c: HopperConfig) -> None:
         problems.append(f"q_tile={c.q_tile!r} (allowed {Q_TILES})")
     if isinstance(c.max_splits, bool) or not isinstance(c.max_splits, int) or not 1 <= c.max_splits <= MAX_SPLITS_LIMIT:
         problems.append(f"max_splits={c.max_splits!r} (1 .. {MAX_SPLITS_LIMIT})")
-    for name in ("causal", "pdl", "converters"):
+    for name in ("causal", "pdl"):
         if not isinstance(getattr(c, name), bool):
             problems.append(f"{name}={getattr(c, name)!r} (True or False)")
-    if c.converters is True and c.kv_format == "e4m3":
-        problems.append("converters=True with kv_format='e4m3' (the sub-byte formats only)")
+    cw = c.converter_warps
+    if isinstance(cw, bool) or cw not in CONVERTER_WARPS:
+        problems.append(f"converter_warps={cw!r} (allowed {CONVERTER_WARPS})")
+    elif cw and c.kv_format == "e4m3":
+        problems.append(f"converter_warps={cw} with kv_format='e4m3' (the sub-byte formats only)")
+    elif cw == 8 and c.head_dim != 128:
+        problems.append(f"converter_warps=8 with head_dim={c.head_dim} (d = 128 only: 512 threads leave 128 registers)")
     if not problems and c.ctas_per_sm > c.smem_ctas_limit:
         problems.append(
             f"head_dim={c.head_dim}, kv_format={c.kv_format!r}: {c.ctas_per_sm} CTAs x {c.smem_bytes} B of shared"

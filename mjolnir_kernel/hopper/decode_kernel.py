@@ -55,7 +55,7 @@ from mjolnir_numerics.formats import FORMATS
 
 from ..kernel_views import DecodeEntry, shared_views
 from ..reduction import LOG2_E, SplitReduction, mul_rn
-from .config import CONVERTER_THREADS, P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
+from .config import P_ROW_PAD, Q_TILE, THREADS, TILE_KEYS, WARPS, HopperConfig, can_implement_hopper
 from .ptx import (
     l2_evict_first_policy,
     cp_async_8,
@@ -94,10 +94,10 @@ P_ROW_BYTES = (TILE_KEYS + P_ROW_PAD) * 2
 KEYS_PER_WARP = TILE_KEYS // WARPS  # 16: two n = 8 MMA blocks of S per warp
 NB_S = KEYS_PER_WARP // 8
 PV_KSTEPS = TILE_KEYS // 16
-# EXPERIMENT (``HopperConfig.converters``): named barriers of a CTA with converter warps (0 is unused: it
-# would wait for all 384 threads)
+# EXPERIMENT (``HopperConfig.converter_warps``): named barriers of a CTA with converter warps (0 is unused: it
+# would wait for all the CTA's threads)
 BAR_MMA = 1  # the eight MMA warps (the block barrier of the kernel without converters)
-BAR_CONVERTERS = 2  # the four converter warps
+BAR_CONVERTERS = 2  # the converter warps
 BAR_FULL = 3  # + e4m3 tile pair i: converted (converters arrive, MMA warps wait)
 BAR_EMPTY = 5  # + e4m3 tile pair i: read (MMA warps arrive, converters wait)
 CONVERTED_PAIRS = 2
@@ -140,6 +140,8 @@ class HopperDecodeKernel(DecodeEntry):
         # permutes); O's columns come out in that order and are put back once after the loop
         self.v_even_odd = config.scaled_kv and config.kv_format == "e2m1"
         self.converters = config.converters
+        self.converter_threads = 32 * config.converter_warps
+        self.all_threads = THREADS + self.converter_threads
         # converter warps, scaled e2m1: K's e4m3 tile in the same even / odd order (no byte permutes); each
         # k-step still adds head dims 16 s .. 16 s + 15, and Q's fragments follow (``_q_even_odd``)
         self.k_even_odd = self.converters and self.v_even_odd
@@ -260,7 +262,7 @@ class HopperDecodeKernel(DecodeEntry):
                         st_shared_b32(p_buf + 8 * P_ROW_BYTES + 4 * (tid + i * THREADS), i32(0))
 
             is_mma_warp = True
-            if cutlass.const_expr(self.converters):  # warps 8-11 load and convert; the rest is the MMA warps'
+            if cutlass.const_expr(self.converters):  # warps 8 and up load and convert; 0-7 are the MMA warps
                 is_mma_warp = warp < WARPS
                 if warp >= WARPS:
                     self._converter_loop(ring, tile_begin, n_iters, seq, seq_len, mBT, tid - THREADS)
@@ -323,7 +325,7 @@ class HopperDecodeKernel(DecodeEntry):
                 if cutlass.const_expr(self.converters):
                     for it in cutlass.range(n_iters, unroll=1):
                         pair = it % CONVERTED_PAIRS
-                        self._bar_sync(BAR_FULL + pair, THREADS + CONVERTER_THREADS)  # tile it converted
+                        self._bar_sync(BAR_FULL + pair, self.all_threads)  # tile it converted
                         k_stage = ring.k_conv + pair * self.tile_bytes
                         v_stage = ring.v_conv + pair * self.tile_bytes
                         sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
@@ -334,9 +336,7 @@ class HopperDecodeKernel(DecodeEntry):
                         self._sync()
                         self._pv(o_acc, p_buf, v_stage, warp, lane)
                         if it + CONVERTED_PAIRS < n_iters:  # the converters wait for this pair's next use
-                            cute.arch.barrier_arrive(
-                                barrier_id=BAR_EMPTY + pair, number_of_threads=THREADS + CONVERTER_THREADS
-                            )
+                            cute.arch.barrier_arrive(barrier_id=BAR_EMPTY + pair, number_of_threads=self.all_threads)
                 elif cutlass.const_expr(cfg.overlap):
                     sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
                     self._overlap_prologue(ring, pages, t, sacc, tile_begin, n_iters, seq, mBT)
@@ -639,23 +639,23 @@ class HopperDecodeKernel(DecodeEntry):
         """``bar.sync barrier_id, threads`` (a runtime id). Trace-time only."""
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
 
-    # -- the converter warps (EXPERIMENT: ``HopperConfig.converters``) -------------------------------------
+    # -- the converter warps (EXPERIMENT: ``HopperConfig.converter_warps``) -------------------------------------
     @cute.jit
     def _converter_loop(self, ring, tile_begin, n_iters, seq, seq_len, mBT, ctid):
-        """Warps 8-11 (``ctid`` 0 .. 127): keep the packed ring full and convert tile ``it`` into e4m3 tile
-        pair ``it % 2`` (K and V, the swizzled layout the e4m3 path reads), once the MMA warps are done with
-        the pair's previous tile (``BAR_EMPTY``); then tell them it is there (``BAR_FULL``). The MMA warps
-        run the e4m3 path on the pairs (``_sync`` over eight warps only)."""
-        all_threads = THREADS + CONVERTER_THREADS
+        """Warps 8 and up (``ctid`` 0 .. 32 converter_warps - 1): keep the packed ring full and convert tile
+        ``it`` into e4m3 tile pair ``it % 2`` (K and V, the swizzled layout the e4m3 path reads), once the MMA
+        warps are done with the pair's previous tile (``BAR_EMPTY``); then tell them it is there
+        (``BAR_FULL``). The MMA warps run the e4m3 path on the pairs (``_sync`` over eight warps only)."""
+        all_threads, n_conv = self.all_threads, self.converter_threads
         pages = cute.make_rmem_tensor((self.pages_per_tile,), cutlass.Int32)
-        self._ring_prologue(ring, pages, tile_begin, n_iters, seq, seq_len, mBT, ctid, CONVERTER_THREADS)
+        self._ring_prologue(ring, pages, tile_begin, n_iters, seq, seq_len, mBT, ctid, n_conv)
         for it in cutlass.range(n_iters, unroll=1):
             nxt = it + self.stages - 1
             cute.arch.cp_async_wait_group(self.stages - 2)
             # tile it landed for every converter, and each is done reading tile it - 1's stage: refill it
-            self._bar_sync(BAR_CONVERTERS, CONVERTER_THREADS)
+            self._bar_sync(BAR_CONVERTERS, n_conv)
             if nxt < n_iters:
-                self._load(ring, nxt % self.stages, tile_begin + nxt, pages, ctid, CONVERTER_THREADS)
+                self._load(ring, nxt % self.stages, tile_begin + nxt, pages, ctid, n_conv)
             cute.arch.cp_async_commit_group()
             if nxt + 1 < n_iters:
                 self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)
@@ -665,11 +665,13 @@ class HopperDecodeKernel(DecodeEntry):
             st = self._packed_stage(ring, it % self.stages)
             k_tile = ring.k_conv + pair * self.tile_bytes
             v_tile = ring.v_conv + pair * self.tile_bytes
-            if cutlass.const_expr(self.d == 256):  # K, then V: half the words live at once (NVFP4 spilled)
-                self._convert_tiles(st.k, None, k_tile, None, st.k_scales, None, ctid, CONVERTER_THREADS)
-                self._convert_tiles(None, st.v, None, v_tile, None, st.v_scales, ctid, CONVERTER_THREADS)
+            # more than 8 groups a thread and tile (d = 256, four warps): K, then V, half the words live at once
+            # (NVFP4 spilled with both)
+            if cutlass.const_expr(TILE_KEYS * self.d // CHUNK > 8 * n_conv):
+                self._convert_tiles(st.k, None, k_tile, None, st.k_scales, None, ctid, n_conv)
+                self._convert_tiles(None, st.v, None, v_tile, None, st.v_scales, ctid, n_conv)
             else:
-                self._convert_tiles(st.k, st.v, k_tile, v_tile, st.k_scales, st.v_scales, ctid, CONVERTER_THREADS)
+                self._convert_tiles(st.k, st.v, k_tile, v_tile, st.k_scales, st.v_scales, ctid, n_conv)
             cute.arch.barrier_arrive(barrier_id=BAR_FULL + pair, number_of_threads=all_threads)
         cute.arch.cp_async_wait_group(0)
 

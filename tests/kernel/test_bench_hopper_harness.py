@@ -74,23 +74,25 @@ def test_plans_accepts_both_modes(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value", ["2", "", "1,1", "yes"])
-def test_converters_takes_0_and_1_once_each(capsys, value):
+@pytest.mark.parametrize("value", ["2", "", "4,4", "yes", "1"])
+def test_converter_warps_takes_0_4_and_8_once_each(capsys, value):
     with pytest.raises(SystemExit):
-        bh.main(["--converters", value])
-    assert "--converters" in capsys.readouterr().err
+        bh.main(["--converter-warps", value])
+    assert "--converter-warps" in capsys.readouterr().err
 
 
 def test_converter_rows_only_where_the_kernel_exists():
-    """Sub-byte formats, not e4m3, and not fp6 at d = 256 (shared memory): there the default kernel's row only."""
-    assert bh._converters_fit(128, "e2m1") and bh._converters_fit(256, "nvfp4") and bh._converters_fit(128, "e3m2")
-    assert not bh._converters_fit(256, "e3m2") and not bh._converters_fit(256, "e2m3")
-    assert not bh._converters_fit(128, "e4m3")
+    """Sub-byte formats, not e4m3, not fp6 at d = 256 (shared memory), eight converter warps at d = 128 only
+    (registers): elsewhere the default kernel's row only."""
+    fit = bh._converters_fit
+    assert fit(128, "e2m1", 4) and fit(256, "nvfp4", 4) and fit(128, "e3m2", 4) and fit(128, "nvfp4", 8)
+    assert not fit(256, "e3m2", 4) and not fit(256, "e2m3", 4) and not fit(256, "e2m1", 8)
+    assert not fit(128, "e4m3", 4)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU this would run the benchmark")
-def test_converters_accepts_both_kernels(capsys):
-    assert bh.main(["--converters", "0,1"]) == 2  # accepted: stops only at the missing GPU
+def test_converter_warps_accepts_every_kernel(capsys):
+    assert bh.main(["--converter-warps", "0,4,8"]) == 2  # accepted: stops only at the missing GPU
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 

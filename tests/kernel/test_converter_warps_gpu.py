@@ -1,7 +1,7 @@
-"""EXPERIMENT (issue 27): the Hopper kernel with converter warps (``HopperConfig.converters``) against the spec
-with that kernel's walk (``arithmetic.kstep_groups`` walk ``"mma_sync_sm90_tiles"``: K from an e4m3 tile for
-every format), on the named sub-byte cases; and NVFP4 at d = 128, whose default kernel already reads K from a
-tile, against the default kernel's bits. Runs on a Hopper GPU; skips with the reason elsewhere."""
+"""EXPERIMENT (issue 27): the Hopper kernel with converter warps (``HopperConfig.converter_warps``, 4 and 8)
+against the spec with that kernel's walk (``arithmetic.kstep_groups`` walk ``"mma_sync_sm90_tiles"``: K from an
+e4m3 tile for every format), on the named sub-byte cases; and NVFP4 at d = 128, whose default kernel already
+reads K from a tile, against the default kernel's bits. Runs on a Hopper GPU; skips with the reason elsewhere."""
 
 import dataclasses
 
@@ -24,13 +24,15 @@ pytestmark = [
 ]
 
 
-def _runs_with_converters(case) -> bool:
-    """A sub-byte case whose shape the converter-warp kernel implements (fp6 at d = 256 does not fit shared
-    memory)."""
+def _runs_with_converters(case, warps) -> bool:
+    """A sub-byte case whose shape the kernel with ``warps`` converter warps implements (fp6 at d = 256 does
+    not fit shared memory; eight converter warps run at d = 128 only)."""
     if case.fmt == "e4m3" or case.q_dtype != "e4m3":
         return False
     try:
-        can_implement_hopper(HopperConfig(head_dim=case.head_dim, kv_format=case.fmt, q_dtype="e4m3", converters=True))
+        can_implement_hopper(
+            HopperConfig(head_dim=case.head_dim, kv_format=case.fmt, q_dtype="e4m3", converter_warps=warps)
+        )
     except ConfigError:
         return False
     return True
@@ -42,11 +44,8 @@ SHORT_CASES = tuple(
     DecodeCase(f"converters_few_tiles_{fmt}", (100, 256, 300, 384, 0), heads_q=32, heads_k=8, fmt=fmt, page_size=64)
     for fmt in SUB_BYTE_FORMATS
 )
-SUB_BYTE_CASES = [
-    c
-    for c in CASES + KERNEL_CASES + SHORT_CASES + random_cases(12, seed=27, formats=SUB_BYTE_FORMATS)
-    if _runs_with_converters(c)
-]
+ALL_CASES = CASES + KERNEL_CASES + SHORT_CASES + random_cases(12, seed=27, formats=SUB_BYTE_FORMATS)
+SUB_BYTE_RUNS = [(c, w) for w in (4, 8) for c in ALL_CASES if _runs_with_converters(c, w)]
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -54,15 +53,15 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.view(view), b.view(view))
 
 
-def _converter_call(inputs, plan=None):
-    """(o, lse, plan) of the converter-warp kernel with the default config's other fields, and the case's plan
-    (or ``plan``)."""
+def _converter_call(inputs, warps, plan=None):
+    """(o, lse, plan) of the kernel with ``warps`` converter warps, the default config's other fields, and the
+    case's plan (or ``plan``)."""
     from mjolnir_kernel import decode, prepare
 
     kw = inputs.emulator_kwargs()
     if plan is not None:
         kw["plan"] = plan
-    config = dataclasses.replace(prepare(inputs.q, inputs.cache, **kw).config, converters=True)
+    config = dataclasses.replace(prepare(inputs.q, inputs.cache, **kw).config, converter_warps=warps)
     return decode(inputs.q, inputs.cache, **kw, config=config, return_plan=True)
 
 
@@ -78,14 +77,21 @@ def _check_against_the_spec(name, inputs, o, lse, plan):
     assert _same_bits(lse, ref.lse), f"{name}: LSE differs from the spec"
 
 
-@pytest.mark.parametrize("case", SUB_BYTE_CASES, ids=lambda c: c.name)
-def test_converter_warps_give_the_spec_bits_of_their_walk(case):
+def _run_id(run) -> str:
+    case, warps = run
+    return f"{case.name}-cw{warps}"
+
+
+@pytest.mark.parametrize("run", SUB_BYTE_RUNS, ids=_run_id)
+def test_converter_warps_give_the_spec_bits_of_their_walk(run):
+    case, warps = run
     inputs = case.build("cuda")
-    o, lse, plan = _converter_call(inputs)
-    _check_against_the_spec(case.name, inputs, o, lse, plan)
+    o, lse, plan = _converter_call(inputs, warps)
+    _check_against_the_spec(_run_id(run), inputs, o, lse, plan)
 
 
-def test_converter_warps_on_a_padded_work_list():
+@pytest.mark.parametrize("warps", [4, 8])
+def test_converter_warps_on_a_padded_work_list(warps):
     """A CUDA-graph work list padded with empty items (their CTAs exit at once, before any barrier)."""
     from mjolnir_numerics.plan import default_plan
     from mjolnir_numerics.targets import target_for
@@ -97,18 +103,17 @@ def test_converter_warps_on_a_padded_work_list():
         q_dtype="e4m3", head_dim=case.head_dim, pad_to=4 * 64,
     )  # fmt: skip
     assert plan.num_work == 4 * 64
-    o, lse, used = _converter_call(inputs, plan)
+    o, lse, used = _converter_call(inputs, warps, plan)
     assert used == plan
     _check_against_the_spec(case.name, inputs, o, lse, plan)
 
 
-@pytest.mark.parametrize(
-    "case", [c for c in SUB_BYTE_CASES if c.fmt == "nvfp4" and c.head_dim == 128], ids=lambda c: c.name
-)
-def test_converter_warps_give_the_default_kernels_bits_where_both_read_a_k_tile(case):
+@pytest.mark.parametrize("run", [r for r in SUB_BYTE_RUNS if r[0].fmt == "nvfp4" and r[0].head_dim == 128], ids=_run_id)
+def test_converter_warps_give_the_default_kernels_bits_where_both_read_a_k_tile(run):
     from mjolnir_kernel import decode
 
+    case, warps = run
     inputs = case.build("cuda")
-    o, lse, plan = _converter_call(inputs)
+    o, lse, plan = _converter_call(inputs, warps)
     o0, lse0 = decode(inputs.q, inputs.cache, **dict(inputs.emulator_kwargs(), plan=plan))
-    assert _same_bits(o, o0) and _same_bits(lse, lse0), case.name
+    assert _same_bits(o, o0) and _same_bits(lse, lse0), _run_id(run)

@@ -229,7 +229,7 @@ def test_kstep_groups_register_walk_of_the_hopper_kernel():
 @pytest.mark.parametrize("kv_format", ["e2m1", "e3m2", "e2m3", "nvfp4"])
 @pytest.mark.parametrize("head_dim", [128, 256])
 def test_kstep_groups_converter_warp_walk_reads_every_format_from_a_tile(kv_format, head_dim):
-    """EXPERIMENT (``HopperConfig.converters``): K comes from an e4m3 tile for every format, so S adds
+    """EXPERIMENT (``HopperConfig.converter_warps``): K comes from an e4m3 tile for every format, so S adds
     consecutive head dims, as e4m3 KV's walk does; P.V is unchanged."""
     tiles = kstep_groups("mma_sync_sm90_tiles", kv_format, "e4m3", head_dim)
     e4m3 = kstep_groups("mma_sync_sm90", "e4m3", "e4m3", head_dim)
