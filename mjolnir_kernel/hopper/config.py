@@ -228,7 +228,7 @@ def can_implement_hopper(c: HopperConfig) -> None:
         if not isinstance(getattr(c, name), bool):
             problems.append(f"{name}={getattr(c, name)!r} (True or False)")
     cw = c.converter_warps
-    if isinstance(cw, bool) or cw not in CONVERTER_WARPS:
+    if type(cw) is not int or cw not in CONVERTER_WARPS:
         problems.append(f"converter_warps={cw!r} (allowed {CONVERTER_WARPS})")
     elif cw and c.kv_format == "e4m3":
         problems.append(f"converter_warps={cw} with kv_format='e4m3' (the sub-byte formats only)")

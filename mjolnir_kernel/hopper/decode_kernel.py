@@ -17,7 +17,8 @@ Exactness of the MMA inputs: on the e4m3-Q path Q, K, V and P = e4m3(p * 448) ar
 exactly f16, so the f16 MMA multiplies exactly what the fp8 MMA would; on the bf16-Q path K and V are
 widened to bf16 (exact). Each tile's products go into fp32 accumulators (no contraction longer than a
 tile). The head-dim order inside one MMA is a relabeling (the sum is order-free in the spec's model):
-``ldmatrix`` hands thread (g, c) K bytes d = 4c .. 4c + 3 of key g, which feed the MMA's k positions
+``ldmatrix`` hands thread (g, c) K bytes 4c .. 4c + 3 of key g's 16-byte chunk (head dims d = 4c .. 4c + 3,
+or with converter warps and e2m1 the even / odd dims of ``_q_even_odd``), which feed the MMA's k positions
 2c, 2c + 1, 2c + 8, 2c + 9; Q is loaded in the same order.
 
 Sub-byte formats: the ring holds the packed rows (and NVFP4's block-scale rows); after a tile lands,

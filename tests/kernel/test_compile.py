@@ -270,7 +270,7 @@ def test_hopper_pdl_config_compiles():
 @needs_cutlass
 @pytest.mark.parametrize(
     "fmt, head_dim, warps",
-    [("e2m1", 128, 4), ("nvfp4", 128, 4), ("nvfp4", 256, 4), ("e2m1", 128, 8), ("nvfp4", 128, 8)],
+    [(f, 128, w) for f in ("e2m1", "nvfp4", "e3m2") for w in (4, 8)] + [("e2m1", 256, 4), ("nvfp4", 256, 4)],
 )
 def test_hopper_converter_warp_kernel_compiles_without_spills(fmt, head_dim, warps):
     """EXPERIMENT (``HopperConfig.converter_warps``): 384 threads at one CTA per SM leave up to 168 registers

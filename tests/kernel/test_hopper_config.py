@@ -81,7 +81,7 @@ def test_converter_warps_config():
     assert default.threads == 256 and not default.converters
     with pytest.raises(ConfigError, match="converter_warps=4 with kv_format='e4m3'"):
         can_implement_hopper(HopperConfig(q_dtype="e4m3", converter_warps=4))
-    for bad in (2, True, "4"):
+    for bad in (2, True, "4", 4.0):
         with pytest.raises(ConfigError, match=f"converter_warps={bad!r}"):
             can_implement_hopper(HopperConfig(kv_format="e2m1", q_dtype="e4m3", converter_warps=bad))
 
