@@ -17,7 +17,8 @@ Exactness of the MMA inputs: on the e4m3-Q path Q, K, V and P = e4m3(p * 448) ar
 exactly f16, so the f16 MMA multiplies exactly what the fp8 MMA would; on the bf16-Q path K and V are
 widened to bf16 (exact). Each tile's products go into fp32 accumulators (no contraction longer than a
 tile). The head-dim order inside one MMA is a relabeling (the sum is order-free in the spec's model):
-``ldmatrix`` hands thread (g, c) K bytes d = 4c .. 4c + 3 of key g, which feed the MMA's k positions
+``ldmatrix`` hands thread (g, c) K bytes 4c .. 4c + 3 of key g's 16-byte chunk (head dims d = 4c .. 4c + 3,
+or with converter warps and e2m1 the even / odd dims of ``_q_even_odd``), which feed the MMA's k positions
 2c, 2c + 1, 2c + 8, 2c + 9; Q is loaded in the same order.
 
 Sub-byte formats: the ring holds the packed rows (and NVFP4's block-scale rows); after a tile lands,
@@ -94,6 +95,13 @@ P_ROW_BYTES = (TILE_KEYS + P_ROW_PAD) * 2
 KEYS_PER_WARP = TILE_KEYS // WARPS  # 16: two n = 8 MMA blocks of S per warp
 NB_S = KEYS_PER_WARP // 8
 PV_KSTEPS = TILE_KEYS // 16
+# EXPERIMENT (``HopperConfig.converter_warps``): named barriers of a CTA with converter warps (0 is unused: it
+# would wait for all the CTA's threads)
+BAR_MMA = 1  # the eight MMA warps (the block barrier of the kernel without converters)
+BAR_CONVERTERS = 2  # the converter warps
+BAR_FULL = 3  # + e4m3 tile pair i: converted (converters arrive, MMA warps wait)
+BAR_EMPTY = 5  # + e4m3 tile pair i: read (MMA warps arrive, converters wait)
+CONVERTED_PAIRS = 2
 
 
 def _fmax(a, b):
@@ -116,7 +124,8 @@ class HopperDecodeKernel(DecodeEntry):
         self.stages = config.ring_stages
         self.pages_per_tile = max(1, TILE_KEYS // config.page_size)
         self.fmt = FORMATS[config.kv_format]
-        self.fp6_network = d in FP6_NETWORK_HEAD_DIMS  # fp6 codes by the shift network (ptx.fp6x16_ptx)
+        # fp6 codes by the shift network (ptx.fp6x16_ptx); the converter warps take it at every d (fewer instructions)
+        self.fp6_network = d in FP6_NETWORK_HEAD_DIMS or config.converters
         self.ring_tile_bytes = TILE_KEYS * config.ring_row_bytes  # one K (or V) ring stage
         self.scale_tile_bytes = TILE_KEYS * (config.head_dim // 16)  # NVFP4 scales of one K (or V) tile
         self.tile_bytes = config.tile_bytes
@@ -131,6 +140,12 @@ class HopperDecodeKernel(DecodeEntry):
         # scaled e2m1: V's e4m3 tile holds each 8 head dims as the even ones, then the odd ones (no byte
         # permutes); O's columns come out in that order and are put back once after the loop
         self.v_even_odd = config.scaled_kv and config.kv_format == "e2m1"
+        self.converters = config.converters
+        self.converter_threads = 32 * config.converter_warps
+        self.all_threads = THREADS + self.converter_threads
+        # converter warps, scaled e2m1: K's e4m3 tile in the same even / odd order (no byte permutes); each
+        # k-step still adds head dims 16 s .. 16 s + 15, and Q's fragments follow (``_q_even_odd``)
+        self.k_even_odd = self.converters and self.v_even_odd
         self.reduction = None
         if config.max_splits > 1:
             self.reduction = SplitReduction(config.max_splits, config.pdl)
@@ -155,7 +170,7 @@ class HopperDecodeKernel(DecodeEntry):
             scale_qs * LOG2_E, scale_o,
         ).launch(
             grid=(num_work, cute.ceil_div(n_q, Q_TILE), h_k),
-            block=[THREADS, 1, 1],
+            block=[self.config.threads, 1, 1],
             stream=stream,
             min_blocks_per_mp=self.config.ctas_per_sm,  # the plan counts on this many CTAs per SM
             **self.launch_extra,
@@ -244,91 +259,115 @@ class HopperDecodeKernel(DecodeEntry):
             if cutlass.const_expr(self.halves == 1):  # P rows 8-15 (padding) are zero for every tile
                 pad_words = 8 * P_ROW_BYTES // 4
                 for i in cutlass.range_constexpr((pad_words + THREADS - 1) // THREADS):
-                    if tid + i * THREADS < pad_words:
+                    if tid < THREADS and tid + i * THREADS < pad_words:
                         st_shared_b32(p_buf + 8 * P_ROW_BYTES + 4 * (tid + i * THREADS), i32(0))
 
-            # -- Q fragments (once): row g / g + 8 of this tile, head-dim order 4c .. 4c + 3 per k-step.
-            qf = cute.make_rmem_tensor((self.s_ksteps * 4,), i32)
-            q_row0 = i64(seq) * i64(q_seq) + (i64(head) * i64(n_q) + i64(n_base)) * i64(d)
-            q_bytes = 1 if cfg.fp8 else 2
-            q_base = mQ.iterator.toint()
-            for half in cutlass.range_constexpr(2):
-                row = g + 8 * half
-                valid_row = n_base + row < n_q
-                for s in cutlass.range_constexpr(self.s_ksteps):
-                    q_lo = i32(0)
-                    q_hi = i32(0)
-                    if valid_row:
-                        addr = q_base + (q_row0 + i64(row * d + s * 16 + 4 * c)) * q_bytes
-                        if cutlass.const_expr(cfg.fp8):
-                            q4 = i32(0)
-                            if cutlass.const_expr(self.k_regs):  # the head dims of K's k-step s in lane c
-                                q4 = self._q_in_k_order(q_base + q_row0 + i64(row * d), s, c)
+            is_mma_warp = True
+            if cutlass.const_expr(self.converters):  # warps 8 and up load and convert; 0-7 are the MMA warps
+                is_mma_warp = warp < WARPS
+                if warp >= WARPS:
+                    self._converter_loop(ring, tile_begin, n_iters, seq, seq_len, mBT, tid - THREADS)
+            if is_mma_warp:
+                # -- Q fragments (once): row g / g + 8 of this tile, head-dim order 4c .. 4c + 3 per k-step.
+                qf = cute.make_rmem_tensor((self.s_ksteps * 4,), i32)
+                q_row0 = i64(seq) * i64(q_seq) + (i64(head) * i64(n_q) + i64(n_base)) * i64(d)
+                q_bytes = 1 if cfg.fp8 else 2
+                q_base = mQ.iterator.toint()
+                for half in cutlass.range_constexpr(2):
+                    row = g + 8 * half
+                    valid_row = n_base + row < n_q
+                    for s in cutlass.range_constexpr(self.s_ksteps):
+                        q_lo = i32(0)
+                        q_hi = i32(0)
+                        if valid_row:
+                            addr = q_base + (q_row0 + i64(row * d + s * 16 + 4 * c)) * q_bytes
+                            if cutlass.const_expr(cfg.fp8):
+                                q4 = i32(0)
+                                if cutlass.const_expr(self.k_regs):  # the head dims of K's k-step s in lane c
+                                    q4 = self._q_in_k_order(q_base + q_row0 + i64(row * d), s, c)
+                                elif cutlass.const_expr(self.k_even_odd):
+                                    q4 = self._q_even_odd(q_base + q_row0 + i64(row * d), s, c)
+                                else:
+                                    q4 = ld_global_b32(addr)
+                                q_lo, q_hi = e4m3x4_to_pairs(q4, bf16=False)
+                                if cutlass.const_expr(cfg.scaled_kv):  # K holds k * 2^-kx: q * 2^kx keeps q k
+                                    q_lo = f16x2_times_pow2(q_lo, SCALED_KV_EXPONENT[cfg.kv_format])
+                                    q_hi = f16x2_times_pow2(q_hi, SCALED_KV_EXPONENT[cfg.kv_format])
                             else:
-                                q4 = ld_global_b32(addr)
-                            q_lo, q_hi = e4m3x4_to_pairs(q4, bf16=False)
-                            if cutlass.const_expr(cfg.scaled_kv):  # K holds k * 2^-kx: q * 2^kx keeps q k
-                                q_lo = f16x2_times_pow2(q_lo, SCALED_KV_EXPONENT[cfg.kv_format])
-                                q_hi = f16x2_times_pow2(q_hi, SCALED_KV_EXPONENT[cfg.kv_format])
-                        else:
-                            q_lo, q_hi = ld_global_v2_b32(addr)
-                    qf[s * 4 + half] = q_lo
-                    qf[s * 4 + 2 + half] = q_hi
+                                q_lo, q_hi = ld_global_v2_b32(addr)
+                        qf[s * 4 + half] = q_lo
+                        qf[s * 4 + 2 + half] = q_hi
 
-            # -- descales folded as in the Thor kernel
-            qk_descale = mQD[hb] * mKD[hb]
-            exp_scale = scale_qs_log2_e * qk_descale
-            lse_scale = scale_qs * qk_descale
-            v_descale = mVD[hb]
+                # -- descales folded as in the Thor kernel
+                qk_descale = mQD[hb] * mKD[hb]
+                exp_scale = scale_qs_log2_e * qk_descale
+                lse_scale = scale_qs * qk_descale
+                v_descale = mVD[hb]
 
-            # -- running state
-            m_prev = cute.make_rmem_tensor((2,), f32)
-            m_prev.fill(-f32.inf)
-            row_sum = cute.make_rmem_tensor((4 * NB_S,), f32)  # [j*4+i]: key 8j + 2c + (i & 1), row g + 8 (i >> 1)
-            row_sum.fill(f32(0))
-            o_acc = cute.make_rmem_tensor((self.pv_chunks * 2 * 4,), f32)
-            o_acc.fill(f32(0))
+                # -- running state
+                m_prev = cute.make_rmem_tensor((2,), f32)
+                m_prev.fill(-f32.inf)
+                row_sum = cute.make_rmem_tensor((4 * NB_S,), f32)  # [j*4+i]: key 8j + 2c + (i & 1), row g + 8 (i >> 1)
+                row_sum.fill(f32(0))
+                o_acc = cute.make_rmem_tensor((self.pv_chunks * 2 * 4,), f32)
+                o_acc.fill(f32(0))
 
-            pages = cute.make_rmem_tensor((self.pages_per_tile,), i32)
-            self._ring_prologue(ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid)
+                pages = cute.make_rmem_tensor((self.pages_per_tile,), i32)
+                if cutlass.const_expr(not self.converters):  # else the converter warps load the ring
+                    self._ring_prologue(ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid)
 
-            p_scale = f32(cfg.p_scale)
-            mask_from = self._mask_from(seq_len)
-            t = SimpleNamespace(
-                qf=qf, s_max=s_max, s_max_addr=s_max_addr, p_buf=p_buf, m_prev=m_prev, row_sum=row_sum, o_acc=o_acc,
-                exp_scale=exp_scale, p_scale=p_scale, seq_len=seq_len, mask_from=mask_from, n_base=n_base, h_r=h_r,
-                warp=warp, lane=lane, g=g, c=c, tid=tid,
-            )  # fmt: skip
-            if cutlass.const_expr(cfg.overlap):
-                sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
-                self._overlap_prologue(ring, pages, t, sacc, tile_begin, n_iters, seq, mBT)
-                for it in cutlass.range(n_iters - 1, unroll=1):
-                    self._overlap_step(ring, pages, t, sacc, it, tile_begin, n_iters, seq, mBT)
-                cute.arch.cp_async_wait_group(0)
-                cute.arch.sync_threads()
-                v_last = ring.v_conv + ((n_iters - 1) % 2) * self.tile_bytes
-                self._pv(o_acc, p_buf, v_last, warp, lane)  # the last tile's P.V
-            else:
-                for it in cutlass.range(n_iters, unroll=1):
-                    k_stage, v_stage = self._ring_next(ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid)
+                p_scale = f32(cfg.p_scale)
+                mask_from = self._mask_from(seq_len)
+                t = SimpleNamespace(
+                    qf=qf, s_max=s_max, s_max_addr=s_max_addr, p_buf=p_buf, m_prev=m_prev, row_sum=row_sum, o_acc=o_acc,
+                    exp_scale=exp_scale, p_scale=p_scale, seq_len=seq_len, mask_from=mask_from, n_base=n_base, h_r=h_r,
+                    warp=warp, lane=lane, g=g, c=c, tid=tid,
+                )  # fmt: skip
+                if cutlass.const_expr(self.converters):
+                    for it in cutlass.range(n_iters, unroll=1):
+                        pair = it % CONVERTED_PAIRS
+                        self._bar_sync(BAR_FULL + pair, self.all_threads)  # tile it converted
+                        k_stage = ring.k_conv + pair * self.tile_bytes
+                        v_stage = ring.v_conv + pair * self.tile_bytes
+                        sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
+                        self._qk(sacc, t, k_stage, None)
+                        self._row_max(sacc, t, tile_begin + it)
+                        self._sync()
+                        self._softmax(sacc, t)
+                        self._sync()
+                        self._pv(o_acc, p_buf, v_stage, warp, lane)
+                        if it + CONVERTED_PAIRS < n_iters:  # the converters wait for this pair's next use
+                            cute.arch.barrier_arrive(barrier_id=BAR_EMPTY + pair, number_of_threads=self.all_threads)
+                elif cutlass.const_expr(cfg.overlap):
                     sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
-                    self._qk(sacc, t, k_stage, self._packed_stage(ring, it % self.stages).k_scales)
-                    if cutlass.const_expr(cfg.v_late):  # V's tile, while the QK MMAs are in flight
-                        st = self._packed_stage(ring, it % self.stages)
-                        self._convert_tiles(None, st.v, None, ring.v_conv, None, st.v_scales, tid)
-                    self._row_max(sacc, t, tile_begin + it)
-                    cute.arch.sync_threads()
-                    self._softmax(sacc, t)
-                    cute.arch.sync_threads()
-                    self._pv(o_acc, p_buf, v_stage, warp, lane)
+                    self._overlap_prologue(ring, pages, t, sacc, tile_begin, n_iters, seq, mBT)
+                    for it in cutlass.range(n_iters - 1, unroll=1):
+                        self._overlap_step(ring, pages, t, sacc, it, tile_begin, n_iters, seq, mBT)
+                    cute.arch.cp_async_wait_group(0)
+                    self._sync()
+                    v_last = ring.v_conv + ((n_iters - 1) % 2) * self.tile_bytes
+                    self._pv(o_acc, p_buf, v_last, warp, lane)  # the last tile's P.V
+                else:
+                    for it in cutlass.range(n_iters, unroll=1):
+                        k_stage, v_stage = self._ring_next(ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid)
+                        sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
+                        self._qk(sacc, t, k_stage, self._packed_stage(ring, it % self.stages).k_scales)
+                        if cutlass.const_expr(cfg.v_late):  # V's tile, while the QK MMAs are in flight
+                            st = self._packed_stage(ring, it % self.stages)
+                            self._convert_tiles(None, st.v, None, ring.v_conv, None, st.v_scales, tid)
+                        self._row_max(sacc, t, tile_begin + it)
+                        self._sync()
+                        self._softmax(sacc, t)
+                        self._sync()
+                        self._pv(o_acc, p_buf, v_stage, warp, lane)
 
-            if cutlass.const_expr(self.v_even_odd):
-                self._o_in_natural_order(o_acc, c)
-            cute.arch.cp_async_wait_group(0)
-            self._epilogue(
-                row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,
-                b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
-            )  # fmt: skip
+                if cutlass.const_expr(self.v_even_odd):
+                    self._o_in_natural_order(o_acc, c)
+                cute.arch.cp_async_wait_group(0)
+                self._epilogue(
+                    row_sum, m_prev, o_acc, s_sum, ring.k_ring, mO, mLSE, mOp, mMp, mLp, mNSplits, seq, slot, hb, head,
+                    b, h_k, n_q, n_base, o_seq, lse_scale, v_descale, scale_o, warp, g, c,
+                )  # fmt: skip
 
     # -- the phases of one tile (steps 1-4 of the module docstring); ``t``: the CTA's state (kernel) -------
     @cute.jit
@@ -499,9 +538,9 @@ class HopperDecodeKernel(DecodeEntry):
         if stages < n_iters:
             self._load_pages(pages, tile_begin + stages, seq, t.seq_len, mBT)
         cute.arch.cp_async_wait_group(stages - 1)
-        cute.arch.sync_threads()
+        self._sync()
         self._scores_overlapped(ring, sacc, t, tile_begin, 0)
-        cute.arch.sync_threads()
+        self._sync()
         self._softmax(sacc, t)
 
     @cute.jit
@@ -518,7 +557,7 @@ class HopperDecodeKernel(DecodeEntry):
         same bits); it costs a second e4m3 V tile of shared memory."""
         tid, stages = t.tid, self.stages
         cute.arch.cp_async_wait_group(stages - 2)
-        cute.arch.sync_threads()
+        self._sync()
         nxt = it + stages
         if nxt < n_iters:
             self._load(ring, it % stages, tile_begin + nxt, pages, tid)
@@ -527,7 +566,7 @@ class HopperDecodeKernel(DecodeEntry):
             self._load_pages(pages, tile_begin + nxt + 1, seq, t.seq_len, mBT)
         self._pv(t.o_acc, t.p_buf, ring.v_conv + (it % 2) * self.tile_bytes, t.warp, t.lane)
         self._scores_overlapped(ring, sacc, t, tile_begin, it + 1)
-        cute.arch.sync_threads()
+        self._sync()
         self._softmax(sacc, t)
 
     @cute.jit
@@ -589,6 +628,54 @@ class HopperDecodeKernel(DecodeEntry):
         ldmatrix on distinct banks). Trace-time only."""
         return tile + key * self.d + ((chunk ^ swizzle) * CHUNK)
 
+    def _sync(self):
+        """The MMA warps' block barrier: ``bar.sync 0`` over the CTA, or with converter warps a named barrier
+        over the eight MMA warps only. Trace-time only."""
+        if self.converters:
+            cute.arch.barrier(barrier_id=BAR_MMA, number_of_threads=THREADS)
+        else:
+            cute.arch.sync_threads()
+
+    def _bar_sync(self, barrier_id, threads):
+        """``bar.sync barrier_id, threads`` (a runtime id). Trace-time only."""
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+
+    # -- the converter warps (EXPERIMENT: ``HopperConfig.converter_warps``) -------------------------------------
+    @cute.jit
+    def _converter_loop(self, ring, tile_begin, n_iters, seq, seq_len, mBT, ctid):
+        """Warps 8 and up (``ctid`` 0 .. 32 converter_warps - 1): keep the packed ring full and convert tile
+        ``it`` into e4m3 tile pair ``it % 2`` (K and V, the swizzled layout the e4m3 path reads), once the MMA
+        warps are done with the pair's previous tile (``BAR_EMPTY``); then tell them it is there
+        (``BAR_FULL``). The MMA warps run the e4m3 path on the pairs (``_sync`` over eight warps only)."""
+        all_threads, n_conv = self.all_threads, self.converter_threads
+        pages = cute.make_rmem_tensor((self.pages_per_tile,), cutlass.Int32)
+        self._ring_prologue(ring, pages, tile_begin, n_iters, seq, seq_len, mBT, ctid, n_conv)
+        for it in cutlass.range(n_iters, unroll=1):
+            nxt = it + self.stages - 1
+            cute.arch.cp_async_wait_group(self.stages - 2)
+            # tile it landed for every converter, and each is done reading tile it - 1's stage: refill it
+            self._bar_sync(BAR_CONVERTERS, n_conv)
+            if nxt < n_iters:
+                self._load(ring, nxt % self.stages, tile_begin + nxt, pages, ctid, n_conv)
+            cute.arch.cp_async_commit_group()
+            if nxt + 1 < n_iters:
+                self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)
+            pair = it % CONVERTED_PAIRS
+            if it >= CONVERTED_PAIRS:  # the MMA warps are past tile it - 2, which this pair held
+                self._bar_sync(BAR_EMPTY + pair, all_threads)
+            st = self._packed_stage(ring, it % self.stages)
+            k_tile = ring.k_conv + pair * self.tile_bytes
+            v_tile = ring.v_conv + pair * self.tile_bytes
+            # more than 8 groups a thread and tile (d = 256, four warps): K, then V, half the words live at once
+            # (NVFP4 spilled with both)
+            if cutlass.const_expr(TILE_KEYS * self.d // CHUNK > 8 * n_conv):
+                self._convert_tiles(st.k, None, k_tile, None, st.k_scales, None, ctid, n_conv)
+                self._convert_tiles(None, st.v, None, v_tile, None, st.v_scales, ctid, n_conv)
+            else:
+                self._convert_tiles(st.k, st.v, k_tile, v_tile, st.k_scales, st.v_scales, ctid, n_conv)
+            cute.arch.barrier_arrive(barrier_id=BAR_FULL + pair, number_of_threads=all_threads)
+        cute.arch.cp_async_wait_group(0)
+
     # -- the KV ring ---------------------------------------------------------------------------------
     def _ring(self, smem, mK, mV, mKS, mVS, head, k_page, k_row, k_head, v_page, v_row, v_head, ks_page, ks_row,
               ks_head, vs_page, vs_row, vs_head) -> SimpleNamespace:  # fmt: skip
@@ -602,9 +689,10 @@ class HopperDecodeKernel(DecodeEntry):
         k_conv = k_ring  # the e4m3 tile the MMAs read (the ring stage itself for e4m3)
         v_conv = v_ring
         if self.config.packed:
+            k_tiles = CONVERTED_PAIRS if self.converters else 1
             if not self.k_regs:  # K in registers needs no e4m3 K tile
-                k_conv = smem.allocate_array(cutlass.Uint8, self.tile_bytes, byte_alignment=128).toint()
-            v_tiles = 2 if self.config.overlap else 1  # the overlapped schedule: V of tile i and i + 1
+                k_conv = smem.allocate_array(cutlass.Uint8, k_tiles * self.tile_bytes, byte_alignment=128).toint()
+            v_tiles = 2 if self.config.overlap else k_tiles  # the overlapped schedule: V of tile i and i + 1
             v_conv = smem.allocate_array(cutlass.Uint8, v_tiles * self.tile_bytes, byte_alignment=128).toint()
         ks_ring = k_ring  # NVFP4 block scales of each ring stage: (keys, d / 16) bytes for K, then V
         if self.config.kv_format == "nvfp4":
@@ -625,12 +713,12 @@ class HopperDecodeKernel(DecodeEntry):
         )  # fmt: skip
 
     @cute.jit
-    def _ring_prologue(self, ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid):
+    def _ring_prologue(self, ring, pages, tile_begin, n_iters, seq, seq_len, mBT, tid, n_threads=THREADS):
         """Tiles 0 .. stages - 2 in flight; ``pages`` then holds the block-table entries of the next tile."""
         self._load_pages(pages, tile_begin, seq, seq_len, mBT)
         for st in cutlass.range_constexpr(self.stages - 1):
             if st < n_iters:
-                self._load(ring, st, tile_begin + st, pages, tid)
+                self._load(ring, st, tile_begin + st, pages, tid, n_threads)
             cute.arch.cp_async_commit_group()
             if st + 1 < n_iters:
                 self._load_pages(pages, tile_begin + st + 1, seq, seq_len, mBT)
@@ -645,7 +733,7 @@ class HopperDecodeKernel(DecodeEntry):
         cute.arch.cp_async_wait_group(self.stages - 2)
         # Tile `it` landed for every thread, and every warp is done with tile it - 1 (its ring
         # stage, P, the row maxima): refill that stage with tile it + stages - 1.
-        cute.arch.sync_threads()
+        self._sync()
         if nxt < n_iters:
             self._load(ring, nxt % self.stages, tile_begin + nxt, pages, tid)
         cute.arch.cp_async_commit_group()
@@ -661,7 +749,7 @@ class HopperDecodeKernel(DecodeEntry):
             v_stage = ring.v_conv
             if cutlass.const_expr(not self.k_regs):  # K from registers: the row-max barrier completes V
                 k_stage = ring.k_conv
-                cute.arch.sync_threads()  # the e4m3 tiles are complete
+                self._sync()  # the e4m3 tiles are complete
         return k_stage, v_stage
 
     def _packed_stage(self, ring, stage) -> SimpleNamespace:
@@ -685,7 +773,7 @@ class HopperDecodeKernel(DecodeEntry):
         """The per-key-slot row sums, stored in ``l_buf`` as (row, key) fp32, reduced in the Thor kernel's
         order into ``s_sum[tw, row]``: 64 threads add each 32-key slice by the butterfly (key xor 16, 8,
         4, 2, 1; IEEE addition is commutative, so the tree is the same)."""
-        cute.arch.sync_threads()
+        self._sync()
         if tid < 4 * Q_TILE:
             row = tid % Q_TILE
             tw = tid // Q_TILE  # Thor's warp: keys 32 tw .. 32 tw + 31
@@ -696,13 +784,14 @@ class HopperDecodeKernel(DecodeEntry):
                 for k in cutlass.range_constexpr(width):
                     v[k] = v[k] + v[k + width]
             s_sum[tw, row] = v[0]
-        cute.arch.sync_threads()
+        self._sync()
 
     @cute.jit
-    def _load(self, ring, stage, tile, pages, tid):
-        """cp.async tile ``tile`` of K and V (``ring``: see ``_ring``) into ring stage ``stage``."""
+    def _load(self, ring, stage, tile, pages, tid, n_threads=THREADS):
+        """cp.async tile ``tile`` of K and V (``ring``: see ``_ring``) into ring stage ``stage`` (threads
+        ``tid`` 0 .. n_threads - 1 share the copies)."""
         if cutlass.const_expr(self.config.packed):
-            self._load_packed(ring, stage, tile, pages, tid)
+            self._load_packed(ring, stage, tile, pages, tid, n_threads)
         else:
             self._load_tile(ring, stage, tile, pages, tid)
 
@@ -716,7 +805,7 @@ class HopperDecodeKernel(DecodeEntry):
         return page
 
     @cute.jit
-    def _load_packed(self, r, stage, tile, pages, tid):
+    def _load_packed(self, r, stage, tile, pages, tid, n_threads=THREADS):
         """cp.async one tile of packed rows (d * bits / 8 bytes per key, unswizzled) into ring stage
         ``stage``, and for NVFP4 the tile's block-scale rows (d / 16 bytes per key); pages marked -1 are
         zero-filled (code 0 and scale 0: value 0)."""
@@ -730,8 +819,8 @@ class HopperDecodeKernel(DecodeEntry):
         bits = self.fmt.bits
         k_page_b, k_row_b = i64(r.k_page) * bits // 8, i64(r.k_row) * bits // 8
         v_page_b, v_row_b = i64(r.v_page) * bits // 8, i64(r.v_row) * bits // 8
-        for i in cutlass.range_constexpr(TILE_KEYS * cpk // THREADS):
-            idx = tid + i * THREADS
+        for i in cutlass.range_constexpr(TILE_KEYS * cpk // n_threads):
+            idx = tid + i * n_threads
             key = idx // cpk
             chunk = idx % cpk
             page = self._page_of(pages, key // ps)
@@ -745,22 +834,25 @@ class HopperDecodeKernel(DecodeEntry):
             cp_async_16(k_dst + idx * CHUNK, k_src, nbytes, policy=r.policy)
             cp_async_16(v_dst + idx * CHUNK, v_src, nbytes, policy=r.policy)
         if cutlass.const_expr(self.config.kv_format == "nvfp4"):
-            key = tid % TILE_KEYS  # one key row of scales per thread: K (threads 0-127), V (128-255)
-            page = self._page_of(pages, key // ps)
-            nbytes = cutlass.Int32(8)
-            if page < 0:
-                nbytes = cutlass.Int32(0)
-                page = cutlass.Int32(0)
-            row = i64(key % ps)  # TILE_KEYS is a multiple of the page size
-            groups = self.d // 16
-            dst = r.ks_ring + stage * 2 * self.scale_tile_bytes + key * groups
-            sc = r.sc
-            src = sc.k_base + i64(page) * i64(sc.k_page) + row * i64(sc.k_row)
-            if tid >= TILE_KEYS:
-                dst = dst + self.scale_tile_bytes
-                src = sc.v_base + i64(page) * i64(sc.v_page) + row * i64(sc.v_row)
-            for h in cutlass.range_constexpr(groups // 8):
-                cp_async_8(dst + 8 * h, src + 8 * h, nbytes)
+            for j in cutlass.range_constexpr(2 * TILE_KEYS // n_threads):
+                # one key row of scales per thread and pass: K (rows 0-127), V (128-255)
+                scale_row = tid + j * n_threads
+                key = scale_row % TILE_KEYS
+                page = self._page_of(pages, key // ps)
+                nbytes = cutlass.Int32(8)
+                if page < 0:
+                    nbytes = cutlass.Int32(0)
+                    page = cutlass.Int32(0)
+                row = i64(key % ps)  # TILE_KEYS is a multiple of the page size
+                groups = self.d // 16
+                dst = r.ks_ring + stage * 2 * self.scale_tile_bytes + key * groups
+                sc = r.sc
+                src = sc.k_base + i64(page) * i64(sc.k_page) + row * i64(sc.k_row)
+                if scale_row >= TILE_KEYS:
+                    dst = dst + self.scale_tile_bytes
+                    src = sc.v_base + i64(page) * i64(sc.v_page) + row * i64(sc.v_row)
+                for h in cutlass.range_constexpr(groups // 8):
+                    cp_async_8(dst + 8 * h, src + 8 * h, nbytes)
 
     @cute.jit
     def _load_group(self, packed, scales, idx):
@@ -778,9 +870,9 @@ class HopperDecodeKernel(DecodeEntry):
         return w, sb
 
     @cute.jit
-    def _convert_tiles(self, k_packed, v_packed, k_conv, v_conv, k_scales, v_scales, tid):
+    def _convert_tiles(self, k_packed, v_packed, k_conv, v_conv, k_scales, v_scales, tid, n_threads=THREADS):
         """Packed codes of one K and one V tile -> e4m3 bytes in the swizzled layout the MMAs read: thread
-        t converts the 16-element groups t + 256 i (key = group // (d / 16)) of each tile exactly (ptx.py):
+        t converts the 16-element groups t + n_threads i (key = group // (d / 16)) of each tile exactly (ptx.py):
         fp6 / fp4 codes become e4m3 bytes of value * 2^-k, each code's bits placed (``scaled_kv``; the Q
         fragments and P carry 2^k); NVFP4 becomes e4m3(code * fp32(scale) * 2^-3) with the block scales of
         this ring stage (``*_scales``: (keys, d / 16) bytes), looked up in a table made once per group;
@@ -792,22 +884,26 @@ class HopperDecodeKernel(DecodeEntry):
         fmt = cfg.kv_format
         bits = self.fmt.bits
         groups = self.d // CHUNK  # 16-element groups per key = output chunks per key
-        per_tile = TILE_KEYS * groups // THREADS
+        per_tile = TILE_KEYS * groups // n_threads
         words = []
         scale_bytes = []
         tiles = ((k_packed, k_scales), (v_packed, v_scales))
         convs = (k_conv, v_conv)
+        is_v = (False, True)
         if cutlass.const_expr(k_conv is None):  # K goes to registers (``_k_words``): V only
-            tiles, convs = tiles[1:], convs[1:]
+            tiles, convs, is_v = tiles[1:], convs[1:], is_v[1:]
+        if cutlass.const_expr(v_conv is None):  # K only (the converter warps at d = 256: registers)
+            tiles, convs, is_v = tiles[:1], convs[:1], is_v[:1]
         for t in cutlass.range_constexpr(len(tiles)):  # both tiles' words, all before the first conversion
             for i in cutlass.range_constexpr(per_tile):
-                w, sb = self._load_group(tiles[t][0], tiles[t][1], tid + i * THREADS)
+                w, sb = self._load_group(tiles[t][0], tiles[t][1], tid + i * n_threads)
                 words.append(w)
                 scale_bytes.append(sb)
         for t, conv in enumerate(convs):
-            ordered = not (self.v_even_odd and t == len(convs) - 1)  # V: even / odd head dims (v_even_odd)
+            # V (v_even_odd) and with converter warps K (k_even_odd): even / odd head dims of each 8
+            ordered = not (self.k_even_odd or (self.v_even_odd and is_v[t]))
             for i in cutlass.range_constexpr(per_tile):
-                idx = tid + i * THREADS
+                idx = tid + i * n_threads
                 key = idx // groups
                 grp = idx % groups
                 w = words[t * per_tile + i]
@@ -856,6 +952,19 @@ class HopperDecodeKernel(DecodeEntry):
                 else:
                     words += list(e2m1x8_to_e4m3x8_scaled(packed[u], ordered=False))
         return words
+
+    @cute.jit
+    def _q_even_odd(self, q_row, s, c):
+        """``k_even_odd``: Q's four e4m3 bytes (at global address ``q_row``, a query row) for k-step ``s`` of
+        lane c, in the order of K's tile: ldmatrix gives lane c the tile's bytes 4c .. 4c + 3 of the k-step's
+        16, which hold head dims 16 s + 8 (c // 2) + (0, 2, 4, 6) for c even, (1, 3, 5, 7) for c odd."""
+        x0, x1 = ld_global_v2_b32(q_row + 16 * s + 8 * (c // 2))
+        even = prmt(x0, x1, 0x6420)
+        odd = prmt(x0, x1, 0x7531)
+        word = even
+        if c % 2 == 1:
+            word = odd
+        return word
 
     @cute.jit
     def _q_in_k_order(self, q_row, s, c):
@@ -923,7 +1032,7 @@ class HopperDecodeKernel(DecodeEntry):
         the K ring) and 64 threads redo the same tree exactly (IEEE addition is commutative)."""
         i64 = cutlass.Int64
         lane = cute.arch.lane_idx()
-        cute.arch.sync_threads()  # every warp is past the last tile: the K ring is free
+        self._sync()  # every warp is past the last tile: the K ring is free
         for j in cutlass.range_constexpr(NB_S):
             for e in cutlass.range_constexpr(2 * self.halves):
                 row = g + 8 * (e >> 1)

@@ -333,7 +333,8 @@ E2M1_SCALED_INTERLEAVE = (0x5140, 0x7362)  # prmt(even, odd, sel): codes 0-3 | c
 #   chain. Garbage bits (the gathered word's fourth byte, the neighbours' bits next to a code) land only where
 #   the last masks drop them.
 # The kernel takes the network at d = 256 and the terms at d = 128 (FP6_NETWORK_HEAD_DIMS), each the faster
-# there on an H100 (reports/hopper/2026-12-07-fp6-shift-network-gpu.md).
+# there on an H100 (reports/hopper/2026-12-07-fp6-shift-network-gpu.md); the converter warps (an experiment,
+# HopperConfig.converter_warps) take the network at both.
 FP6_GROUP_SELECTORS = (0x0543, 0x0432)  # prmt: bytes 3-5 (w0.b3, w1.b0, w1.b1) and 6-8 (w1.b2, w1.b3, w2.b0)
 LOP3_SELECT = 0xE4  # lop3 immLut of (a & c) | (b & ~c): c picks a's bits, the rest come from b
 LOP3_AND_OR = 0xEA  # lop3 immLut of (a & b) | c

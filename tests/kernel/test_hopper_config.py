@@ -50,11 +50,40 @@ def test_invalid_configs_name_every_offending_field(kwargs, names):
 
 
 def test_the_config_has_only_shape_fields_and_pdl():
-    """Every field is a problem-shape field (SHAPE_FIELDS), the split bound, or the pdl feature: the kernel's
-    internal choices are derived properties."""
+    """Every field is a problem-shape field (SHAPE_FIELDS), the split bound, the pdl feature or the converter
+    warps (an experiment): the kernel's internal choices are derived properties."""
     from dataclasses import fields
 
-    assert {f.name for f in fields(HopperConfig)} == set(SHAPE_FIELDS) | {"max_splits", "pdl"}
+    assert {f.name for f in fields(HopperConfig)} == set(SHAPE_FIELDS) | {"max_splits", "pdl", "converter_warps"}
+
+
+def test_converter_warps_config():
+    """EXPERIMENT: converter warps (4 or 8) join the CTA's eight, K comes from an e4m3 tile (no registers
+    path, no overlap), one CTA runs per SM, and only the sub-byte formats take them; fp6 at d = 256 does not
+    fit shared memory, and eight converter warps run at d = 128 only (registers)."""
+    for fmt in ("e2m1", "e3m2", "e2m3", "nvfp4"):
+        for d in (128, 256):
+            for warps in (4, 8):
+                c = HopperConfig(head_dim=d, kv_format=fmt, q_dtype="e4m3", converter_warps=warps)
+                assert c.converters and c.threads == 256 + 32 * warps and c.ctas_per_sm == 1
+                assert c.ring_stages == (3 if d == 128 else 2) and not (c.k_registers or c.overlap or c.v_late)
+                assert c.short_name() == replace(c, converter_warps=0).short_name() + f"-cw{warps}"
+                if warps == 8 and d == 256:
+                    with pytest.raises(ConfigError, match="converter_warps=8 with head_dim=256"):
+                        can_implement_hopper(c)
+                elif fmt in ("e3m2", "e2m3") and d == 256:
+                    with pytest.raises(ConfigError, match="do not fit one SM"):
+                        can_implement_hopper(c)
+                else:
+                    can_implement_hopper(c)
+                    assert c.smem_bytes > replace(c, converter_warps=0).smem_bytes
+    default = HopperConfig(kv_format="e2m1", q_dtype="e4m3")
+    assert default.threads == 256 and not default.converters
+    with pytest.raises(ConfigError, match="converter_warps=4 with kv_format='e4m3'"):
+        can_implement_hopper(HopperConfig(q_dtype="e4m3", converter_warps=4))
+    for bad in (2, True, "4", 4.0):
+        with pytest.raises(ConfigError, match=f"converter_warps={bad!r}"):
+            can_implement_hopper(HopperConfig(kv_format="e2m1", q_dtype="e4m3", converter_warps=bad))
 
 
 def test_scaled_conversion_and_k_in_registers_are_derived():

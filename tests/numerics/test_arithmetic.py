@@ -203,7 +203,7 @@ def test_fast_path_equals_slow_path():
 # ------------------------------------------------------------------------------------------------------
 # Tile walks and chains
 # ------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("walk", ["mma_sync_sm90", "tcgen05"])
+@pytest.mark.parametrize("walk", ["mma_sync_sm90", "mma_sync_sm90_tiles", "tcgen05"])
 @pytest.mark.parametrize("kv_format", ["e4m3", "e2m1", "e3m2", "e2m3", "nvfp4"])
 @pytest.mark.parametrize("head_dim", [128, 256])
 @pytest.mark.parametrize("q_dtype", ["e4m3", "bf16"])
@@ -224,6 +224,19 @@ def test_kstep_groups_register_walk_of_the_hopper_kernel():
     assert s[1].tolist() == list(range(16, 32))
     with pytest.raises(ValueError, match="walk: 'wgmma' is not one of"):
         kstep_groups("wgmma", "e4m3", "bf16", 128)
+
+
+@pytest.mark.parametrize("kv_format", ["e2m1", "e3m2", "e2m3", "nvfp4"])
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_kstep_groups_converter_warp_walk_reads_every_format_from_a_tile(kv_format, head_dim):
+    """EXPERIMENT (``HopperConfig.converter_warps``): K comes from an e4m3 tile for every format, so S adds
+    consecutive head dims, as e4m3 KV's walk does; P.V is unchanged."""
+    tiles = kstep_groups("mma_sync_sm90_tiles", kv_format, "e4m3", head_dim)
+    e4m3 = kstep_groups("mma_sync_sm90", "e4m3", "e4m3", head_dim)
+    default = kstep_groups("mma_sync_sm90", kv_format, "e4m3", head_dim)
+    assert torch.equal(tiles[0], e4m3[0]) and torch.equal(tiles[1], default[1])
+    # the default walk reads K from registers except NVFP4 at d = 128, which keeps the tile
+    assert torch.equal(tiles[0], default[0]) == (kv_format == "nvfp4" and head_dim == 128)
 
 
 def test_chain_order_matters_and_ideal_is_one_rounding():
