@@ -247,13 +247,11 @@ def bench_flashinfer(q, pools, block_table, L, h_q, h_k, d, page_size, o_ref, it
 
 
 def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cache, layout="nhd", pdl=False,
-                peers=True, l2_resident=False, plans=("occupancy",), converter_warps=(0,)):  # fmt: skip
+                peers=True, l2_resident=False, plans=("occupancy",)):  # fmt: skip
     """Time the Hopper kernel (``mjolnir_kernel.prepare`` with default arguments; ``pdl`` and the plan mode
-    the only options) on paged pools of this shape, and its peers: ({plan label: ms}, KV bytes, the SDPA
+    the only options) on paged pools of this shape, and its peers: ({plan mode: ms}, KV bytes, the SDPA
     timings, FlashInfer's result). Each mode in ``plans`` is timed on the same pools, one after another;
-    the peers run once, checked against the last mode's output. EXPERIMENT: ``converter_warps`` (of 0, 4, 8)
-    also times the converter-warp kernels (``HopperConfig.converter_warps``, sub-byte formats) with their
-    mode's plan for one CTA per SM, labelled ``"<mode>+cw<n>"``."""
+    the peers run once, checked against the last mode's output."""
     from dataclasses import replace
 
     from mjolnir_kernel import prepare
@@ -276,11 +274,7 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the pools are written on the current stream
     ms = {}
-    # the converter-warp kernels where they exist (sub-byte formats; fp6 at d = 256 does not fit shared memory,
-    # eight converter warps only at d = 128)
-    variants = [(mode, cw) for mode in plans for cw in converter_warps if not cw or _converters_fit(d, fmt, cw)]
-    variants = variants or [(mode, 0) for mode in plans]
-    for mode, cw in variants:
+    for mode in plans:
         preps = []
         with torch.cuda.stream(stream):  # the prepared launch is bound to the current stream
             for kp, vp, sc in pools:
@@ -289,12 +283,10 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
                     kd, vd,
                 )  # fmt: skip
                 prep = prepare(q, cache, q_descale=q_descale, plan=mode)
-                if pdl or cw:
-                    config = replace(prep.config, pdl=pdl, converter_warps=cw)
-                    plan = _converter_plan(cache, h_q, h_k, d, q_dtype, mode) if cw else mode
-                    prep = prepare(q, cache, q_descale=q_descale, plan=plan, config=config)
+                if pdl:
+                    prep = prepare(q, cache, q_descale=q_descale, plan=mode, config=replace(prep.config, pdl=True))
                 preps.append(prep)
-        ms[mode + (f"+cw{cw}" if cw else "")] = _time_ms([p.launch for p in preps], iters, stream=stream)
+        ms[mode] = _time_ms([p.launch for p in preps], iters, stream=stream)
     fi = None
     if peers and fmt == "e4m3" and q_dtype == "bf16" and layout == "nhd":
         torch.cuda.synchronize()
@@ -306,33 +298,6 @@ def bench_shape(b, L, h_q, h_k, d, fmt, q_dtype, page_size, iters, gen, sdpa_cac
     if key not in sdpa_cache:
         sdpa_cache[key] = bench_sdpa(b, L, h_q, h_k, d, iters, gen) if peers else (math.nan,) * 4
     return ms, nbytes, sdpa_cache[key], fi
-
-
-def _converters_fit(d, fmt, converter_warps) -> bool:
-    """Whether the kernel with ``converter_warps`` converter warps implements KV format ``fmt`` at head dim
-    ``d``."""
-    from mjolnir_kernel.config import ConfigError
-    from mjolnir_kernel.hopper.config import HopperConfig, can_implement_hopper
-
-    try:
-        can_implement_hopper(HopperConfig(head_dim=d, kv_format=fmt, q_dtype="e4m3", converter_warps=converter_warps))
-    except ConfigError:
-        return False
-    return True
-
-
-def _converter_plan(cache, h_q, h_k, d, q_dtype, mode):
-    """The default plan of ``mode`` for the converter-warp kernel's occupancy (one CTA per SM)."""
-    from dataclasses import replace
-
-    from mjolnir_numerics.plan import default_plan
-    from mjolnir_numerics.targets import target_for
-
-    target = target_for(cache.k_pool.device)
-    one_cta = replace(target, ctas_per_sm=tuple((dim, 1) for dim, _ in target.ctas_per_sm))
-    return default_plan(
-        cache.seq_lens.tolist(), h_k, h_q // h_k, target=one_cta, q_dtype=q_dtype, head_dim=d, mode=mode
-    )
 
 
 def bench_sdpa(b, L, h_q, h_k, d, iters, gen):
@@ -410,14 +375,6 @@ def main(argv=None) -> int:
         help="comma-separated plan modes of the Hopper kernel's rows, each timed on the same pools one"
         " after the other (occupancy, batch_invariant); the first is the reference of the ratios",
     )
-    ap.add_argument(
-        "--converter-warps",
-        default="0",
-        metavar="LIST",
-        help="EXPERIMENT (issue 27): 0,4,8 also times the kernels with 4 and 8 converter warps"
-        " (HopperConfig.converter_warps) on the same pools for the sub-byte formats, with their plan for one CTA"
-        " per SM",
-    )
     ap.add_argument("--queued", action="store_true",
                     help="queue the timed replays without a host sync between them (the GPU does not idle"
                     " between replays; each is still timed by its own pair of events)")  # fmt: skip
@@ -439,13 +396,6 @@ def main(argv=None) -> int:
     plans = tuple(x.strip() for x in args.plans.split(",") if x.strip())
     if not plans or any(m not in PLAN_MODES for m in plans) or len(set(plans)) != len(plans):
         ap.error(f"--plans {args.plans!r}: distinct comma-separated modes from {', '.join(PLAN_MODES)}")
-    cw_items = [x.strip() for x in args.converter_warps.split(",") if x.strip()]
-    if not cw_items or any(x not in ("0", "4", "8") for x in cw_items) or len(set(cw_items)) != len(cw_items):
-        ap.error(
-            f"--converter-warps {args.converter_warps!r}: distinct comma-separated values of 0 (the default kernel),"
-            " 4 and 8 (converter warps)"
-        )
-    converter_warps = tuple(int(x) for x in cw_items)
     shape_dims = {d for *_, d in SHAPES}
     head_dims = [x.strip() for x in args.head_dims.split(",") if x.strip()]
     if not head_dims or any(not d.isdigit() or int(d) not in shape_dims for d in head_dims):
@@ -498,24 +448,22 @@ def main(argv=None) -> int:
                         ms_by_plan, nbytes, (ms_sdpa, b16, ms_widen, b8), fi = bench_shape(
                             b, args.seqlen, h_q, h_k, d, fmt, q_label, args.page_size, args.iters, gen,
                             sdpa_cache, args.layout, args.pdl, not args.no_peers, args.l2_resident, plans,
-                            converter_warps,
                         )  # fmt: skip
                     except ConfigError as e:
                         print(f"{shape:<22} {fmt:<6} {q_label:<7} not run: {e}")
                         continue
-                    first = next(iter(ms_by_plan))
                     for mode, ms in ms_by_plan.items():
                         tb = x_bytes_tb(nbytes, ms)
-                        tag = "" if len(ms_by_plan) == 1 else f"  plan={mode}"
-                        if mode != first:
-                            tag += f" ({ms / ms_by_plan[first]:.3f}x the {first} plan's time)"
+                        tag = "" if len(plans) == 1 else f"  plan={mode}"
+                        if mode != plans[0]:
+                            tag += f" ({ms / ms_by_plan[plans[0]]:.3f}x the {plans[0]} plan's time)"
                         print(
                             f"{shape:<22} {fmt:<6} {q_label:<7} {ms * 1e3:>9.1f} {tb:>6.2f} {tb / stream:>8.1%}"
                             f" {ms_sdpa / ms:>6.2f}x{tag}"
                         )
                         rows.append(_row("mjolnir", b, h_q, h_k, d, shape, fmt, q_label, ms, nbytes, stream,
                                          plan=mode))  # fmt: skip
-                    ms = ms_by_plan[first]
+                    ms = ms_by_plan[plans[0]]
                     fmt_rows.append((q_label, ms, nbytes))
                     if isinstance(fi, str):
                         fi_note = f"# FlashInfer: {fi}"

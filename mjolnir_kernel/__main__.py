@@ -266,8 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Thor kernel only: co-resident CTAs per SM (default: the target's, 2)")  # fmt: skip
     b.add_argument("--ring-stages", type=int_arg(0), default=0,
                    help="Thor kernel only: KV ring stages of 16 KiB (0 = the default)")  # fmt: skip
-    b.add_argument("--converter-warps", type=int, default=0, choices=(0, 4, 8),
-                   help="EXPERIMENT (Hopper, sub-byte KV): HopperConfig.converter_warps")  # fmt: skip
     b.add_argument("--splits", type=int_arg(0), default=0, help="force N chunks per sequence (0 = occupancy plan)")
     b.add_argument("--max-splits", type=int_arg(1), default=None, help="partial slots per sequence (default: target's)")
     b.add_argument("--pad-work-to", type=int_arg(0), default=0, help="pad the work list (fixed grid, CUDA graphs)")

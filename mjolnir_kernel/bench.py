@@ -28,10 +28,6 @@ def bench_config(args, target):
     if knobs and target.backend != "thor":
         flags = ", ".join("--" + k.replace("_", "-") for k in knobs)
         raise ConfigError(f"{flags}: tuning knobs of the Thor kernel; the Hopper kernel derives them (HopperConfig)")
-    if getattr(args, "converter_warps", 0):
-        if target.backend != "hopper":
-            raise ConfigError("--converter-warps: an experiment of the Hopper kernel (HopperConfig.converter_warps)")
-        knobs["converter_warps"] = args.converter_warps
     cfg = replace(cfg, **knobs)
     can_implement(cfg)
     return cfg

@@ -196,7 +196,7 @@ KERNEL_CASES = (
                granularity="per_seq_head", notes="fp6 with per-(sequence, head) descales"),
     DecodeCase("hopper_nvfp4_d256", (600, 129), fmt="nvfp4", heads_q=24, heads_k=4, head_dim=256,
                granularity="per_tensor", force_splits=2,
-               notes="NVFP4 at d = 256 (Hopper: K in registers and V late), two chunks"),
+               notes="NVFP4 at d = 256 (Hopper: converter warps, K then V), two chunks"),
     DecodeCase("hopper_32_splits_three_q_tiles", (4096, 3, 0, 2600), q_len=3, heads_q=48, heads_k=4,
                force_splits=32, notes="n_q 36; 32 and 21 chunks, an empty sequence, a three-key one"),
 )  # fmt: skip

@@ -246,7 +246,7 @@ def block_fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, model: MmaModel
 
 
 # -- the tile walks: which head dims (GEMM1) and keys (GEMM2) each MMA instruction of a tile adds -------
-WALKS = ("mma_sync_sm90", "mma_sync_sm90_tiles", "tcgen05")
+WALKS = ("mma_sync_sm90", "tcgen05")
 SCALED_FORMATS = ("e2m1", "e3m2", "e2m3")
 
 
@@ -256,22 +256,18 @@ def kstep_groups(walk: str, kv_format: str, q_dtype: str, head_dim: int, tile_ke
     instruction adds. Within an instruction the order does not matter (one fused block); across
     instructions it does (each result is the next one's accumulator).
 
-    ``"mma_sync_sm90"`` (the Hopper kernel, K = 16): S from an e4m3 K tile in shared memory (e4m3 KV, and
-    NVFP4 at d = 128) adds head dims 16 s .. 16 s + 15 in step s; with K converted straight into the
-    fragments (e2m1, e3m2, e2m3, and NVFP4 at d = 256) lane c of a quad holds head dims c d / 4 .. (c + 1)
-    d / 4 - 1, four per step (``HopperConfig.k_registers``): dims c d / 4 + 4 s .. + 3 for fp6 and NVFP4;
-    for e2m1, whose codes skip the interleave, the even (s even) or odd (s odd) dims of c d / 4 + 8 (s // 2)
-    .. + 7. P.V adds keys 16 s .. 16 s + 15 in step s.
-    ``"mma_sync_sm90_tiles"`` (EXPERIMENT: the Hopper kernel with converter warps, ``HopperConfig.converter_warps``):
-    every format's K from an e4m3 tile, so head dims 16 s .. 16 s + 15 in step s; P.V as above.
+    ``"mma_sync_sm90"`` (the Hopper kernel, K = 16): S from an e4m3 K tile in shared memory (e4m3 KV; fp6
+    at d = 128 and NVFP4, converted by the converter warps) adds head dims 16 s .. 16 s + 15 in step s; with
+    K converted straight into the fragments (e2m1, and fp6 at d = 256: ``HopperConfig.k_registers``) lane c
+    of a quad holds head dims c d / 4 .. (c + 1) d / 4 - 1, four per step: dims c d / 4 + 4 s .. + 3 for
+    fp6; for e2m1, whose codes skip the interleave, the even (s even) or odd (s odd) dims of c d / 4 + 8
+    (s // 2) .. + 7. P.V adds keys 16 s .. 16 s + 15 in step s.
     ``"tcgen05"`` (the Thor kernel; predicted, not run on Thor silicon): K = 32 on the e4m3-Q path and 16 on
     the bf16-Q path, consecutive head dims for S and consecutive keys for P.V.
     """
-    if walk in ("mma_sync_sm90", "mma_sync_sm90_tiles"):
+    if walk == "mma_sync_sm90":
         k = 16
-        registers = walk == "mma_sync_sm90" and (
-            kv_format in SCALED_FORMATS or (kv_format == "nvfp4" and head_dim == 256)
-        )
+        registers = kv_format == "e2m1" or (kv_format in SCALED_FORMATS and head_dim == 256)
         steps = head_dim // k
         if not registers:
             s_groups = torch.arange(head_dim).view(steps, k)

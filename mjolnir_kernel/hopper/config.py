@@ -42,9 +42,10 @@ P_ROW_PAD = 8  # 16-bit elements of padding per P row in smem (ldmatrix rows on 
 # deeper rings measured 0.81-1.01x of 2 for the sub-byte formats (reports/hopper/)
 RING_STAGES = 2
 MAX_SPLITS_LIMIT = 64
-# EXPERIMENT (issue 27, converter warps): four or eight more warps per CTA load and convert the packed tiles
-# into e4m3 tiles (two of K and V each) while the eight warps above run the e4m3 path's MMAs
-CONVERTER_WARPS = (0, 4, 8)
+# Converter warps (fp6 at d = 128, NVFP4): four more warps per CTA load and convert the packed tiles into e4m3
+# tiles (two of K and V each) while the eight warps above run the e4m3 path's MMAs. Eight measured no faster
+# than four (0.99-1.02x; reports/hopper/2026-12-07-converter-warps.md)
+CONVERTER_WARPS = 4
 # ---------------------------------------------------------------------------------------------
 
 KV_FORMATS = CAPABILITY_KV_FORMATS
@@ -72,14 +73,9 @@ class HopperConfig:
                   (griddepcontrol), and the reduction grid launches while the decode grid runs and waits
                   for it. A feature for callers that chain kernels; it measured no faster in the benchmark's
                   back-to-back decode calls (reports/hopper/)
-      converter_warps  EXPERIMENT (sub-byte formats only): 0, or a CTA of eight MMA warps and 4 or 8
-                  converter warps; the converter warps load the packed tiles and convert K and V into e4m3
-                  tiles (two of each in shared memory) that the MMA warps read as e4m3 KV's; one CTA per SM
-                  (registers). S then adds consecutive head dims for every format (``arithmetic.kstep_groups``
-                  walk ``"mma_sync_sm90_tiles"``)
 
-    Derived (each the variant measured fastest on the H200; reports/hopper/ has the runs):
-      ``scaled_kv``, ``k_registers``, ``v_late``, ``overlap``, ``ctas_per_sm``, ``ring_stages``.
+    Derived (each the variant measured fastest on the H200 or the H100; reports/hopper/ has the runs):
+      ``converters``, ``scaled_kv``, ``k_registers``, ``v_late``, ``overlap``, ``ctas_per_sm``, ``ring_stages``.
     """
 
     head_dim: int = 128
@@ -91,7 +87,6 @@ class HopperConfig:
     q_tile: int = Q_TILE
     max_splits: int = 16
     pdl: bool = False
-    converter_warps: int = 0
 
     def key(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -101,9 +96,7 @@ class HopperConfig:
         causal = "c" if self.causal else "n"
         return (
             f"sm90-{self.q_dtype}-{self.kv_format}-d{self.head_dim}-t{self.q_tile}-ps{self.page_size}"
-            f"-q{self.q_len}{causal}-s{self.max_splits}"
-            + ("-pdl" if self.pdl else "")
-            + (f"-cw{self.converter_warps}" if self.converter_warps else "")
+            f"-q{self.q_len}{causal}-s{self.max_splits}" + ("-pdl" if self.pdl else "")
         )
 
     # -- derived ------------------------------------------------------------------------------
@@ -125,12 +118,22 @@ class HopperConfig:
 
     @property
     def converters(self) -> bool:
-        """EXPERIMENT: converter warps load and convert the tiles (``converter_warps`` > 0)."""
-        return self.converter_warps > 0
+        """fp6 at d = 128 and NVFP4: ``CONVERTER_WARPS`` more warps load the packed tiles and convert K and V
+        into e4m3 tiles (two of each in shared memory), which the eight MMA warps read as e4m3 KV's; one CTA
+        per SM. Against the eight warps converting between their MMAs (K into registers), on an H100 with
+        ``bench_hopper_decode --back-to-back 20`` at L = 32K: fp6 0.875-0.93x the time, NVFP4 0.90-0.97x.
+        e2m1 measured 0.93-1.035x and keeps the eight warps; fp6 at d = 256 does not fit shared memory.
+        S then adds consecutive head dims (``arithmetic.kstep_groups``)."""
+        return self.kv_format == "nvfp4" or (self.kv_format in ("e3m2", "e2m3") and self.head_dim == 128)
+
+    @property
+    def converter_warps(self) -> int:
+        """Warps that load and convert the tiles (``converters``), after the eight MMA warps; 0 without."""
+        return CONVERTER_WARPS if self.converters else 0
 
     @property
     def threads(self) -> int:
-        """Threads of one CTA: the eight MMA warps, and the converter warps (``converter_warps``)."""
+        """Threads of one CTA: the eight MMA warps, and the converter warps."""
         return THREADS + 32 * self.converter_warps
 
     @property
@@ -147,13 +150,10 @@ class HopperConfig:
 
     @property
     def k_registers(self) -> bool:
-        """Packed K goes from the ring stage straight into each warp's MMA fragments instead of through an
-        e4m3 tile in shared memory: for the scaled formats (e2m1 1.03-1.07x, e3m2 0.99-1.10x, e2m3
-        1.00-1.06x on the H200) and NVFP4 at d = 256 (1.06x); NVFP4 at d = 128 measured 0.97-0.98x and
-        keeps the tile."""
-        if self.converters:  # the converter warps write K's e4m3 tile
-            return False
-        return self.scaled_kv or (self.kv_format == "nvfp4" and self.head_dim == 256)
+        """Without converter warps (e2m1, fp6 at d = 256), packed K goes from the ring stage straight into
+        each warp's MMA fragments instead of through an e4m3 tile in shared memory (e2m1 1.03-1.07x, e3m2
+        0.99-1.10x, e2m3 1.00-1.06x faster on the H200)."""
+        return self.packed and not self.converters
 
     @property
     def v_late(self) -> bool:
@@ -188,8 +188,8 @@ class HopperConfig:
         p = Q_TILE * (TILE_KEYS + P_ROW_PAD) * 2
         stats = 2 * WARPS * Q_TILE * 4
         ring = 2 * self.ring_stages * TILE_KEYS * self.ring_row_bytes
-        if self.packed:  # the converted V tile(s) (and K tile, unless K goes to registers)
-            tiles = 4 if self.converters else 1 + (not self.k_registers) + self.overlap  # converters: two of each
+        if self.packed:  # the converted tiles: two K and two V (converters), else V's (two with overlap)
+            tiles = 4 if self.converters else 1 + self.overlap
             ring += tiles * self.tile_bytes
             if self.kv_format == "nvfp4":  # block-scale rows of each stage
                 ring += 2 * self.ring_stages * TILE_KEYS * (self.head_dim // 16)
@@ -199,7 +199,9 @@ class HopperConfig:
     def ctas_per_sm(self) -> int:
         """Co-resident CTAs (the plan's occupancy and the launch's min_blocks_per_mp): the H200 target's
         (``mjolnir_numerics.targets``: 2 at d = 128, 1 at d = 256); ``can_implement_hopper`` checks that
-        shared memory holds them. With converter warps: 1 (384 or 512 threads at the MMA warps' registers)."""
+        shared memory holds them. With converter warps: 1 (384 threads at the MMA warps' registers). The plan
+        keeps the target's occupancy (a plan is valid for any residency; the kernel and ``emulate_decode``
+        make the same one)."""
         if self.converters:
             return 1
         return H200.ctas(self.head_dim) if self.head_dim in HEAD_DIMS else 1
@@ -227,13 +229,6 @@ def can_implement_hopper(c: HopperConfig) -> None:
     for name in ("causal", "pdl"):
         if not isinstance(getattr(c, name), bool):
             problems.append(f"{name}={getattr(c, name)!r} (True or False)")
-    cw = c.converter_warps
-    if type(cw) is not int or cw not in CONVERTER_WARPS:
-        problems.append(f"converter_warps={cw!r} (allowed {CONVERTER_WARPS})")
-    elif cw and c.kv_format == "e4m3":
-        problems.append(f"converter_warps={cw} with kv_format='e4m3' (the sub-byte formats only)")
-    elif cw == 8 and c.head_dim != 128:
-        problems.append(f"converter_warps=8 with head_dim={c.head_dim} (d = 128 only: 512 threads leave 128 registers)")
     if not problems and c.ctas_per_sm > c.smem_ctas_limit:
         problems.append(
             f"head_dim={c.head_dim}, kv_format={c.kv_format!r}: {c.ctas_per_sm} CTAs x {c.smem_bytes} B of shared"

@@ -17,23 +17,29 @@ Exactness of the MMA inputs: on the e4m3-Q path Q, K, V and P = e4m3(p * 448) ar
 exactly f16, so the f16 MMA multiplies exactly what the fp8 MMA would; on the bf16-Q path K and V are
 widened to bf16 (exact). Each tile's products go into fp32 accumulators (no contraction longer than a
 tile). The head-dim order inside one MMA is a relabeling (the sum is order-free in the spec's model):
-``ldmatrix`` hands thread (g, c) K bytes 4c .. 4c + 3 of key g's 16-byte chunk (head dims d = 4c .. 4c + 3,
-or with converter warps and e2m1 the even / odd dims of ``_q_even_odd``), which feed the MMA's k positions
+``ldmatrix`` hands thread (g, c) K bytes 4c .. 4c + 3 of key g's 16-byte chunk (head dims d = 4c .. 4c + 3),
+which feed the MMA's k positions
 2c, 2c + 1, 2c + 8, 2c + 9; Q is loaded in the same order.
 
-Sub-byte formats: the ring holds the packed rows (and NVFP4's block-scale rows); after a tile lands,
-the warps convert V (and for NVFP4 at d = 128 also K) to e4m3 bytes in a tile buffer, which steps 1-4
-then read like an e4m3 tile. e2m1, e3m2 and e2m3 codes become e4m3 bytes of value * 2^-k by placing
-their bits (``scaled_kv``; Q and P carry the 2^k, so every product is the same); NVFP4 codes are looked
-up in a table of the block's eight e4m3(m * scale / 8), built once per 16 codes (``ptx.py``). Except for
-NVFP4 at d = 128 (``HopperConfig.k_registers``), K skips the tile: in step 1 each lane (g, c) loads its
-keys' packed bytes c d / 4 .. (c + 1) d / 4 (head dims in the same relabeling freedom as above; Q is
-loaded in that order) and converts them straight into its fragments, and the row-max barrier of step 2
-also completes the V tile (converted before K's codes at d = 128, after the QK MMAs are issued at
-d = 256: ``HopperConfig.v_late``). For e2m1 (``HopperConfig.overlap``) step 4 of tile i runs between the
-barriers of steps 1-2 of tile i + 1, with two e4m3 V tiles (``_overlap_step``): two block barriers per
-tile, not three. Each of these choices was measured faster on the H200 than its alternative (the
-``HopperConfig`` docstring says where).
+Sub-byte formats: the ring holds the packed rows (and NVFP4's block-scale rows), converted to e4m3 bytes
+that steps 1-4 read as they read e4m3 KV. e2m1, e3m2 and e2m3 codes become e4m3 bytes of value * 2^-k by
+placing their bits (``scaled_kv``; Q and P carry the 2^k, so every product is the same); NVFP4 codes are
+looked up in a table of the block's eight e4m3(m * scale / 8), built once per 16 codes (``ptx.py``). Who
+converts depends on the format (``HopperConfig``):
+
+- fp6 at d = 128 and NVFP4 (``converters``): four more warps (``_converter_loop``) keep the packed ring full
+  and convert each tile's K and V into one of two pairs of e4m3 tiles, handing the pairs to the eight MMA
+  warps by named barriers (FULL / EMPTY per pair); the MMA warps run the e4m3 path on them. One CTA per SM.
+  Every k-step of S adds head dims 16 s .. 16 s + 15, as for e4m3.
+- e2m1, and fp6 at d = 256 (``k_registers``): the eight warps convert V into a tile buffer after the tile
+  lands, and K skips the tile: in step 1 each lane (g, c) loads its keys' packed bytes c d / 4 .. (c + 1)
+  d / 4 (head dims in the same relabeling freedom as above; Q is loaded in that order) and converts them
+  straight into its fragments; the row-max barrier of step 2 also completes the V tile (converted before
+  K's codes at d = 128, after the QK MMAs are issued at d = 256: ``HopperConfig.v_late``). For e2m1
+  (``HopperConfig.overlap``) step 4 of tile i runs between the barriers of steps 1-2 of tile i + 1, with two
+  e4m3 V tiles (``_overlap_step``): two block barriers per tile, not three.
+
+Each of these choices was measured faster than its alternative (the ``HopperConfig`` docstring says where).
 
 Row sums follow the Thor kernel's order exactly: one running sum per key slot of the tile (a TMEM lane
 there), combined at the end with the same butterfly tree over each 32 keys (key xor 16, 8, 4, 2, 1)
@@ -64,7 +70,6 @@ from .ptx import (
     e2m1x8_to_e4m3x8,
     e2m1x8_to_e4m3x8_scaled,
     nvfp4_block_table,
-    FP6_NETWORK_HEAD_DIMS,
     fp6x16_to_e4m3x16_scaled,
     f16x2_times_pow2,
     SCALED_KV_EXPONENT,
@@ -95,8 +100,8 @@ P_ROW_BYTES = (TILE_KEYS + P_ROW_PAD) * 2
 KEYS_PER_WARP = TILE_KEYS // WARPS  # 16: two n = 8 MMA blocks of S per warp
 NB_S = KEYS_PER_WARP // 8
 PV_KSTEPS = TILE_KEYS // 16
-# EXPERIMENT (``HopperConfig.converter_warps``): named barriers of a CTA with converter warps (0 is unused: it
-# would wait for all the CTA's threads)
+# Named barriers of a CTA with converter warps (``HopperConfig.converters``; 0 is unused: it would wait for all
+# the CTA's threads)
 BAR_MMA = 1  # the eight MMA warps (the block barrier of the kernel without converters)
 BAR_CONVERTERS = 2  # the converter warps
 BAR_FULL = 3  # + e4m3 tile pair i: converted (converters arrive, MMA warps wait)
@@ -124,8 +129,6 @@ class HopperDecodeKernel(DecodeEntry):
         self.stages = config.ring_stages
         self.pages_per_tile = max(1, TILE_KEYS // config.page_size)
         self.fmt = FORMATS[config.kv_format]
-        # fp6 codes by the shift network (ptx.fp6x16_ptx); the converter warps take it at every d (fewer instructions)
-        self.fp6_network = d in FP6_NETWORK_HEAD_DIMS or config.converters
         self.ring_tile_bytes = TILE_KEYS * config.ring_row_bytes  # one K (or V) ring stage
         self.scale_tile_bytes = TILE_KEYS * (config.head_dim // 16)  # NVFP4 scales of one K (or V) tile
         self.tile_bytes = config.tile_bytes
@@ -143,9 +146,6 @@ class HopperDecodeKernel(DecodeEntry):
         self.converters = config.converters
         self.converter_threads = 32 * config.converter_warps
         self.all_threads = THREADS + self.converter_threads
-        # converter warps, scaled e2m1: K's e4m3 tile in the same even / odd order (no byte permutes); each
-        # k-step still adds head dims 16 s .. 16 s + 15, and Q's fragments follow (``_q_even_odd``)
-        self.k_even_odd = self.converters and self.v_even_odd
         self.reduction = None
         if config.max_splits > 1:
             self.reduction = SplitReduction(config.max_splits, config.pdl)
@@ -285,8 +285,6 @@ class HopperDecodeKernel(DecodeEntry):
                                 q4 = i32(0)
                                 if cutlass.const_expr(self.k_regs):  # the head dims of K's k-step s in lane c
                                     q4 = self._q_in_k_order(q_base + q_row0 + i64(row * d), s, c)
-                                elif cutlass.const_expr(self.k_even_odd):
-                                    q4 = self._q_even_odd(q_base + q_row0 + i64(row * d), s, c)
                                 else:
                                     q4 = ld_global_b32(addr)
                                 q_lo, q_hi = e4m3x4_to_pairs(q4, bf16=False)
@@ -330,7 +328,7 @@ class HopperDecodeKernel(DecodeEntry):
                         k_stage = ring.k_conv + pair * self.tile_bytes
                         v_stage = ring.v_conv + pair * self.tile_bytes
                         sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
-                        self._qk(sacc, t, k_stage, None)
+                        self._qk(sacc, t, k_stage)
                         self._row_max(sacc, t, tile_begin + it)
                         self._sync()
                         self._softmax(sacc, t)
@@ -351,7 +349,7 @@ class HopperDecodeKernel(DecodeEntry):
                     for it in cutlass.range(n_iters, unroll=1):
                         k_stage, v_stage = self._ring_next(ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid)
                         sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
-                        self._qk(sacc, t, k_stage, self._packed_stage(ring, it % self.stages).k_scales)
+                        self._qk(sacc, t, k_stage)
                         if cutlass.const_expr(cfg.v_late):  # V's tile, while the QK MMAs are in flight
                             st = self._packed_stage(ring, it % self.stages)
                             self._convert_tiles(None, st.v, None, ring.v_conv, None, st.v_scales, tid)
@@ -371,10 +369,10 @@ class HopperDecodeKernel(DecodeEntry):
 
     # -- the phases of one tile (steps 1-4 of the module docstring); ``t``: the CTA's state (kernel) -------
     @cute.jit
-    def _qk(self, sacc, t, k_stage, k_scales):
+    def _qk(self, sacc, t, k_stage):
         """1. S for keys 16 warp + 0..15 of the tile into ``sacc`` (two n = 8 blocks): from the e4m3 tile at
         ``k_stage`` by ldmatrix (one per two k-steps), or with K in registers from the packed ring
-        stage ``k_stage`` (and its NVFP4 scales ``k_scales``) straight into the fragments."""
+        stage ``k_stage`` straight into the fragments."""
         f32 = cutlass.Float32
         bf16_mma = not self.config.fp8
         qf, warp, lane, g, c = t.qf, t.warp, t.lane, t.g, t.c
@@ -383,7 +381,7 @@ class HopperDecodeKernel(DecodeEntry):
         if cutlass.const_expr(self.k_regs):  # this warp's packed K codes straight into fragments
             kw = []
             for j in cutlass.range_constexpr(NB_S):
-                kw.append(self._k_words(k_stage, k_scales, warp * KEYS_PER_WARP + 8 * j + g, c))
+                kw.append(self._k_words(k_stage, warp * KEYS_PER_WARP + 8 * j + g, c))
             for s in cutlass.range_constexpr(self.s_ksteps):
                 a = (qf[s * 4], qf[s * 4 + 1], qf[s * 4 + 2], qf[s * 4 + 3])
                 for j in cutlass.range_constexpr(NB_S):
@@ -577,7 +575,7 @@ class HopperDecodeKernel(DecodeEntry):
         v_tile = ring.v_conv + (i % 2) * self.tile_bytes
         if cutlass.const_expr(not self.config.v_late):
             self._convert_tiles(None, st.v, None, v_tile, None, st.v_scales, t.tid)
-        self._qk(sacc, t, st.k, st.k_scales)
+        self._qk(sacc, t, st.k)
         if cutlass.const_expr(self.config.v_late):
             self._convert_tiles(None, st.v, None, v_tile, None, st.v_scales, t.tid)
         self._row_max(sacc, t, tile_begin + i)
@@ -640,7 +638,7 @@ class HopperDecodeKernel(DecodeEntry):
         """``bar.sync barrier_id, threads`` (a runtime id). Trace-time only."""
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
 
-    # -- the converter warps (EXPERIMENT: ``HopperConfig.converter_warps``) -------------------------------------
+    # -- the converter warps (``HopperConfig.converters``) ------------------------------------------------------
     @cute.jit
     def _converter_loop(self, ring, tile_begin, n_iters, seq, seq_len, mBT, ctid):
         """Warps 8 and up (``ctid`` 0 .. 32 converter_warps - 1): keep the packed ring full and convert tile
@@ -689,10 +687,11 @@ class HopperDecodeKernel(DecodeEntry):
         k_conv = k_ring  # the e4m3 tile the MMAs read (the ring stage itself for e4m3)
         v_conv = v_ring
         if self.config.packed:
-            k_tiles = CONVERTED_PAIRS if self.converters else 1
-            if not self.k_regs:  # K in registers needs no e4m3 K tile
-                k_conv = smem.allocate_array(cutlass.Uint8, k_tiles * self.tile_bytes, byte_alignment=128).toint()
-            v_tiles = 2 if self.config.overlap else k_tiles  # the overlapped schedule: V of tile i and i + 1
+            if self.converters:  # two e4m3 K tiles (K in registers needs none)
+                k_conv = smem.allocate_array(cutlass.Uint8, CONVERTED_PAIRS * self.tile_bytes, byte_alignment=128)
+                k_conv = k_conv.toint()
+            # two e4m3 V tiles for the converters' pairs and the overlapped schedule (V of tile i and i + 1)
+            v_tiles = CONVERTED_PAIRS if self.converters or self.config.overlap else 1
             v_conv = smem.allocate_array(cutlass.Uint8, v_tiles * self.tile_bytes, byte_alignment=128).toint()
         ks_ring = k_ring  # NVFP4 block scales of each ring stage: (keys, d / 16) bytes for K, then V
         if self.config.kv_format == "nvfp4":
@@ -741,15 +740,11 @@ class HopperDecodeKernel(DecodeEntry):
             self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)  # latency hidden by tile it
         k_stage = ring.k_ring + stage * self.ring_tile_bytes
         v_stage = ring.v_ring + stage * self.ring_tile_bytes
-        if cutlass.const_expr(self.config.packed):
+        if cutlass.const_expr(self.config.packed):  # K goes to registers; the row-max barrier completes V
             st = self._packed_stage(ring, stage)
-            k_conv = None if self.k_regs else ring.k_conv
             if cutlass.const_expr(not self.config.v_late):  # else after the QK MMAs (step 1)
-                self._convert_tiles(st.k, st.v, k_conv, ring.v_conv, st.k_scales, st.v_scales, tid)
+                self._convert_tiles(None, st.v, None, ring.v_conv, None, st.v_scales, tid)
             v_stage = ring.v_conv
-            if cutlass.const_expr(not self.k_regs):  # K from registers: the row-max barrier completes V
-                k_stage = ring.k_conv
-                self._sync()  # the e4m3 tiles are complete
         return k_stage, v_stage
 
     def _packed_stage(self, ring, stage) -> SimpleNamespace:
@@ -900,17 +895,14 @@ class HopperDecodeKernel(DecodeEntry):
                 words.append(w)
                 scale_bytes.append(sb)
         for t, conv in enumerate(convs):
-            # V (v_even_odd) and with converter warps K (k_even_odd): even / odd head dims of each 8
-            ordered = not (self.k_even_odd or (self.v_even_odd and is_v[t]))
+            ordered = not (self.v_even_odd and is_v[t])  # V (v_even_odd): even / odd head dims of each 8
             for i in cutlass.range_constexpr(per_tile):
                 idx = tid + i * n_threads
                 key = idx // groups
                 grp = idx % groups
                 w = words[t * per_tile + i]
                 if cutlass.const_expr(bits == 6):
-                    o0, o1, o2, o3 = fp6x16_to_e4m3x16_scaled(
-                        w[0], w[1], w[2], e3m2=fmt == "e3m2", network=self.fp6_network
-                    )
+                    o0, o1, o2, o3 = fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=fmt == "e3m2")
                 elif cutlass.const_expr(fmt == "nvfp4"):
                     table = nvfp4_block_table(scale_bytes[t * per_tile + i])
                     o0, o1 = e2m1x8_to_e4m3x8(w[0], table)
@@ -921,50 +913,25 @@ class HopperDecodeKernel(DecodeEntry):
                 st_shared_v4_b32(conv + key * self.d + ((grp ^ (key & 7)) * CHUNK), o0, o1, o2, o3)
 
     @cute.jit
-    def _k_words(self, k_packed, k_scales, key, c):
-        """K in registers: the e4m3 bytes of lane c's head dims of ``key``, one word per k-step of S
-        (``_q_in_k_order`` gives Q's bytes in the same order), converted from the packed ring stage as
-        ``_convert_tiles`` does. fp6 and NVFP4 keep the code order (word s: dims base + 4s .. + 3); e2m1
-        skips the interleave (words 2u, 2u + 1: the even / odd codes of dims base + 8u .. + 7)."""
+    def _k_words(self, k_packed, key, c):
+        """K in registers (e2m1, fp6 at d = 256): the e4m3 bytes of lane c's head dims of ``key``, one word
+        per k-step of S (``_q_in_k_order`` gives Q's bytes in the same order), converted from the packed ring
+        stage as ``_convert_tiles`` does. fp6 keeps the code order (word s: dims base + 4s .. + 3); e2m1 skips
+        the interleave (words 2u, 2u + 1: the even / odd codes of dims base + 8u .. + 7)."""
         cfg = self.config
-        fmt = cfg.kv_format
         row = k_packed + key * cfg.packed_row_bytes + c * self.k_span
         packed = []
-        if cutlass.const_expr(self.k_span % 16 == 0):  # e2m1 / NVFP4 (16 or 32 bytes), fp6 at d = 256 (48)
-            for h in cutlass.range_constexpr(self.k_span // 16):
-                packed += list(ld_shared_v4_b32(row + 16 * h))
-        else:  # fp6 at d = 128: 24 bytes, 8-byte aligned
-            for h in cutlass.range_constexpr(self.k_span // 8):
-                packed += list(ld_shared_v2_b32(row + 8 * h))
+        for h in cutlass.range_constexpr(self.k_span // 16):  # 16 (e2m1 d = 128), 32 (e2m1 d = 256), 48 (fp6) bytes
+            packed += list(ld_shared_v4_b32(row + 16 * h))
         words = []
         if cutlass.const_expr(self.fmt.bits == 6):
             for v in cutlass.range_constexpr(len(packed) // 3):
                 w = packed[3 * v : 3 * v + 3]
-                words += list(fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=fmt == "e3m2", network=self.fp6_network))
+                words += list(fp6x16_to_e4m3x16_scaled(w[0], w[1], w[2], e3m2=cfg.kv_format == "e3m2"))
         else:
-            table = None
             for u in cutlass.range_constexpr(len(packed)):
-                if cutlass.const_expr(fmt == "nvfp4"):
-                    if cutlass.const_expr(u % 2 == 0):  # a 16-code block: its scale byte, its table
-                        group = c * (self.d // 64) + u // 2
-                        table = nvfp4_block_table(ld_shared_u8(k_scales + key * (self.d // 16) + group))
-                    words += list(e2m1x8_to_e4m3x8(packed[u], table))
-                else:
-                    words += list(e2m1x8_to_e4m3x8_scaled(packed[u], ordered=False))
+                words += list(e2m1x8_to_e4m3x8_scaled(packed[u], ordered=False))
         return words
-
-    @cute.jit
-    def _q_even_odd(self, q_row, s, c):
-        """``k_even_odd``: Q's four e4m3 bytes (at global address ``q_row``, a query row) for k-step ``s`` of
-        lane c, in the order of K's tile: ldmatrix gives lane c the tile's bytes 4c .. 4c + 3 of the k-step's
-        16, which hold head dims 16 s + 8 (c // 2) + (0, 2, 4, 6) for c even, (1, 3, 5, 7) for c odd."""
-        x0, x1 = ld_global_v2_b32(q_row + 16 * s + 8 * (c // 2))
-        even = prmt(x0, x1, 0x6420)
-        odd = prmt(x0, x1, 0x7531)
-        word = even
-        if c % 2 == 1:
-            word = odd
-        return word
 
     @cute.jit
     def _q_in_k_order(self, q_row, s, c):

@@ -322,26 +322,18 @@ E2M1_SCALED_ODD = ((-2, 0x1C1C1C1C), (0, 0x80808080))
 E2M1_SCALED_INTERLEAVE = (0x5140, 0x7362)  # prmt(even, odd, sel): codes 0-3 | codes 4-7
 # fp6, a 3-byte group of four codes (bits 6i .. 6i + 5): code i's five magnitude bits move 2i to byte i's
 # bits 0-4 (e2m3) or 2i + 1 to bits 1-5 (e3m2, whose magnitude sits one bit higher in e4m3), and its sign
-# 2i + 2 to bit 7. Two instruction sequences do it, with the same bytes:
-# - the terms: one shift-and-mask term per distinct shift (codes sharing a shift share a term), OR-ed (for
-#   e3m2 the magnitude then doubled by r + (r & mag)): 13 instructions per group (e2m3), 15 (e3m2), in short
-#   independent chains;
-# - the shift network: every code moves by 4 or 0 (codes 2, 3 or 0, 1), then by 2 or 0 (codes 1, 3 or 0, 2),
-#   each step one shift and one lop3 that selects per bit between the shifted and the unshifted word; a last
-#   shift by 2 (e2m3) or 1 (e3m2) lifts every sign to bit 7, and one lop3 keeps the magnitudes and the signs.
-#   e3m2 first shifts the whole group left by 1. 7 instructions per group (e2m3), 8 (e3m2), in one dependent
-#   chain. Garbage bits (the gathered word's fourth byte, the neighbours' bits next to a code) land only where
-#   the last masks drop them.
-# The kernel takes the network at d = 256 and the terms at d = 128 (FP6_NETWORK_HEAD_DIMS), each the faster
-# there on an H100 (reports/hopper/2026-12-07-fp6-shift-network-gpu.md); the converter warps (an experiment,
-# HopperConfig.converter_warps) take the network at both.
+# 2i + 2 to bit 7, by a shift network: every code moves by 4 or 0 (codes 2, 3 or 0, 1), then by 2 or 0
+# (codes 1, 3 or 0, 2), each step one shift and one lop3 that selects per bit between the shifted and the
+# unshifted word; a last shift by 2 (e2m3) or 1 (e3m2) lifts every sign to bit 7, and one lop3 keeps the
+# magnitudes and the signs. e3m2 first shifts the whole group left by 1. 7 instructions per group (e2m3), 8
+# (e3m2), in one dependent chain. Garbage bits (the gathered word's fourth byte, the neighbours' bits next to a
+# code) land only where the last masks drop them. (One shift-and-mask term per distinct shift, OR-ed, takes
+# 13-15 instructions per group in short chains; it was faster at d = 128 with the warps converting between
+# their MMAs, which the converter warps replaced: reports/hopper/2026-12-07-fp6-shift-network-gpu.md.)
 FP6_GROUP_SELECTORS = (0x0543, 0x0432)  # prmt: bytes 3-5 (w0.b3, w1.b0, w1.b1) and 6-8 (w1.b2, w1.b3, w2.b0)
 LOP3_SELECT = 0xE4  # lop3 immLut of (a & c) | (b & ~c): c picks a's bits, the rest come from b
 LOP3_AND_OR = 0xEA  # lop3 immLut of (a & b) | c
 FP6_SIGNS = 0x80808080
-FP6_SCALED_TERMS = ((0, 0x1F), (2, 0x1F80), (4, 0x1F8000), (6, 0x1F800000), (8, 0x80000000))
-FP6_SCALED_MAG = 0x1F1F1F1F
-FP6_NETWORK_HEAD_DIMS = (256,)
 
 
 def fp6_network(e3m2: bool) -> dict:
@@ -356,26 +348,16 @@ def fp6_network(e3m2: bool) -> dict:
     }
 
 
-def fp6x16_ptx(e3m2: bool, network: bool) -> str:
+def fp6x16_ptx(e3m2: bool) -> str:
     """The PTX of ``fp6x16_to_e4m3x16_scaled``: inputs $4, $5, $6 (the words w0, w1, w2 of 16 codes),
-    outputs $0 .. $3 (code group g's four e4m3 bytes in $g), by the shift network (``network``) or the
-    terms. The tests interpret this text."""
+    outputs $0 .. $3 (code group g's four e4m3 bytes in $g), by the shift network. The tests interpret
+    this text."""
     s1, s2 = FP6_GROUP_SELECTORS
     text = "{\n\t.reg .b32 v<4>, x, a;\n\t"
     text += f"mov.b32 v0, $4;\n\tprmt.b32 v1, $4, $5, {s1:#x};\n\tprmt.b32 v2, $5, $6, {s2:#x};\n\t"
     text += "mul.hi.u32 v3, $6, 0x1000000;\n\t"  # w2 >> 8 on the FMA pipe
     net = fp6_network(e3m2)
     for g in range(4):
-        if not network:
-            (s0, m0), *rest = FP6_SCALED_TERMS
-            text += _shift_and("x", f"v{g}", s0, m0)
-            for shift, mask in rest:
-                text += _shift_and("a", f"v{g}", shift, mask) + "or.b32 x, x, a;\n\t"
-            if e3m2:  # magnitude one bit higher: r + (r & mag) doubles the magnitude, leaves the sign
-                text += f"and.b32 a, x, {FP6_SCALED_MAG:#x};\n\tadd.u32 ${g}, x, a;\n\t"
-            else:
-                text += f"mov.b32 ${g}, x;\n\t"
-            continue
         src = f"v{g}"
         if net["pre_shift"]:
             text += f"shl.b32 x, v{g}, {net['pre_shift']};\n\t"
@@ -415,12 +397,12 @@ def e2m1x8_to_e4m3x8_scaled(w, *, ordered: bool = True, loc=None, ip=None):
 
 
 @dsl_user_op
-def fp6x16_to_e4m3x16_scaled(w0, w1, w2, *, e3m2: bool, network: bool, loc=None, ip=None):
+def fp6x16_to_e4m3x16_scaled(w0, w1, w2, *, e3m2: bool, loc=None, ip=None):
     """Sixteen fp6 codes (a little-endian bitstream: code i at bits 6i .. 6i + 5 of the 12 bytes
     w0 | w1 | w2; the four 3-byte groups gathered by ``FP6_GROUP_SELECTORS``) -> four words of e4m3
-    bytes of value * 2^-k (k = ``SCALED_KV_EXPONENT``: 4 for e3m2, 6 for e2m3) by ``fp6x16_ptx``: the shift
-    network (``network``) or the terms."""
-    text = fp6x16_ptx(e3m2, network)
+    bytes of value * 2^-k (k = ``SCALED_KV_EXPONENT``: 4 for e3m2, 6 for e2m3) by ``fp6x16_ptx``, the shift
+    network."""
+    text = fp6x16_ptx(e3m2)
     res = _asm(_struct(4, T.i32()), [_i32(x, loc, ip) for x in (w0, w1, w2)], text, "=r,=r,=r,=r,r,r,r")
     return _unpack(res, 4, T.i32(), Int32)
 
@@ -478,9 +460,6 @@ __all__ = [
     "E2M1_SCALED_INTERLEAVE",
     "FP6_GROUP_SELECTORS",
     "FP6_SIGNS",
-    "FP6_SCALED_TERMS",
-    "FP6_SCALED_MAG",
-    "FP6_NETWORK_HEAD_DIMS",
     "LOP3_SELECT",
     "LOP3_AND_OR",
     "fp6_network",

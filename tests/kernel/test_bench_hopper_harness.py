@@ -74,28 +74,6 @@ def test_plans_accepts_both_modes(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("value", ["2", "", "4,4", "yes", "1"])
-def test_converter_warps_takes_0_4_and_8_once_each(capsys, value):
-    with pytest.raises(SystemExit):
-        bh.main(["--converter-warps", value])
-    assert "--converter-warps" in capsys.readouterr().err
-
-
-def test_converter_rows_only_where_the_kernel_exists():
-    """Sub-byte formats, not e4m3, not fp6 at d = 256 (shared memory), eight converter warps at d = 128 only
-    (registers): elsewhere the default kernel's row only."""
-    fit = bh._converters_fit
-    assert fit(128, "e2m1", 4) and fit(256, "nvfp4", 4) and fit(128, "e3m2", 4) and fit(128, "nvfp4", 8)
-    assert not fit(256, "e3m2", 4) and not fit(256, "e2m3", 4) and not fit(256, "e2m1", 8)
-    assert not fit(128, "e4m3", 4)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU this would run the benchmark")
-def test_converter_warps_accepts_every_kernel(capsys):
-    assert bh.main(["--converter-warps", "0,4,8"]) == 2  # accepted: stops only at the missing GPU
-    assert "needs a CUDA GPU" in capsys.readouterr().err
-
-
 def test_csv_rows_carry_the_plan_and_old_csvs_still_read(tmp_path):
     from benchmarks import plot_bandwidth
 

@@ -1,7 +1,5 @@
 """Backend selection by compute capability and the Hopper kernel's config rules (no GPU, no cutlass)."""
 
-from dataclasses import replace
-
 import pytest
 
 from mjolnir_kernel.arch import backend_of_capability
@@ -50,53 +48,57 @@ def test_invalid_configs_name_every_offending_field(kwargs, names):
 
 
 def test_the_config_has_only_shape_fields_and_pdl():
-    """Every field is a problem-shape field (SHAPE_FIELDS), the split bound, the pdl feature or the converter
-    warps (an experiment): the kernel's internal choices are derived properties."""
+    """Every field is a problem-shape field (SHAPE_FIELDS), the split bound or the pdl feature: the kernel's
+    internal choices are derived properties."""
     from dataclasses import fields
 
-    assert {f.name for f in fields(HopperConfig)} == set(SHAPE_FIELDS) | {"max_splits", "pdl", "converter_warps"}
+    assert {f.name for f in fields(HopperConfig)} == set(SHAPE_FIELDS) | {"max_splits", "pdl"}
 
 
-def test_converter_warps_config():
-    """EXPERIMENT: converter warps (4 or 8) join the CTA's eight, K comes from an e4m3 tile (no registers
-    path, no overlap), one CTA runs per SM, and only the sub-byte formats take them; fp6 at d = 256 does not
-    fit shared memory, and eight converter warps run at d = 128 only (registers)."""
-    for fmt in ("e2m1", "e3m2", "e2m3", "nvfp4"):
-        for d in (128, 256):
-            for warps in (4, 8):
-                c = HopperConfig(head_dim=d, kv_format=fmt, q_dtype="e4m3", converter_warps=warps)
-                assert c.converters and c.threads == 256 + 32 * warps and c.ctas_per_sm == 1
-                assert c.ring_stages == (3 if d == 128 else 2) and not (c.k_registers or c.overlap or c.v_late)
-                assert c.short_name() == replace(c, converter_warps=0).short_name() + f"-cw{warps}"
-                if warps == 8 and d == 256:
-                    with pytest.raises(ConfigError, match="converter_warps=8 with head_dim=256"):
-                        can_implement_hopper(c)
-                elif fmt in ("e3m2", "e2m3") and d == 256:
-                    with pytest.raises(ConfigError, match="do not fit one SM"):
-                        can_implement_hopper(c)
-                else:
-                    can_implement_hopper(c)
-                    assert c.smem_bytes > replace(c, converter_warps=0).smem_bytes
-    default = HopperConfig(kv_format="e2m1", q_dtype="e4m3")
-    assert default.threads == 256 and not default.converters
-    with pytest.raises(ConfigError, match="converter_warps=4 with kv_format='e4m3'"):
-        can_implement_hopper(HopperConfig(q_dtype="e4m3", converter_warps=4))
-    for bad in (2, True, "4", 4.0):
-        with pytest.raises(ConfigError, match=f"converter_warps={bad!r}"):
-            can_implement_hopper(HopperConfig(kv_format="e2m1", q_dtype="e4m3", converter_warps=bad))
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "e3m2", "e2m3", "nvfp4"])
+@pytest.mark.parametrize("d", [128, 256])
+def test_who_converts_is_derived(fmt, d):
+    """fp6 at d = 128 and NVFP4 take four converter warps (one CTA per SM, a 3-stage ring at d = 128, two
+    e4m3 tiles each of K and V); e2m1 and fp6 at d = 256 convert K into registers in the eight MMA warps;
+    e4m3 converts nothing. Every one of these configs fits."""
+    c = HopperConfig(head_dim=d, kv_format=fmt, q_dtype="e4m3")
+    can_implement_hopper(c)
+    converters = fmt == "nvfp4" or (fmt in ("e3m2", "e2m3") and d == 128)
+    assert c.converters == converters and c.converter_warps == (4 if converters else 0)
+    assert c.threads == 256 + 32 * c.converter_warps
+    assert c.k_registers == (fmt != "e4m3" and not converters)
+    if converters:
+        assert c.ctas_per_sm == 1 and c.ring_stages == (3 if d == 128 else 2)
+        assert not (c.overlap or c.v_late)
+    else:
+        assert c.ctas_per_sm == H200.ctas(d) and c.ring_stages == RING_STAGES
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "e3m2", "e2m3", "nvfp4"])
+@pytest.mark.parametrize("d", [128, 256])
+def test_the_spec_walk_follows_who_converts_k(fmt, d):
+    """The spec's Hopper walk (``arithmetic.kstep_groups``) adds consecutive head dims per k-step exactly
+    where the kernel reads K from an e4m3 tile, and lane-ordered ones where K goes to registers."""
+    import torch
+
+    from mjolnir_numerics.arithmetic import kstep_groups
+
+    walk, _ = kstep_groups("mma_sync_sm90", fmt, "e4m3", d)
+    consecutive = torch.equal(walk, torch.arange(d).view(d // 16, 16))
+    assert consecutive == (not HopperConfig(head_dim=d, kv_format=fmt, q_dtype="e4m3").k_registers)
 
 
 def test_scaled_conversion_and_k_in_registers_are_derived():
-    """e2m1, e3m2 and e2m3 are converted by bit placement with K straight into the MMA fragments; NVFP4 keeps
-    its table, with K in registers at d = 256 only; e4m3 is read as stored. V converts late at d = 256, and
-    e2m1 overlaps P.V with the next tile's S."""
+    """e2m1, e3m2 and e2m3 are converted by bit placement; NVFP4 keeps its table; e4m3 is read as stored.
+    Where K goes to registers, V converts late at d = 256, and e2m1 overlaps P.V with the next tile's S."""
     for fmt in ("e2m1", "e3m2", "e2m3"):
-        c = HopperConfig(kv_format=fmt, q_dtype="e4m3")
-        assert c.scaled_kv and c.k_registers and not c.v_late and replace(c, head_dim=256).v_late
+        c = HopperConfig(kv_format=fmt, q_dtype="e4m3", head_dim=256)
+        assert c.scaled_kv and c.k_registers and c.v_late
         assert c.overlap == (fmt == "e2m1")
+    e2m1 = HopperConfig(kv_format="e2m1", q_dtype="e4m3")
+    assert e2m1.k_registers and e2m1.overlap and not e2m1.v_late
     nvfp4 = HopperConfig(kv_format="nvfp4", q_dtype="e4m3")
-    assert not nvfp4.scaled_kv and not nvfp4.k_registers and not nvfp4.overlap
-    assert replace(nvfp4, head_dim=256).k_registers and replace(nvfp4, head_dim=256).v_late
+    assert not (nvfp4.scaled_kv or nvfp4.k_registers or nvfp4.overlap or nvfp4.v_late)
     e4m3 = HopperConfig()
     assert not (e4m3.packed or e4m3.scaled_kv or e4m3.k_registers or e4m3.v_late or e4m3.overlap)
 
@@ -111,11 +113,12 @@ def test_resource_plan():
     fp4 = HopperConfig(head_dim=256, kv_format="e2m1", q_dtype="e4m3")
     nvfp4 = HopperConfig(head_dim=256, kv_format="nvfp4", q_dtype="e4m3")
     assert fp4.packed and not big.packed and fp4.packed_row_bytes == 128 and nvfp4.packed_row_bytes == 128
-    # both keep K in registers at d = 256; e2m1 holds a second V tile (overlap), NVFP4 its scale rows
-    assert nvfp4.smem_bytes - fp4.smem_bytes == 2 * nvfp4.ring_stages * 128 * (256 // 16) - fp4.tile_bytes
+    p_and_stats = 16 * (128 + 8) * 2 + 2 * 8 * 16 * 4 + 512
+    # NVFP4 (converter warps): a 2-stage ring, two e4m3 tiles each of K and V, the block-scale rows of each stage
+    assert nvfp4.smem_bytes == 2 * 2 * 128 * 128 + 4 * 128 * 256 + 2 * 2 * 128 * 16 + p_and_stats
     # ring (2 stages x K and V, 64 packed bytes per key) + two e4m3 V tiles, P, the row statistics, 512 spare
     e2m1 = HopperConfig(kv_format="e2m1", q_dtype="e4m3")
-    assert e2m1.smem_bytes == 2 * 2 * 128 * 64 + 2 * 128 * 128 + 16 * (128 + 8) * 2 + 2 * 8 * 16 * 4 + 512
+    assert e2m1.smem_bytes == 2 * 2 * 128 * 64 + 2 * 128 * 128 + p_and_stats
     for cfg in (small, big, fp4, nvfp4, e2m1):
         assert cfg.ctas_per_sm <= cfg.smem_ctas_limit  # shared memory agrees with the target's occupancy
 

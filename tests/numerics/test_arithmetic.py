@@ -203,7 +203,7 @@ def test_fast_path_equals_slow_path():
 # ------------------------------------------------------------------------------------------------------
 # Tile walks and chains
 # ------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("walk", ["mma_sync_sm90", "mma_sync_sm90_tiles", "tcgen05"])
+@pytest.mark.parametrize("walk", ["mma_sync_sm90", "tcgen05"])
 @pytest.mark.parametrize("kv_format", ["e4m3", "e2m1", "e3m2", "e2m3", "nvfp4"])
 @pytest.mark.parametrize("head_dim", [128, 256])
 @pytest.mark.parametrize("q_dtype", ["e4m3", "bf16"])
@@ -216,8 +216,8 @@ def test_kstep_groups_partition_the_tile(walk, kv_format, head_dim, q_dtype):
 
 def test_kstep_groups_register_walk_of_the_hopper_kernel():
     """K converted into the fragments: lane c of a quad holds head dims c d / 4 .. (c + 1) d / 4 - 1."""
-    s, _ = kstep_groups("mma_sync_sm90", "e3m2", "bf16", 128)
-    assert s[0].tolist() == [0, 1, 2, 3, 32, 33, 34, 35, 64, 65, 66, 67, 96, 97, 98, 99]
+    s, _ = kstep_groups("mma_sync_sm90", "e3m2", "bf16", 256)
+    assert s[0].tolist() == [0, 1, 2, 3, 64, 65, 66, 67, 128, 129, 130, 131, 192, 193, 194, 195]
     s, _ = kstep_groups("mma_sync_sm90", "e2m1", "bf16", 128)
     assert s[1].tolist()[:4] == [1, 3, 5, 7]
     s, _ = kstep_groups("mma_sync_sm90", "e4m3", "bf16", 128)
@@ -228,15 +228,14 @@ def test_kstep_groups_register_walk_of_the_hopper_kernel():
 
 @pytest.mark.parametrize("kv_format", ["e2m1", "e3m2", "e2m3", "nvfp4"])
 @pytest.mark.parametrize("head_dim", [128, 256])
-def test_kstep_groups_converter_warp_walk_reads_every_format_from_a_tile(kv_format, head_dim):
-    """EXPERIMENT (``HopperConfig.converter_warps``): K comes from an e4m3 tile for every format, so S adds
-    consecutive head dims, as e4m3 KV's walk does; P.V is unchanged."""
-    tiles = kstep_groups("mma_sync_sm90_tiles", kv_format, "e4m3", head_dim)
+def test_kstep_groups_hopper_walk_by_who_converts_k(kv_format, head_dim):
+    """Where the converter warps write K's e4m3 tile (fp6 at d = 128, NVFP4), S adds consecutive head dims as
+    e4m3 KV's walk does; where K goes to registers (e2m1, fp6 at d = 256) it does not. P.V never changes."""
+    walk = kstep_groups("mma_sync_sm90", kv_format, "e4m3", head_dim)
     e4m3 = kstep_groups("mma_sync_sm90", "e4m3", "e4m3", head_dim)
-    default = kstep_groups("mma_sync_sm90", kv_format, "e4m3", head_dim)
-    assert torch.equal(tiles[0], e4m3[0]) and torch.equal(tiles[1], default[1])
-    # the default walk reads K from registers except NVFP4 at d = 128, which keeps the tile
-    assert torch.equal(tiles[0], default[0]) == (kv_format == "nvfp4" and head_dim == 128)
+    from_a_tile = kv_format == "nvfp4" or (kv_format != "e2m1" and head_dim == 128)
+    assert torch.equal(walk[0], e4m3[0]) == from_a_tile
+    assert torch.equal(walk[1], e4m3[1])
 
 
 def test_chain_order_matters_and_ideal_is_one_rounding():
