@@ -59,34 +59,57 @@ def test_missing_tools_are_named(monkeypatch):
         sass.disassemble(HopperConfig(), kc.HOPPER_ARCH)
 
 
-# Instruction budgets of the Hopper tile loop at d = 128, as multiples of the e4m3 loop (measured 2026-11-29
-# with nvidia-cutlass-dsl 4.8.1: NVFP4 663 / 374 = 1.77, e2m1 566 / 374 = 1.51; NVFP4's earlier
-# f16-arithmetic conversion took 1069 / 379 = 2.8)
-NVFP4_LOOP_BUDGET = 1.9
+# Instruction budgets of the Hopper tile loops at d = 128, as multiples of the e4m3 loop (nvidia-cutlass-dsl
+# 4.8.1): e2m1's loop (566 / 374 = 1.51 on 2026-11-29, 467 / 374 = 1.25 on 2026-12-07) and the converter warps'
+# loop per thread (2026-12-07: NVFP4 663 / 374 = 1.77, e3m2 746 / 374 = 1.99, e2m3 682 / 374 = 1.82). The MMA
+# warps' loop of the converter formats runs the e4m3 path without the loads: at most the e4m3 loop.
 E2M1_LOOP_BUDGET = 1.6
+CONVERTER_LOOP_BUDGET = {"nvfp4": 1.9, "e3m2": 2.1, "e2m3": 2.0}
+CONVERTER_FORMATS = tuple(CONVERTER_LOOP_BUDGET)
 
 _REASON = kc.cutlass_available() or sass.sass_tools()[1]
 needs_tools = pytest.mark.skipif(_REASON is not None, reason=f"SASS checks need the DSL and cuobjdump: {_REASON}")
 
 
-def _tile_loop(fmt: str, q_tile: int = 16) -> sass.Loop:
+def _loops(fmt: str, q_tile: int = 16) -> tuple:
+    """(the MMA warps' tile loop, the converter warps' tile loop or None) of the kernel at d = 128."""
     cfg = HopperConfig(head_dim=128, page_size=64, kv_format=fmt, q_dtype="e4m3", max_splits=16, q_tile=q_tile)
     loops = sass.kernel_loops(cfg, kc.HOPPER_ARCH)
-    assert len(loops) == 1, [lp.summary() for lp in loops]  # the Hopper kernel has one innermost loop
-    return loops[0]
+    summary = [lp.summary() for lp in loops]
+    # one innermost loop, and with converter warps a second one of theirs, with no MMA
+    assert len(loops) == 1 + cfg.converters, summary
+    mma = [lp for lp in loops if dict(lp.opcodes).get("HMMA")]
+    assert len(mma) == 1, summary
+    other = [lp for lp in loops if lp is not mma[0]]
+    return mma[0], (other[0] if other else None)
+
+
+def _tile_loop(fmt: str, q_tile: int = 16) -> sass.Loop:
+    return _loops(fmt, q_tile)[0]
 
 
 @needs_tools
 def test_hopper_tile_loop_and_its_instruction_budgets():
     """The e4m3 tile loop at d = 128 holds its 32 MMAs (16 for S, 16 for P.V per warp) and 8 cp.async;
-    NVFP4's loop, which converts each tile through a per-block table, and e2m1's stay within their
-    budgets (NVFP4_LOOP_BUDGET, E2M1_LOOP_BUDGET times the e4m3 loop)."""
-    e4m3, nvfp4, e2m1 = (_tile_loop(f) for f in ("e4m3", "nvfp4", "e2m1"))
+    e2m1's loop stays within E2M1_LOOP_BUDGET times it."""
+    e4m3, e2m1 = _tile_loop("e4m3"), _tile_loop("e2m1")
     mix = dict(e4m3.opcodes)
     assert mix["HMMA"] == 32 and mix["LDGSTS"] == 8
-    assert dict(nvfp4.opcodes)["HMMA"] == 32
-    assert nvfp4.instructions <= NVFP4_LOOP_BUDGET * e4m3.instructions, (nvfp4.summary(), e4m3.summary())
     assert e2m1.instructions <= E2M1_LOOP_BUDGET * e4m3.instructions, (e2m1.summary(), e4m3.summary())
+
+
+@needs_tools
+@pytest.mark.parametrize("fmt", CONVERTER_FORMATS)
+def test_converter_warps_loads_and_converts_and_the_mma_warps_multiply(fmt):
+    """fp6 and NVFP4 at d = 128 (``HopperConfig.converters``): the MMA warps' loop holds the 32 MMAs and no
+    load, within the e4m3 loop's instructions; the converter warps' loop holds every cp.async and no MMA,
+    within CONVERTER_LOOP_BUDGET times the e4m3 loop."""
+    e4m3 = _tile_loop("e4m3")
+    mma, conv = _loops(fmt)
+    assert dict(mma.opcodes)["HMMA"] == 32 and dict(mma.opcodes).get("LDGSTS", 0) == 0, mma.summary()
+    assert mma.instructions <= e4m3.instructions, (mma.summary(), e4m3.summary())
+    assert dict(conv.opcodes).get("HMMA", 0) == 0 and dict(conv.opcodes)["LDGSTS"] > 0, conv.summary()
+    assert conv.instructions <= CONVERTER_LOOP_BUDGET[fmt] * e4m3.instructions, (conv.summary(), e4m3.summary())
 
 
 # q_tile=8 (n_q <= 8: rows 8-15 of the MMA tile are padding) measured 292 / 362 = 0.81 of the 16-row loop
@@ -114,15 +137,17 @@ def test_cli_sass_prints_the_loops(capsys):
 @needs_tools
 @pytest.mark.parametrize("fmt", ("e2m1", "e3m2", "e2m3"))
 def test_scaled_kv_conversion_rounds_nothing(fmt):
-    """The scaled conversion places each code's bits (HopperConfig.scaled_kv): the tile loop converts no
-    value to e4m3, so it has as many F2FP as the e4m3 loop (the MMA's unpacks of K, V and P)."""
-    assert dict(_tile_loop(fmt).opcodes)["F2FP"] == dict(_tile_loop("e4m3").opcodes)["F2FP"]
+    """The scaled conversion places each code's bits (HopperConfig.scaled_kv): the tile loops convert no
+    value to e4m3, so they have as many F2FP as the e4m3 loop (the MMA's unpacks of K, V and P)."""
+    f2fp = sum(dict(lp.opcodes).get("F2FP", 0) for lp in _loops(fmt) if lp is not None)
+    assert f2fp == dict(_tile_loop("e4m3").opcodes)["F2FP"]
 
 
-# Block barriers per tile of the derived tile walks (d = 128): the ring's, the row max's and the softmax's
-# (P complete) when K goes through an e4m3 tile (NVFP4), one fewer with K in registers (the row-max barrier
-# completes V's tile), and two with the overlapped schedule (e2m1: P.V of a tile shares the next tile's)
-TILE_BARRIERS = {"e4m3": 3, "nvfp4": 4, "e3m2": 3, "e2m3": 3, "e2m1": 2}
+# Barriers per tile of the MMA warps' loop (d = 128): the ring's, the row max's and the softmax's (P complete)
+# for e4m3; with converter warps (fp6, NVFP4) the wait for a converted tile pair, the row max's, the
+# softmax's and the arrival that frees the pair; two with the overlapped schedule (e2m1: P.V of a tile shares
+# the next tile's barriers, and the row-max barrier completes V's tile)
+TILE_BARRIERS = {"e4m3": 3, "nvfp4": 4, "e3m2": 4, "e2m3": 4, "e2m1": 2}
 
 
 @needs_tools
