@@ -267,7 +267,7 @@ def kstep_groups(walk: str, kv_format: str, q_dtype: str, head_dim: int, tile_ke
     """
     if walk == "mma_sync_sm90":
         k = 16
-        registers = kv_format == "e2m1" or (kv_format in SCALED_FORMATS and head_dim == 256)
+        registers = kv_format == "e2m1" or (kv_format in SCALED_FORMATS and head_dim != 128)
         steps = head_dim // k
         if not registers:
             s_groups = torch.arange(head_dim).view(steps, k)

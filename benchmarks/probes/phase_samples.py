@@ -17,6 +17,10 @@ it. Phases are named by what they hold:
 * ``P.V``      the P.V MMAs (``ldmatrix.trans`` of V)
 * ``other``    everything else (prologue, epilogue)
 
+``conv+QK`` applies to e2m1 and fp6 at d = 256. fp6 at d = 128 and NVFP4 run converter warps
+(``HopperConfig.converters``): their samples and the MMA warps' fall in the same SASS, cut at the named
+barriers too, so their phases mix the two roles.
+
     python -m benchmarks.probes.phase_samples              # e4m3 and the sub-byte formats
     python -m benchmarks.probes.phase_samples --formats e2m1
     python -m benchmarks.probes.phase_samples --stalls     # and why: the stall reasons per phase

@@ -44,7 +44,7 @@ RING_STAGES = 2
 MAX_SPLITS_LIMIT = 64
 # Converter warps (fp6 at d = 128, NVFP4): four more warps per CTA load and convert the packed tiles into e4m3
 # tiles (two of K and V each) while the eight warps above run the e4m3 path's MMAs. Eight measured no faster
-# than four (0.99-1.02x; reports/hopper/2026-12-07-converter-warps.md)
+# than four (0.99-1.02x on an H100; reports/hopper/2026-12-07-converter-warps-gpu.md)
 CONVERTER_WARPS = 4
 # ---------------------------------------------------------------------------------------------
 
@@ -110,8 +110,9 @@ class HopperConfig:
 
     @property
     def ring_stages(self) -> int:
-        """KV tiles (one K and one V tile each) in the shared-memory ring (with converter warps: 3 at d = 128,
-        2 at d = 256, for shared memory)."""
+        """KV tiles (one K and one V tile each) in the shared-memory ring. With converter warps: 3 at d = 128
+        and 2 at d = 256, what shared memory holds beside the four e4m3 tiles at one CTA per SM (not timed
+        against other depths)."""
         if self.converters:
             return 3 if self.head_dim == 128 else 2
         return RING_STAGES
@@ -121,8 +122,10 @@ class HopperConfig:
         """fp6 at d = 128 and NVFP4: ``CONVERTER_WARPS`` more warps load the packed tiles and convert K and V
         into e4m3 tiles (two of each in shared memory), which the eight MMA warps read as e4m3 KV's; one CTA
         per SM. Against the eight warps converting between their MMAs (K into registers), on an H100 with
-        ``bench_hopper_decode --back-to-back 20`` at L = 32K: fp6 0.875-0.93x the time, NVFP4 0.90-0.97x.
-        e2m1 measured 0.93-1.035x and keeps the eight warps; fp6 at d = 256 does not fit shared memory.
+        ``bench_hopper_decode --back-to-back 20`` at L = 32K, batch 1 to 32: fp6 0.875-0.93x the time and
+        NVFP4 0.90-0.97x in one run with a plan for one CTA per SM; with the default plan, against main in the
+        next, fp6 0.905-0.912x and NVFP4 0.925-0.965x (batch 8 and 32). e2m1 measured 0.93-1.035x and keeps
+        the eight warps; fp6 at d = 256 does not fit shared memory.
         S then adds consecutive head dims (``arithmetic.kstep_groups``)."""
         return self.kv_format == "nvfp4" or (self.kv_format in ("e3m2", "e2m3") and self.head_dim == 128)
 
@@ -157,14 +160,15 @@ class HopperConfig:
 
     @property
     def v_late(self) -> bool:
-        """With K in registers, V's tile is converted after the QK MMAs are issued (their latency hidden)
-        at d = 256 (1.00-1.06x), before K's codes at d = 128 (late measured 0.97-1.00x there)."""
+        """With K in registers (e2m1, fp6 at d = 256), V's tile is converted after the QK MMAs are issued
+        (their latency hidden) at d = 256 (1.00-1.06x), before K's codes at d = 128 (e2m1; late measured
+        0.97-1.00x there for the formats that then took it)."""
         return self.k_registers and self.head_dim == 256
 
     @property
     def overlap(self) -> bool:
         """P.V of a tile and S of the next run between the same barriers: for e2m1 (1.01-1.04x back to
-        back); fp6 measured 0.95-1.07x and stays serial."""
+        back); fp6 (then at both head dims) measured 0.95-1.07x and stays serial at d = 256."""
         return self.k_registers and self.kv_format == "e2m1"
 
     @property
@@ -197,9 +201,9 @@ class HopperConfig:
 
     @property
     def ctas_per_sm(self) -> int:
-        """Co-resident CTAs (the plan's occupancy and the launch's min_blocks_per_mp): the H200 target's
-        (``mjolnir_numerics.targets``: 2 at d = 128, 1 at d = 256); ``can_implement_hopper`` checks that
-        shared memory holds them. With converter warps: 1 (384 threads at the MMA warps' registers). The plan
+        """Co-resident CTAs (the launch's min_blocks_per_mp): the H200 target's (``mjolnir_numerics.targets``:
+        2 at d = 128, 1 at d = 256, the default plan's occupancy); ``can_implement_hopper`` checks that shared
+        memory holds them. With converter warps: 1 (384 threads, 168 registers each), while the default plan
         keeps the target's occupancy (a plan is valid for any residency; the kernel and ``emulate_decode``
         make the same one)."""
         if self.converters:

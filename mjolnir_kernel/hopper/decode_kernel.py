@@ -1,9 +1,10 @@
 """Paged decode attention for Hopper (sm_90a): device code only.
 
-One CTA of eight warps per (work item, 16-row query tile, KV head); a work item (seq, tile_begin,
-tile_end, slot) of the split plan is a contiguous range of 128-key tiles that the CTA streams front
-to back through a two-tile cp.async ring (pages at or past the sequence end are zero-filled, not read;
-the loads mark their L2 lines evict-first: KV is read once). Per tile, all eight warps:
+One CTA of eight warps (twelve with converter warps, below) per (work item, 16-row query tile, KV head); a
+work item (seq, tile_begin, tile_end, slot) of the split plan is a contiguous range of 128-key tiles that the
+CTA streams front to back through a cp.async ring of two tiles (three with converter warps at d = 128; pages
+at or past the sequence end are zero-filled, not read; the loads mark their L2 lines evict-first: KV is read
+once). Per tile, the eight warps:
 
   1. S = Q.K^T for 16 keys each (warp w: keys 16w .. 16w + 15), mma.m16n8k16 with fp32 accumulate;
      K's fp8 bytes come from shared memory by ``ldmatrix`` and are widened exactly in registers;
@@ -139,6 +140,8 @@ class HopperDecodeKernel(DecodeEntry):
         # K in registers: lane (g, c) of a warp converts bytes c * k_span .. + k_span of its keys' packed
         # rows (d / 4 codes: head dims c d / 4 .. (c + 1) d / 4 - 1) into its MMA fragments
         self.k_regs = config.k_registers
+        # the serial loop of a packed format (fp6 at d = 256) converts V after the QK MMAs; e2m1 overlaps
+        assert not config.packed or config.converters or config.overlap or config.v_late, config
         self.k_span = config.packed_row_bytes // 4 if config.packed else 0
         # scaled e2m1: V's e4m3 tile holds each 8 head dims as the even ones, then the odd ones (no byte
         # permutes); O's columns come out in that order and are put back once after the loop
@@ -724,9 +727,10 @@ class HopperDecodeKernel(DecodeEntry):
 
     @cute.jit
     def _ring_next(self, ring, pages, it, tile_begin, n_iters, seq, seq_len, mBT, tid):
-        """Tile ``it``: wait until it landed, refill the stage tile it - 1 used with tile it + stages - 1,
-        and for packed formats convert it to e4m3 (``_convert_tiles``). Returns the shared-memory addresses
-        of the e4m3 K and V tiles the MMAs read (with K in registers, K's packed ring stage)."""
+        """Tile ``it`` (the serial loop: e4m3, and fp6 at d = 256): wait until it landed, and refill the stage
+        tile it - 1 used with tile it + stages - 1. Returns the shared-memory addresses of the K and V tiles
+        the MMAs read: for fp6, K's packed ring stage (K in registers) and the e4m3 V tile, which the caller
+        converts after the QK MMAs (``v_late``)."""
         stage = it % self.stages
         nxt = it + self.stages - 1
         cute.arch.cp_async_wait_group(self.stages - 2)
@@ -741,9 +745,6 @@ class HopperDecodeKernel(DecodeEntry):
         k_stage = ring.k_ring + stage * self.ring_tile_bytes
         v_stage = ring.v_ring + stage * self.ring_tile_bytes
         if cutlass.const_expr(self.config.packed):  # K goes to registers; the row-max barrier completes V
-            st = self._packed_stage(ring, stage)
-            if cutlass.const_expr(not self.config.v_late):  # else after the QK MMAs (step 1)
-                self._convert_tiles(None, st.v, None, ring.v_conv, None, st.v_scales, tid)
             v_stage = ring.v_conv
         return k_stage, v_stage
 
@@ -887,7 +888,9 @@ class HopperDecodeKernel(DecodeEntry):
         is_v = (False, True)
         if cutlass.const_expr(k_conv is None):  # K goes to registers (``_k_words``): V only
             tiles, convs, is_v = tiles[1:], convs[1:], is_v[1:]
-        if cutlass.const_expr(v_conv is None):  # K only (the converter warps at d = 256: registers)
+        if cutlass.const_expr(
+            v_conv is None
+        ):  # K only (the converter warps at d = 256: K, then V, half the words live)
             tiles, convs, is_v = tiles[:1], convs[:1], is_v[:1]
         for t in cutlass.range_constexpr(len(tiles)):  # both tiles' words, all before the first conversion
             for i in cutlass.range_constexpr(per_tile):

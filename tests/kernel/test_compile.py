@@ -262,9 +262,10 @@ def test_hopper_pdl_config_compiles():
 @pytest.mark.parametrize("fmt, head_dim", [("e3m2", 128), ("e2m3", 128), ("nvfp4", 128), ("nvfp4", 256)])
 def test_hopper_converter_warp_kernel_compiles_without_spills(fmt, head_dim):
     """fp6 at d = 128 and NVFP4 (``HopperConfig.converters``): 384 threads at one CTA per SM leave up to 168
-    registers a thread; the kernel lowers for sm_90a within them, with no spill (NVFP4 at d = 256 spilled 32 B
-    while four warps converted K and V in one pass), and has two tile loops (the converter warps' and the MMA
-    warps')."""
+    registers a thread; this config (the benchmark's page size 64, 32 slots) lowers for sm_90a within them with
+    no spill (NVFP4 at d = 256 spilled 32 B while four warps converted K and V in one pass; other NVFP4 configs
+    at d = 256 spill 4-24 B, recorded in the spill baseline), and has two tile loops (the converter warps' and
+    the MMA warps')."""
     from mjolnir_kernel.sass import kernel_loops, sass_tools
 
     cfg = HopperConfig(head_dim=head_dim, page_size=64, kv_format=fmt, q_dtype="e4m3", q_tile=8, max_splits=32)

@@ -109,6 +109,8 @@ def test_converter_warps_loads_and_converts_and_the_mma_warps_multiply(fmt):
     assert dict(mma.opcodes)["HMMA"] == 32 and dict(mma.opcodes).get("LDGSTS", 0) == 0, mma.summary()
     assert mma.instructions <= e4m3.instructions, (mma.summary(), e4m3.summary())
     assert dict(conv.opcodes).get("HMMA", 0) == 0 and dict(conv.opcodes)["LDGSTS"] > 0, conv.summary()
+    # the converters' barrier before refilling the ring, the wait for a free pair, the arrival on a full one
+    assert dict(conv.opcodes)["BAR"] == 3, conv.summary()
     assert conv.instructions <= CONVERTER_LOOP_BUDGET[fmt] * e4m3.instructions, (conv.summary(), e4m3.summary())
 
 
