@@ -19,8 +19,7 @@ exactly f16, so the f16 MMA multiplies exactly what the fp8 MMA would; on the bf
 widened to bf16 (exact). Each tile's products go into fp32 accumulators (no contraction longer than a
 tile). The head-dim order inside one MMA is a relabeling (the sum is order-free in the spec's model):
 ``ldmatrix`` hands thread (g, c) K bytes 4c .. 4c + 3 of key g's 16-byte chunk (head dims d = 4c .. 4c + 3),
-which feed the MMA's k positions
-2c, 2c + 1, 2c + 8, 2c + 9; Q is loaded in the same order.
+which feed the MMA's k positions 2c, 2c + 1, 2c + 8, 2c + 9; Q is loaded in the same order.
 
 Sub-byte formats: the ring holds the packed rows (and NVFP4's block-scale rows), converted to e4m3 bytes
 that steps 1-4 read as they read e4m3 KV. e2m1, e3m2 and e2m3 codes become e4m3 bytes of value * 2^-k by
