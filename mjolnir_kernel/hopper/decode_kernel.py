@@ -326,7 +326,9 @@ class HopperDecodeKernel(DecodeEntry):
                 if cutlass.const_expr(self.converters):
                     for it in cutlass.range(n_iters, unroll=1):
                         pair = it % CONVERTED_PAIRS
-                        self._bar_sync(BAR_FULL + pair, self.all_threads)  # tile it converted
+                        cute.arch.barrier(
+                            barrier_id=BAR_FULL + pair, number_of_threads=self.all_threads
+                        )  # tile it converted
                         k_stage = ring.k_conv + pair * self.tile_bytes
                         v_stage = ring.v_conv + pair * self.tile_bytes
                         sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
@@ -636,10 +638,6 @@ class HopperDecodeKernel(DecodeEntry):
         else:
             cute.arch.sync_threads()
 
-    def _bar_sync(self, barrier_id, threads):
-        """``bar.sync barrier_id, threads`` (a runtime id). Trace-time only."""
-        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
-
     # -- the converter warps (``HopperConfig.converters``) ------------------------------------------------------
     @cute.jit
     def _converter_loop(self, ring, tile_begin, n_iters, seq, seq_len, mBT, ctid):
@@ -654,7 +652,7 @@ class HopperDecodeKernel(DecodeEntry):
             nxt = it + self.stages - 1
             cute.arch.cp_async_wait_group(self.stages - 2)
             # tile it landed for every converter, and each is done reading tile it - 1's stage: refill it
-            self._bar_sync(BAR_CONVERTERS, n_conv)
+            cute.arch.barrier(barrier_id=BAR_CONVERTERS, number_of_threads=n_conv)
             if nxt < n_iters:
                 self._load(ring, nxt % self.stages, tile_begin + nxt, pages, ctid, n_conv)
             cute.arch.cp_async_commit_group()
@@ -662,7 +660,7 @@ class HopperDecodeKernel(DecodeEntry):
                 self._load_pages(pages, tile_begin + nxt + 1, seq, seq_len, mBT)
             pair = it % CONVERTED_PAIRS
             if it >= CONVERTED_PAIRS:  # the MMA warps are past tile it - 2, which this pair held
-                self._bar_sync(BAR_EMPTY + pair, all_threads)
+                cute.arch.barrier(barrier_id=BAR_EMPTY + pair, number_of_threads=all_threads)
             st = self._packed_stage(ring, it % self.stages)
             k_tile = ring.k_conv + pair * self.tile_bytes
             v_tile = ring.v_conv + pair * self.tile_bytes
