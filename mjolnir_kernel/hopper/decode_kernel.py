@@ -326,9 +326,8 @@ class HopperDecodeKernel(DecodeEntry):
                 if cutlass.const_expr(self.converters):
                     for it in cutlass.range(n_iters, unroll=1):
                         pair = it % CONVERTED_PAIRS
-                        cute.arch.barrier(
-                            barrier_id=BAR_FULL + pair, number_of_threads=self.all_threads
-                        )  # tile it converted
+                        # tile it converted
+                        cute.arch.barrier(barrier_id=BAR_FULL + pair, number_of_threads=self.all_threads)
                         k_stage = ring.k_conv + pair * self.tile_bytes
                         v_stage = ring.v_conv + pair * self.tile_bytes
                         sacc = cute.make_rmem_tensor((4 * NB_S,), f32)
